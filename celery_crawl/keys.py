@@ -1,0 +1,103 @@
+"""Every Redis key celery_crawl uses, defined in this one module.
+
+Templates use the ``%(name)s`` style of scrapy-redis so that its settings
+(``SCHEDULER_QUEUE_KEY = "%(spider)s:requests"``) carry over unchanged. The
+spider name is always rendered inside a hash tag, ``{spider}``, so that all
+keys of one spider live in one Redis Cluster slot and a Lua script may touch
+any of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from celery_crawl.errors import ConfigError
+
+DEFAULT_PREFIX = "celery_crawl"
+
+QUEUE_TEMPLATE = "%(prefix)s:%(spider)s:queue"
+DUPEFILTER_TEMPLATE = "%(prefix)s:%(spider)s:dupefilter"
+STATS_TEMPLATE = "%(prefix)s:%(spider)s:stats"
+DEADLETTER_TEMPLATE = "%(prefix)s:%(spider)s:deadletter"
+
+
+def render(template: str, spider: str, prefix: str) -> str:
+    """Fill a key template; the spider name becomes a hash tag."""
+    if "%(spider)s" not in template:
+        raise ConfigError(
+            f"key template {template!r} must contain %(spider)s: the spider's hash tag "
+            "keeps its keys in one Redis Cluster slot"
+        )
+    if "{" in spider or "}" in spider:
+        raise ConfigError(f"spider name {spider!r} must not contain braces")
+    return template % {"spider": "{" + spider + "}", "prefix": prefix}
+
+
+@dataclass(frozen=True)
+class SpiderKeys:
+    """The keys of one spider.
+
+    Queue layout (see ``celery_crawl.queue``): ``queue`` is a sorted set of
+    priority levels, ``queue:<priority>`` one list per level, ``queue:inflight``
+    the leases, ``queue:seq`` the lease counter, ``queue:signal`` the wake-up list.
+    """
+
+    spider: str
+    queue: str
+    dupefilter: str
+    stats: str
+    deadletter: str
+
+    @property
+    def inflight(self) -> str:
+        return self.queue + ":inflight"
+
+    @property
+    def seq(self) -> str:
+        return self.queue + ":seq"
+
+    @property
+    def signal(self) -> str:
+        return self.queue + ":signal"
+
+    def level(self, priority: int) -> str:
+        return f"{self.queue}:{priority}"
+
+    @property
+    def dupefilter_count(self) -> str:
+        return self.dupefilter + ":count"
+
+    @property
+    def stats_types(self) -> str:
+        return self.stats + ":types"
+
+    @classmethod
+    def build(
+        cls,
+        spider: str,
+        prefix: str = DEFAULT_PREFIX,
+        queue: str = QUEUE_TEMPLATE,
+        dupefilter: str = DUPEFILTER_TEMPLATE,
+        stats: str = STATS_TEMPLATE,
+        deadletter: str = DEADLETTER_TEMPLATE,
+    ) -> SpiderKeys:
+        return cls(
+            spider=spider,
+            queue=render(queue, spider, prefix),
+            dupefilter=render(dupefilter, spider, prefix),
+            stats=render(stats, spider, prefix),
+            deadletter=render(deadletter, spider, prefix),
+        )
+
+    @classmethod
+    def from_settings(cls, spider: str, settings: Any) -> SpiderKeys:
+        """Keys from Scrapy settings, accepting the scrapy-redis setting names."""
+        return cls.build(
+            spider,
+            prefix=settings.get("CELERY_CRAWL_KEY_PREFIX", DEFAULT_PREFIX),
+            queue=settings.get("SCHEDULER_QUEUE_KEY") or QUEUE_TEMPLATE,
+            dupefilter=settings.get("SCHEDULER_DUPEFILTER_KEY") or DUPEFILTER_TEMPLATE,
+            stats=settings.get("STATS_KEY") or STATS_TEMPLATE,
+            deadletter=settings.get("SCHEDULER_DEADLETTER_KEY") or DEADLETTER_TEMPLATE,
+        )

@@ -1,0 +1,38 @@
+-- Put leased requests back at the front of their priority level.
+--
+-- KEYS[1]  queue levels: sorted set of priority levels, score = -priority
+-- KEYS[2]  in-flight leases: sorted set, score = lease deadline (ms)
+-- KEYS[3]  signal list, woken once per requeued request (capped)
+-- ARGV[1]  'head' or 'tail': the end of a level list that pops read from
+-- ARGV[2]  the most expired leases to requeue in this call (expiry uses the server's clock)
+-- ARGV[3..] explicit lease members to hand back now; when given, expiry is ignored
+-- Returns  the number of requests requeued
+--
+-- A member already acked (no longer in KEYS[2]) is left alone, so a late
+-- hand-back can never duplicate a finished request.
+
+local levels, inflight = KEYS[1], KEYS[2]
+local push = ARGV[1] == 'tail' and 'RPUSH' or 'LPUSH'
+local members = {}
+if #ARGV > 2 then
+    for i = 3, #ARGV do members[#members + 1] = ARGV[i] end
+else
+    local now = redis.call('TIME')
+    local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+    members = redis.call('ZRANGE', inflight, '-inf', '(' .. now_ms, 'BYSCORE', 'LIMIT', 0, ARGV[2])
+end
+
+local requeued = 0
+for _, member in ipairs(members) do
+    if redis.call('ZREM', inflight, member) == 1 then
+        local priority = struct.unpack('>i4', member, 9)
+        redis.call(push, levels .. ':' .. priority, string.sub(member, 13))
+        redis.call('ZADD', levels, 'NX', -priority, priority)
+        requeued = requeued + 1
+    end
+end
+for _ = 1, math.min(requeued, 64) do
+    redis.call('RPUSH', KEYS[3], 1)
+end
+redis.call('LTRIM', KEYS[3], -64, -1)
+return requeued

@@ -1,0 +1,58 @@
+-- Apply a batch of stats changes to the shared stats hash.
+--
+-- KEYS[1]  stats hash: field -> value
+-- KEYS[2]  types hash: field -> type tag (i int, f float, b bool, d datetime, s str, j json)
+-- ARGV     groups of four: op, field, value, type tag
+--          op is 'incr' (add), 'set', 'max', 'min', 'setnx' (set if absent) or
+--          'clear' (delete both hashes; field, value and tag are ignored)
+-- Returns  the number of operations applied
+
+local stats, types = KEYS[1], KEYS[2]
+
+local function less(a, b)
+    local na, nb = tonumber(a), tonumber(b)
+    if na and nb then return na < nb end
+    return a < b
+end
+
+local function incr(field, value, tag)
+    local current = redis.call('HGET', stats, field)
+    if tag == 'i' and (current == false or string.match(current, '^-?%d+$')) then
+        redis.call('HINCRBY', stats, field, value)
+        redis.call('HSETNX', types, field, 'i')
+    else
+        redis.call('HINCRBYFLOAT', stats, field, value)
+        redis.call('HSET', types, field, 'f')
+    end
+end
+
+local function put(field, value, tag)
+    redis.call('HSET', stats, field, value)
+    redis.call('HSET', types, field, tag)
+end
+
+local ops = {
+    incr = incr,
+    set = put,
+    setnx = function(field, value, tag)
+        if redis.call('HEXISTS', stats, field) == 0 then put(field, value, tag) end
+    end,
+    max = function(field, value, tag)
+        local current = redis.call('HGET', stats, field)
+        if current == false or less(current, value) then put(field, value, tag) end
+    end,
+    min = function(field, value, tag)
+        local current = redis.call('HGET', stats, field)
+        if current == false or less(value, current) then put(field, value, tag) end
+    end,
+    clear = function() redis.call('DEL', stats, types) end,
+}
+
+local applied = 0
+for i = 1, #ARGV, 4 do
+    local op = ops[ARGV[i]]
+    if not op then return redis.error_reply('unknown stats op ' .. ARGV[i]) end
+    op(ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+    applied = applied + 1
+end
+return applied

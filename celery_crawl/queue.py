@@ -1,0 +1,183 @@
+"""The shared request queues, with leases.
+
+Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
+
+- ``Q``           sorted set of the priority levels in use, score = -priority,
+                  so the lowest score is the highest priority;
+- ``Q:<p>``       a list per level, holding encoded requests in arrival order;
+- ``Q:inflight``  sorted set of leases, score = deadline in unix ms;
+- ``Q:seq``       lease counter;
+- ``Q:signal``    short list of wake-up tokens for blocked pops.
+
+A lease member is ``8-byte lease id + 4-byte priority + payload``: unique, so
+identical payloads never merge, and self-contained, so an expired lease goes
+back to the front of its level without another lookup. Lists cost a few bytes
+per entry where a sorted set of payloads costs about 80.
+
+Every change is one Lua script or one command.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import redis
+
+from celery_crawl import scripts
+from celery_crawl.keys import SpiderKeys
+
+MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A request taken from the queue but not yet acknowledged."""
+
+    member: bytes
+
+    @property
+    def priority(self) -> int:
+        return int(struct.unpack_from(">i", self.member, 8)[0])
+
+    @property
+    def payload(self) -> bytes:
+        return self.member[12:]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A request ready to enqueue: ``fingerprint`` is None for ``dont_filter``."""
+
+    payload: bytes
+    priority: int = 0
+    fingerprint: bytes | None = None
+
+
+class Base:
+    """Shared by every queue class; subclasses pick the pop end and priority use."""
+
+    pop_side: ClassVar[str] = "head"
+    uses_priority: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: SpiderKeys,
+        lease_seconds: float = 300.0,
+        dedup_lua: str = "dedup_exact",
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.lease_seconds = lease_seconds
+        self.dedup_lua = dedup_lua
+
+    def push_many(self, entries: Sequence[Entry], acks: Sequence[bytes] = ()) -> list[bool]:
+        """Enqueue ``entries``, then ack the leases ``acks``, in one atomic round trip.
+
+        Returns a flag per entry: False when the dedup filter had seen it.
+        Acking the parent in the same step as its children means a crash can
+        never leave a finished parent whose children were not enqueued.
+        """
+        if not entries and not acks:
+            return []
+        args: list[Any] = [len(entries), len(acks)]
+        for entry in entries:
+            priority = entry.priority if self.uses_priority else 0
+            args += [priority, entry.fingerprint or b"", entry.payload]
+        args += acks
+        keys = [
+            self.keys.queue,
+            self.keys.signal,
+            self.keys.dupefilter,
+            self.keys.dupefilter_count,
+            self.keys.inflight,
+        ]
+        flags = scripts.script(self.client, "enqueue", dedup=self.dedup_lua)(keys=keys, args=args)
+        return [bool(flag) for flag in flags]
+
+    def push(self, payload: bytes, priority: int = 0, fingerprint: bytes | None = None) -> bool:
+        return self.push_many([Entry(payload, priority, fingerprint)])[0]
+
+    def lease(self, count: int = 1) -> list[Lease]:
+        """Take up to ``count`` requests at once, without waiting."""
+        keys = [self.keys.queue, self.keys.inflight, self.keys.seq]
+        args = [count, int(self.lease_seconds * 1000), self.pop_side]
+        return [Lease(m) for m in scripts.script(self.client, "lease")(keys=keys, args=args)]
+
+    def pop(self, timeout: float = 0, count: int = 1) -> list[Lease]:
+        """Lease up to ``count`` requests, waiting at most ``timeout`` seconds for one."""
+        deadline = time.monotonic() + timeout
+        while True:
+            leases = self.lease(count)
+            remaining = deadline - time.monotonic()
+            if leases or remaining <= 0:
+                return leases
+            self.client.blpop([self.keys.signal], timeout=min(remaining, MAX_BLOCK_SECONDS))
+
+    def ack(self, members: Sequence[bytes], pipeline: Any = None) -> int:
+        """Finish leases: the requests are done and leave the queue for good."""
+        if not members:
+            return 0
+        return int((pipeline or self.client).zrem(self.keys.inflight, *members) or 0)
+
+    def extend(self, members: Sequence[bytes], seconds: float | None = None) -> int:
+        """Renew leases still held, ``seconds`` (default: the lease time) from now."""
+        if not members:
+            return 0
+        duration = int((seconds or self.lease_seconds) * 1000)
+        extend = scripts.script(self.client, "extend")
+        return int(extend(keys=[self.keys.inflight], args=[duration, *members]))
+
+    def requeue_expired(self, limit: int = 1000) -> int:
+        """Put requests whose lease ran out back at the front of their level."""
+        return self._requeue([self.pop_side, limit])
+
+    def release(self, members: Sequence[bytes]) -> int:
+        """Hand leases back now (shutdown), instead of waiting for them to expire."""
+        return self._requeue([self.pop_side, 0, *members]) if members else 0
+
+    def _requeue(self, args: list[Any]) -> int:
+        keys = [self.keys.queue, self.keys.inflight, self.keys.signal]
+        return int(scripts.script(self.client, "requeue")(keys=keys, args=args))
+
+    def __len__(self) -> int:
+        return int(scripts.script(self.client, "queue_size")(keys=[self.keys.queue]))
+
+    def in_flight(self) -> int:
+        return int(self.client.zcard(self.keys.inflight))
+
+    def clear(self) -> None:
+        keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.signal]
+        scripts.script(self.client, "queue_clear")(keys=keys)
+
+
+class PriorityQueue(Base):
+    """Higher ``priority`` first; FIFO among equal priorities. The default."""
+
+
+class FifoQueue(Base):
+    """First in, first out; ``priority`` is ignored."""
+
+    uses_priority = False
+
+
+class LifoQueue(Base):
+    """Last in, first out (depth-first); ``priority`` is ignored."""
+
+    uses_priority = False
+    pop_side = "tail"
+
+
+QUEUE_CLASSES: dict[str, type[Base]] = {
+    "celery_crawl.queue.PriorityQueue": PriorityQueue,
+    "celery_crawl.queue.FifoQueue": FifoQueue,
+    "celery_crawl.queue.LifoQueue": LifoQueue,
+    # scrapy-redis names, so its SCHEDULER_QUEUE_CLASS settings carry over
+    "scrapy_redis.queue.PriorityQueue": PriorityQueue,
+    "scrapy_redis.queue.FifoQueue": FifoQueue,
+    "scrapy_redis.queue.LifoQueue": LifoQueue,
+}

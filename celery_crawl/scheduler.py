@@ -1,0 +1,325 @@
+"""The Scrapy scheduler over the shared Redis queue.
+
+A request's path through it:
+
+1. ``enqueue_request`` encodes the request and buffers it; the buffer is
+   written at the end of the reactor tick, so the requests one callback
+   yields reach Redis together (``flush``).
+2. ``flush`` runs ``lua/enqueue.lua`` once: dedup check, enqueue, and the ack
+   of the requests whose processing finished since the last flush.
+3. ``next_request`` leases a few requests at a time (``SCHEDULER_PREFETCH``)
+   and hands them to the engine one by one.
+4. When the engine is done with a request (response parsed and every child
+   handed to ``enqueue_request``, or the request failed for good), its lease
+   is acked by the next flush, after the children.
+5. Leases that expire (a process died) are put back by any running
+   scheduler; leases held at close are handed back at once.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import time
+from collections import deque
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any, Self
+
+from scrapy import Request, Spider, signals
+from scrapy.core.scheduler import BaseScheduler
+from scrapy.utils.misc import load_object
+
+from celery_crawl import connection
+from celery_crawl.dupefilter import DUPEFILTER_CLASSES, RFPDupeFilter
+from celery_crawl.errors import ConfigError, DecodeError, EncodeError
+from celery_crawl.queue import QUEUE_CLASSES, Base, Entry, Lease
+from celery_crawl.serializer import Codec, codec_from_name
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+SCRAPY_DEFAULT_DUPEFILTER = "scrapy.dupefilters.RFPDupeFilter"
+
+
+def load_class(path: str | type, known: dict[str, Any], setting: str) -> Any:
+    """A class from a setting: a known name, a class, or an importable path."""
+    if not isinstance(path, str):
+        return path
+    if path in known:
+        return known[path]
+    try:
+        return load_object(path)
+    except (ImportError, NameError, ValueError) as exc:
+        raise ConfigError(f"{setting} = {path!r} cannot be imported: {exc}") from exc
+
+
+class Scheduler(BaseScheduler):
+    """``SCHEDULER = "celery_crawl.scheduler.Scheduler"``."""
+
+    def __init__(
+        self,
+        queue: Base,
+        dupefilter: RFPDupeFilter,
+        codec: Codec,
+        *,
+        crawler: Crawler | None = None,
+        persist: bool = False,
+        flush_on_start: bool = False,
+        idle_before_close: float = 0.0,
+        prefetch: int = 16,
+        batch_size: int = 500,
+        requeue_interval: float = 5.0,
+        deadletter_max: int = 10_000,
+    ) -> None:
+        self.queue = queue
+        self.df = dupefilter
+        self.codec = codec
+        self.crawler = crawler
+        self.stats = crawler.stats if crawler is not None else None
+        self.persist = persist
+        self.flush_on_start = flush_on_start
+        self.idle_before_close = idle_before_close
+        self.prefetch = max(1, prefetch)
+        self.batch_size = max(1, batch_size)
+        self.requeue_interval = requeue_interval
+        self.deadletter_max = deadletter_max
+        self.spider: Spider | None = None
+        self._pending: list[tuple[Request, Entry]] = []
+        self._acks: list[bytes] = []
+        self._prefetched: deque[Lease] = deque()
+        self._leases: dict[Request, bytes] = {}
+        self._flush_call: Any = None
+        self._maintenance: Any = None
+        self._empty_since: float | None = None
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        settings = crawler.settings
+        client = connection.from_settings(settings)
+        df_path = settings.get("DUPEFILTER_CLASS") or SCRAPY_DEFAULT_DUPEFILTER
+        if df_path == SCRAPY_DEFAULT_DUPEFILTER:
+            df_path = "celery_crawl.dupefilter.RFPDupeFilter"
+        df_cls = load_class(df_path, DUPEFILTER_CLASSES, "DUPEFILTER_CLASS")
+        dupefilter = df_cls.from_crawler(crawler)
+        queue_cls = load_class(
+            settings.get("SCHEDULER_QUEUE_CLASS") or "celery_crawl.queue.PriorityQueue",
+            QUEUE_CLASSES,
+            "SCHEDULER_QUEUE_CLASS",
+        )
+        queue = queue_cls(
+            client,
+            dupefilter.keys,
+            lease_seconds=settings.getfloat("SCHEDULER_LEASE_SECONDS", 300.0),
+            dedup_lua=dupefilter.lua,
+        )
+        return cls(
+            queue,
+            dupefilter,
+            codec_from_name(settings.get("SCHEDULER_SERIALIZER")),
+            crawler=crawler,
+            persist=settings.getbool("SCHEDULER_PERSIST", False),
+            flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
+            idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0),
+            prefetch=settings.getint("SCHEDULER_PREFETCH", 16),
+            batch_size=settings.getint("SCHEDULER_BATCH_SIZE", 500),
+            requeue_interval=settings.getfloat("SCHEDULER_REQUEUE_INTERVAL", 5.0),
+            deadletter_max=settings.getint("SCHEDULER_DEADLETTER_MAX", 10_000),
+        )
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def open(self, spider: Spider) -> None:
+        self.spider = spider
+        connection.check(self.queue.client)
+        if self.flush_on_start:
+            self.clear()
+        self.queue.requeue_expired()
+        engine = self._engine()
+        if engine is not None:
+            self._watch_engine(engine)
+            self._start_maintenance()
+
+    def _engine(self) -> Any:
+        """The running engine; None when the scheduler is driven by hand (tests, benchmarks)."""
+        try:
+            return self.crawler.engine if self.crawler is not None else None
+        except RuntimeError:  # Crawler.engine before the crawl started
+            return None
+
+    def close(self, reason: str) -> None:
+        if self._maintenance is not None and self._maintenance.running:
+            self._maintenance.stop()
+        self.flush()
+        held = [lease.member for lease in self._prefetched] + list(self._leases.values())
+        self.queue.release(held)
+        self._prefetched.clear()
+        self._leases.clear()
+        if not self.persist:
+            self.clear()
+
+    def clear(self) -> None:
+        """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
+        self.queue.clear()
+        self.df.clear()
+
+    def _watch_engine(self, engine: Any) -> None:
+        """Ack each request when the engine drops it from its in-progress set.
+
+        That happens after the response went through the callback and every
+        request it yielded reached ``enqueue_request``, or after the request
+        failed for good (errback done, or ignored by a middleware).
+        """
+        slot = getattr(engine, "_slot", None)
+        if slot is None or not hasattr(slot, "remove_request"):
+            raise ConfigError("this Scrapy version's engine has no slot to watch for acks")
+        remove_request = slot.remove_request
+
+        def remove_and_ack(request: Request) -> None:
+            remove_request(request)
+            self.ack(request)
+
+        slot.remove_request = remove_and_ack
+
+    def _start_maintenance(self) -> None:
+        from twisted.internet import task
+
+        interval = min(self.requeue_interval, self.queue.lease_seconds / 3)
+        self._maintenance = task.LoopingCall(self.maintain)
+        self._maintenance.start(interval, now=False)
+
+    def maintain(self) -> None:
+        """Requeue leases that expired anywhere; renew the leases this process holds."""
+        try:
+            self.flush()
+            requeued = self.queue.requeue_expired()
+            held = [lease.member for lease in self._prefetched] + list(self._leases.values())
+            self.queue.extend(held)
+        except Exception:
+            logger.exception("scheduler maintenance failed; will retry")
+            return
+        if requeued:
+            logger.info("requeued %d requests whose lease expired", requeued)
+            self._inc("scheduler/requeued/expired", requeued)
+
+    # -- enqueue -----------------------------------------------------------
+
+    def enqueue_request(self, request: Request) -> bool:
+        assert self.spider is not None, "scheduler not open"
+        try:
+            payload = self.codec.encode(request, self.spider)
+        except EncodeError as exc:
+            logger.error("dropped a request that cannot be queued: %s", exc)
+            self._inc("scheduler/unserializable")
+            return False
+        fingerprint = None if request.dont_filter else self.df.fingerprint(request)
+        self._pending.append((request, Entry(payload, request.priority, fingerprint)))
+        if len(self._pending) >= self.batch_size:
+            self.flush()
+        else:
+            self._schedule_flush()
+        return True
+
+    def ack(self, request: Request) -> None:
+        """The engine is done with ``request``: finish its lease at the next flush."""
+        member = self._leases.pop(request, None)
+        if member is not None:
+            self._acks.append(member)
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_call is not None and self._flush_call.active():
+            return
+        from twisted.internet import reactor
+
+        if reactor.running:
+            self._flush_call = reactor.callLater(0, self.flush)
+
+    def flush(self) -> None:
+        """Write the buffered requests and acks to Redis in one round trip."""
+        if not self._pending and not self._acks:
+            return
+        pending, acks = self._pending, self._acks
+        self._pending, self._acks = [], []
+        flags = self.queue.push_many([entry for _, entry in pending], acks)
+        for (request, _), accepted in zip(pending, flags, strict=True):
+            if not accepted:
+                self._on_duplicate(request)
+        self._inc("scheduler/enqueued/redis", sum(flags))
+        self._inc("scheduler/enqueued", sum(flags))
+
+    def _on_duplicate(self, request: Request) -> None:
+        assert self.spider is not None
+        self.df.log(request, self.spider)
+        if self.crawler is not None:
+            self.crawler.signals.send_catch_log(
+                signals.request_dropped, request=request, spider=self.spider
+            )
+
+    # -- dequeue -----------------------------------------------------------
+
+    def next_request(self) -> Request | None:
+        self.flush()
+        while self._prefetched or self._refill():
+            lease = self._prefetched.popleft()
+            request = self._decode(lease)
+            if request is not None:
+                self._leases[request] = lease.member
+                self._inc("scheduler/dequeued/redis")
+                self._inc("scheduler/dequeued")
+                return request
+        return None
+
+    def _refill(self) -> bool:
+        self._prefetched.extend(self.queue.lease(self.prefetch))
+        return bool(self._prefetched)
+
+    def _decode(self, lease: Lease) -> Request | None:
+        assert self.spider is not None
+        try:
+            return self.codec.decode(lease.payload, self.spider)
+        except DecodeError as exc:
+            self.dead_letter(lease, exc)
+            return None
+
+    def dead_letter(self, lease: Lease, error: DecodeError) -> None:
+        """Move an entry that cannot become a request out of the queue, with the reason."""
+        record = {
+            "reason": error.kind,
+            "error": str(error),
+            "spider": self.queue.keys.spider,
+            "at": datetime.now(UTC).isoformat(),
+            "entry": base64.b64encode(lease.payload).decode("ascii"),
+        }
+        with self.queue.client.pipeline(transaction=True) as pipe:
+            pipe.zrem(self.queue.keys.inflight, lease.member)
+            pipe.lpush(self.queue.keys.deadletter, json.dumps(record))
+            pipe.ltrim(self.queue.keys.deadletter, 0, self.deadletter_max - 1)
+            pipe.execute()
+        logger.warning("dead-lettered a queue entry (%s): %s", error.kind, error)
+        self._inc(f"celery_crawl/dead_letter/{error.kind}")
+
+    def has_pending_requests(self) -> bool:
+        if self._pending or self._prefetched:
+            return True
+        if len(self.queue) > 0:
+            self._empty_since = None
+            return True
+        return self._waiting_before_close()
+
+    def _waiting_before_close(self) -> bool:
+        if self.idle_before_close <= 0:
+            return False
+        now = time.monotonic()
+        if self._empty_since is None:
+            self._empty_since = now
+        return now - self._empty_since < self.idle_before_close
+
+    def __len__(self) -> int:
+        return len(self.queue) + len(self._pending) + len(self._prefetched)
+
+    def _inc(self, key: str, count: int = 1) -> None:
+        if self.stats is not None and count:
+            self.stats.inc_value(key, count)

@@ -1,0 +1,178 @@
+"""Crawl stats shared by every process, in one Redis hash per spider.
+
+Layout: ``STATS_KEY`` is a hash of field -> value; ``STATS_KEY:types`` maps
+each field to a type tag, so ``get_value`` gives back an ``int``, ``float``,
+``bool``, ``datetime``, ``str`` or JSON value, as it was set.
+
+Changes are buffered in the process and written by one Lua script call
+(``lua/stats_update.lua``) every ``STATS_FLUSH_INTERVAL`` seconds, when the
+buffer grows past ``STATS_FLUSH_MAX_OPS``, before any read, and at close.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import redis
+from scrapy.statscollectors import StatsCollector, StatsT
+
+from celery_crawl import connection, scripts
+from celery_crawl.keys import SpiderKeys
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+
+Op = tuple[str, str, str, str]  # op, field, encoded value, type tag
+
+
+def encode(value: Any) -> tuple[str, str]:
+    """A stats value as (text, type tag)."""
+    if isinstance(value, bool):
+        return ("1" if value else "0"), "b"
+    if isinstance(value, int):
+        return str(value), "i"
+    if isinstance(value, float):
+        return repr(value), "f"
+    if isinstance(value, datetime):
+        return value.isoformat(), "d"
+    if isinstance(value, str):
+        return value, "s"
+    try:
+        return json.dumps(value), "j"
+    except (TypeError, ValueError):
+        return str(value), "s"
+
+
+_DECODERS: dict[str, Callable[[str], Any]] = {
+    "i": int,
+    "f": float,
+    "b": lambda text: text == "1",
+    "d": datetime.fromisoformat,
+    "s": str,
+    "j": json.loads,
+}
+
+
+def decode(text: bytes | str, tag: bytes | str | None) -> Any:
+    """A value read back from the hash; untyped numbers stay numbers."""
+    text = text.decode() if isinstance(text, bytes) else text
+    tag = tag.decode() if isinstance(tag, bytes) else tag
+    decoder = _DECODERS.get(tag or "")
+    if decoder is not None:
+        try:
+            return decoder(text)
+        except ValueError:
+            return text
+    for number in (int, float):
+        try:
+            return number(text)
+        except ValueError:
+            pass
+    return text
+
+
+class RedisStatsCollector(StatsCollector):
+    """``STATS_CLASS = "celery_crawl.stats.RedisStatsCollector"``."""
+
+    def __init__(self, crawler: Crawler, client: redis.Redis | None = None) -> None:
+        super().__init__(crawler)
+        self.client = client or connection.from_settings(crawler.settings)
+        self.keys = SpiderKeys.from_settings(crawler.spidercls.name, crawler.settings)
+        self.flush_interval = crawler.settings.getfloat("STATS_FLUSH_INTERVAL", 1.0)
+        self.max_ops = crawler.settings.getint("STATS_FLUSH_MAX_OPS", 1000)
+        self._ops: list[Op] = []
+        self._increments: dict[str, int | float] = {}
+        self._loop: Any = None
+
+    def _queue(self, op: str, key: str, value: Any) -> None:
+        if key in self._increments:  # keep the order: an earlier increment first
+            self._ops.append(self._increment_op(key, self._increments.pop(key)))
+        text, tag = encode(value)
+        self._ops.append((op, key, text, tag))
+        if len(self._ops) + len(self._increments) >= self.max_ops:
+            self.flush()
+
+    def inc_value(self, key: str, count: int = 1, start: int = 0, spider: Any = None) -> None:
+        if start:
+            self._queue("setnx", key, start)
+        self._increments[key] = self._increments.get(key, 0) + count
+        if len(self._increments) + len(self._ops) >= self.max_ops:
+            self.flush()
+
+    def set_value(self, key: str, value: Any, spider: Any = None) -> None:
+        self._queue("set", key, value)
+
+    def max_value(self, key: str, value: Any, spider: Any = None) -> None:
+        self._queue("max", key, value)
+
+    def min_value(self, key: str, value: Any, spider: Any = None) -> None:
+        self._queue("min", key, value)
+
+    def set_stats(self, stats: StatsT, spider: Any = None) -> None:
+        self.clear_stats()
+        for key, value in stats.items():
+            self.set_value(key, value)
+
+    def clear_stats(self, spider: Any = None) -> None:
+        self._increments.clear()
+        self._ops = [("clear", "", "", "")]
+
+    def get_value(self, key: str, default: Any = None, spider: Any = None) -> Any:
+        self.flush()
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hget(self.keys.stats, key)
+            pipe.hget(self.keys.stats_types, key)
+            text, tag = pipe.execute()
+        return default if text is None else decode(text, tag)
+
+    def get_stats(self, spider: Any = None) -> StatsT:
+        self.flush()
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.stats)
+            pipe.hgetall(self.keys.stats_types)
+            values, types = pipe.execute()
+        return {k.decode(): decode(v, types.get(k)) for k, v in values.items()}
+
+    def flush(self) -> None:
+        """Write the buffered changes in one round trip; keep them if Redis is away."""
+        ops = self._ops + [self._increment_op(k, v) for k, v in self._increments.items()]
+        if not ops:
+            return
+        args = [part for op in ops for part in op]
+        try:
+            scripts.script(self.client, "stats_update")(
+                keys=[self.keys.stats, self.keys.stats_types], args=args
+            )
+        except redis.ConnectionError as exc:
+            logger.warning("stats not flushed, will retry: %s", exc)
+            return
+        self._ops, self._increments = [], {}
+
+    @staticmethod
+    def _increment_op(key: str, count: int | float) -> Op:
+        text, tag = encode(count)
+        return ("incr", key, text, tag)
+
+    def open_spider(self, spider: Any = None) -> None:
+        from twisted.internet import task
+
+        self._loop = task.LoopingCall(self.flush)
+        self._loop.start(self.flush_interval, now=False)
+
+    def close_spider(self, spider: Any = None, reason: str | None = None) -> None:
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self.flush()
+        if self._dump:
+            logger.info("Dumping Scrapy stats:\n%s", self, extra={"spider": self._crawler.spider})
+
+    def __str__(self) -> str:
+        import pprint
+
+        return pprint.pformat(self.get_stats())

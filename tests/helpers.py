@@ -1,0 +1,46 @@
+"""Spiders and helpers shared by the tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scrapy import Spider
+
+
+class ForumSpider(Spider):
+    name = "forum"
+
+    def parse(self, response: Any) -> None:
+        pass
+
+    def parse_post(self, response: Any) -> None:
+        pass
+
+    def on_error(self, failure: Any) -> None:
+        pass
+
+    def _private(self, response: Any) -> None:
+        pass
+
+
+class RoundTrips:
+    """Counts the commands a redis-py client sends (each one is a round trip)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.count = 0
+        self.commands: list[str] = []
+
+    def __enter__(self) -> RoundTrips:
+        real = type(self.client).execute_command
+
+        def counting(*args: Any, **options: Any) -> Any:
+            self.count += 1
+            self.commands.append(str(args[0]))
+            return real(self.client, *args, **options)
+
+        self.client.execute_command = counting
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.client.execute_command

@@ -1,0 +1,174 @@
+"""Contract tests, run against every queue class, on a real server."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Base, Entry, FifoQueue, LifoQueue, PriorityQueue
+
+QUEUE_CLASSES = [PriorityQueue, FifoQueue, LifoQueue]
+
+
+@pytest.fixture(params=QUEUE_CLASSES, ids=lambda cls: cls.__name__)
+def queue(request: pytest.FixtureRequest, client: redis.Redis, prefix: str) -> Base:
+    cls: type[Base] = request.param
+    return cls(client, SpiderKeys.build("forum", prefix=prefix), lease_seconds=60)
+
+
+def payloads(leases: list) -> list[bytes]:
+    return [lease.payload for lease in leases]
+
+
+def test_push_then_pop_returns_every_entry_once(queue: Base) -> None:
+    queue.push_many([Entry(f"r{i}".encode()) for i in range(50)])
+    assert len(queue) == 50
+    popped = payloads(queue.pop(count=100))
+    assert sorted(popped) == sorted(f"r{i}".encode() for i in range(50))
+    assert len(queue) == 0
+    assert queue.pop() == []
+
+
+def test_identical_payloads_never_merge(queue: Base) -> None:
+    queue.push_many([Entry(b"same"), Entry(b"same"), Entry(b"same")])
+    assert len(queue) == 3
+    leases = queue.pop(count=3)
+    assert payloads(leases) == [b"same"] * 3
+    assert len({lease.member for lease in leases}) == 3
+    assert queue.in_flight() == 3
+
+
+def test_pop_honours_its_timeout_when_empty(queue: Base) -> None:
+    started = time.monotonic()
+    assert queue.pop(timeout=0.3) == []
+    waited = time.monotonic() - started
+    assert 0.25 <= waited < 2.0
+
+
+def test_blocked_pop_wakes_on_push(queue: Base, client: redis.Redis) -> None:
+    import threading
+
+    threading.Timer(0.2, lambda: queue.push(b"late")).start()
+    started = time.monotonic()
+    leases = queue.pop(timeout=5)
+    assert payloads(leases) == [b"late"]
+    assert time.monotonic() - started < 2.0
+
+
+def test_pop_leases_instead_of_deleting(queue: Base) -> None:
+    queue.push(b"a")
+    (lease,) = queue.pop()
+    assert len(queue) == 0
+    assert queue.in_flight() == 1
+    assert queue.ack([lease.member]) == 1
+    assert queue.in_flight() == 0
+    assert queue.ack([lease.member]) == 0
+
+
+def test_expired_leases_are_requeued(queue: Base) -> None:
+    queue.lease_seconds = 0.5
+    queue.push_many([Entry(b"a"), Entry(b"b")])
+    leases = queue.pop(count=2)
+    assert queue.requeue_expired() == 0
+    time.sleep(0.6)
+    assert queue.requeue_expired() == 2
+    assert queue.in_flight() == 0
+    assert sorted(payloads(queue.pop(count=2))) == [b"a", b"b"]
+    assert queue.ack([lease.member for lease in leases]) == 0
+
+
+def test_acked_lease_is_not_requeued(queue: Base) -> None:
+    queue.lease_seconds = 0.05
+    queue.push(b"a")
+    (lease,) = queue.pop()
+    queue.ack([lease.member])
+    time.sleep(0.1)
+    assert queue.requeue_expired() == 0
+    assert len(queue) == 0
+
+
+def test_extend_keeps_a_lease_alive(queue: Base) -> None:
+    queue.lease_seconds = 0.2
+    queue.push(b"a")
+    (lease,) = queue.pop()
+    time.sleep(0.1)
+    assert queue.extend([lease.member], seconds=5) == 1
+    time.sleep(0.2)
+    assert queue.requeue_expired() == 0
+    assert queue.in_flight() == 1
+
+
+def test_release_hands_back_at_once(queue: Base) -> None:
+    queue.push_many([Entry(b"a"), Entry(b"b")])
+    leases = queue.pop(count=2)
+    assert queue.release([lease.member for lease in leases]) == 2
+    assert len(queue) == 2
+    assert queue.in_flight() == 0
+    assert queue.release([lease.member for lease in leases]) == 0
+
+
+def test_dedup_and_dont_filter(queue: Base) -> None:
+    flags = queue.push_many(
+        [Entry(b"1", fingerprint=b"f" * 20), Entry(b"2", fingerprint=b"f" * 20), Entry(b"3")]
+    )
+    assert flags == [True, False, True]
+    assert queue.push_many([Entry(b"4")]) == [True]
+    assert len(queue) == 3
+
+
+def test_ack_in_the_same_step_as_children(queue: Base) -> None:
+    queue.push(b"parent")
+    (lease,) = queue.pop()
+    assert queue.push_many([Entry(b"child")], acks=[lease.member]) == [True]
+    assert queue.in_flight() == 0
+    assert payloads(queue.pop()) == [b"child"]
+
+
+def test_clear_removes_everything(queue: Base, client: redis.Redis, prefix: str) -> None:
+    queue.push_many([Entry(b"a", priority=3), Entry(b"b", priority=-1)])
+    queue.pop()
+    queue.clear()
+    assert len(queue) == 0
+    assert queue.in_flight() == 0
+    assert list(client.scan_iter(match=f"{prefix}:*queue*")) == []
+
+
+def test_priority_order_and_fifo_within_a_priority(client: redis.Redis, prefix: str) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("forum", prefix=prefix))
+    entries = [Entry(f"p{p}-{i}".encode(), priority=p) for i in range(5) for p in (0, 10, -5, 3)]
+    queue.push_many(entries)
+    popped = [p.decode() for p in payloads(queue.pop(count=100))]
+    expected = [f"p{p}-{i}" for p in (10, 3, 0, -5) for i in range(5)]
+    assert popped == expected
+
+
+def test_requeued_lease_goes_back_to_the_front_of_its_level(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("forum", prefix=prefix), lease_seconds=60)
+    queue.push_many([Entry(b"first", priority=1), Entry(b"second", priority=1)])
+    (lease,) = queue.pop()
+    queue.push(b"low", priority=0)
+    queue.release([lease.member])
+    assert payloads(queue.pop(count=3)) == [b"first", b"second", b"low"]
+
+
+def test_fifo_and_lifo_order(client: redis.Redis, prefix: str) -> None:
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    fifo = FifoQueue(client, keys)
+    fifo.push_many([Entry(b"1", priority=5), Entry(b"2", priority=9), Entry(b"3")])
+    assert payloads(fifo.pop(count=3)) == [b"1", b"2", b"3"]
+    lifo = LifoQueue(client, SpiderKeys.build("other", prefix=prefix))
+    lifo.push_many([Entry(b"1"), Entry(b"2"), Entry(b"3")])
+    assert payloads(lifo.pop(count=3)) == [b"3", b"2", b"1"]
+
+
+def test_lease_carries_its_priority(client: redis.Redis, prefix: str) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("forum", prefix=prefix))
+    queue.push(b"x", priority=-7)
+    (lease,) = queue.pop()
+    assert lease.priority == -7
+    assert lease.payload == b"x"
