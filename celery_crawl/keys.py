@@ -76,6 +76,7 @@ class SpiderKeys:
     def build(
         cls,
         spider: str,
+        *,
         prefix: str = DEFAULT_PREFIX,
         queue: str = QUEUE_TEMPLATE,
         dupefilter: str = DUPEFILTER_TEMPLATE,

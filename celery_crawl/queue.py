@@ -105,7 +105,7 @@ class Base:
     def lease(self, count: int = 1) -> list[Lease]:
         """Take up to ``count`` requests at once, without waiting."""
         keys = [self.keys.queue, self.keys.inflight, self.keys.seq]
-        args = [count, int(self.lease_seconds * 1000), self.pop_side]
+        args: list[Any] = [count, int(self.lease_seconds * 1000), self.pop_side]
         return [Lease(m) for m in scripts.script(self.client, "lease")(keys=keys, args=args)]
 
     def pop(self, timeout: float = 0, count: int = 1) -> list[Lease]:

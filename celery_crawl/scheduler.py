@@ -235,7 +235,7 @@ class Scheduler(BaseScheduler):
         from twisted.internet import reactor
 
         if reactor.running:
-            self._flush_call = reactor.callLater(0, self.flush)
+            self._flush_call = reactor.callLater(0, self.flush)  # type: ignore[arg-type]
 
     def flush(self) -> None:
         """Write the buffered requests and acks to Redis in one round trip."""

@@ -61,11 +61,14 @@ def method_name(func: Callable[..., Any] | None, spider: Spider) -> str | None:
     """The name under which ``func`` can be looked up on ``spider``."""
     if func is None:
         return None
-    name = getattr(func, "__name__", "")
-    if getattr(func, "__self__", None) is not spider:
-        raise EncodeError(f"callback {func!r} is not a method of spider {spider.name!r}")
-    resolve_method(spider, name)
-    return str(name)
+    name = str(getattr(func, "__name__", ""))
+    try:
+        own = resolve_method(spider, name)
+    except DecodeError:
+        own = None
+    if own is None or getattr(own, "__func__", own) is not getattr(func, "__func__", func):
+        raise EncodeError(f"callback {func!r} is not a public method of spider {spider.name!r}")
+    return name
 
 
 def resolve_method(spider: Spider, name: str) -> Callable[..., Any]:

@@ -31,18 +31,20 @@ logger = logging.getLogger(__name__)
 Op = tuple[str, str, str, str]  # op, field, encoded value, type tag
 
 
+_ENCODERS: tuple[tuple[type, str, Callable[[Any], str]], ...] = (
+    (bool, "b", lambda value: "1" if value else "0"),  # before int: bool is an int
+    (int, "i", str),
+    (float, "f", repr),
+    (datetime, "d", lambda value: value.isoformat()),
+    (str, "s", str),
+)
+
+
 def encode(value: Any) -> tuple[str, str]:
     """A stats value as (text, type tag)."""
-    if isinstance(value, bool):
-        return ("1" if value else "0"), "b"
-    if isinstance(value, int):
-        return str(value), "i"
-    if isinstance(value, float):
-        return repr(value), "f"
-    if isinstance(value, datetime):
-        return value.isoformat(), "d"
-    if isinstance(value, str):
-        return value, "s"
+    for kind, tag, to_text in _ENCODERS:
+        if isinstance(value, kind):
+            return to_text(value), tag
     try:
         return json.dumps(value), "j"
     except (TypeError, ValueError):

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 import redis
+from helpers import ForumSpider
 from scrapy import Spider
 from scrapy.crawler import Crawler
 from scrapy.utils.test import get_crawler
 
 from celery_crawl.connection import get_redis
-from helpers import ForumSpider
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,9 @@ def test_uses_the_crawlers_fingerprinter(make_crawler: Any) -> None:
     df = RFPDupeFilter.from_crawler(crawler)
     assert df.fingerprint(Request("http://a/x")) == b"http://a/x".ljust(20, b"\0")
     default = RFPDupeFilter.from_crawler(make_crawler())
-    assert default.fingerprint(Request("http://a/x")) == make_crawler().request_fingerprinter.fingerprint(
+    assert default.fingerprint(
         Request("http://a/x")
-    )
+    ) == make_crawler().request_fingerprinter.fingerprint(Request("http://a/x"))
 
 
 def test_request_seen_and_exact_count(make_crawler: Any) -> None:
@@ -35,7 +35,11 @@ def test_request_seen_and_exact_count(make_crawler: Any) -> None:
 def test_fingerprints_are_stored_as_binary_digests(make_crawler: Any, client: redis.Redis) -> None:
     df = RFPDupeFilter.from_crawler(make_crawler())
     df.request_seen(Request("http://a/1"))
-    members = [m for key in client.scan_iter(match=df.keys.dupefilter + ":0:*") for m in client.smembers(key)]
+    members = [
+        m
+        for key in client.scan_iter(match=df.keys.dupefilter + ":0:*")
+        for m in client.smembers(key)
+    ]
     assert members == [df.fingerprint(Request("http://a/1"))]
     assert len(members[0]) == 20
 

@@ -6,9 +6,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis
+from helpers import RoundTrips
 
 from celery_crawl.stats import RedisStatsCollector
-from helpers import RoundTrips
 
 
 def collector(make_crawler: Any) -> RedisStatsCollector:
@@ -40,9 +40,7 @@ def test_types_survive_a_round_trip(make_crawler: Any) -> None:
     assert fresh.get_value("missing", "default") == "default"
 
 
-def test_increments_are_batched_into_one_round_trip(
-    make_crawler: Any, client: redis.Redis
-) -> None:
+def test_increments_are_batched_into_one_round_trip(make_crawler: Any, client: redis.Redis) -> None:
     stats = collector(make_crawler)
     with RoundTrips(stats.client) as trips:
         for _ in range(500):

@@ -1,0 +1,225 @@
+"""Scheduler throughput and memory: celery_crawl against scrapy-redis 0.9.1.
+
+Workload (per round, per system, on the same Redis): N requests with
+realistic forum meta, a quarter of them duplicates, enqueued through the
+scheduler's ``enqueue_request``; then all popped through ``next_request``
+(celery_crawl leases each one). ``MEMORY USAGE`` of the dedup and queue keys
+is read between the two phases.
+
+    python -m benchmarks.scheduler [--requests 20000] [--rounds 5] [--redis-url URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from scrapy import Request, Spider
+from scrapy.exceptions import ScrapyDeprecationWarning
+from scrapy.utils.test import get_crawler
+
+from benchmarks.common import median, redis_url, table
+
+
+class ForumSpider(Spider):
+    name = "forum"
+
+    def parse_list(self, response: Any) -> None: ...
+
+    def parse_post(self, response: Any) -> None: ...
+
+    def parse_comments(self, response: Any) -> None: ...
+
+
+def workload(total: int, dup_ratio: float, seed: int = 7) -> list[Request]:
+    """Forum requests: list pages, posts and comment pages, with duplicates mixed in."""
+    rng = random.Random(seed)
+    spider = ForumSpider()
+    job = uuid.UUID(int=rng.getrandbits(128)).hex
+    unique = []
+    for i in range(int(total * (1 - dup_ratio))):
+        forum, post = f"{i % 50 + 1:05d}", str(100000 + i)
+        kind = i % 10
+        if kind == 0:
+            url, cb, prio = (
+                f"http://127.0.0.1:8000/list/{forum}/{i // 10 + 1}",
+                spider.parse_list,
+                20,
+            )
+        elif kind < 4:
+            url, cb, prio = f"http://127.0.0.1:8000/post/{post}", spider.parse_post, 10
+        else:
+            url, cb, prio = f"http://127.0.0.1:8000/comment/{post}/{kind}", spider.parse_comments, 0
+        meta = {
+            "job_id": job,
+            "forum_id": forum,
+            "post_id": post,
+            "depth": kind % 3 + 1,
+            "version": f"{rng.randrange(500)}:2026-11-{rng.randrange(1, 28):02d}",
+        }
+        unique.append(Request(url, callback=cb, priority=prio, meta=meta))
+    dups = [rng.choice(unique).copy() for _ in range(total - len(unique))]
+    mixed = unique + dups
+    rng.shuffle(mixed)
+    return mixed
+
+
+@dataclass
+class Result:
+    enqueue_per_s: float
+    dequeue_per_s: float
+    dedup_bytes_per_fp: float
+    queue_bytes_per_request: float
+    accepted: int
+
+
+def memory(client: redis.Redis, keys: list[str]) -> int:
+    return sum(client.memory_usage(k, samples=0) or 0 for k in keys)
+
+
+def run_celery_crawl(url: str, requests: list[Request], prefix: str) -> Result:
+    from celery_crawl.scheduler import Scheduler
+
+    crawler = get_crawler(
+        ForumSpider, {"REDIS_URL": url, "CELERY_CRAWL_KEY_PREFIX": prefix, "LOG_LEVEL": "WARNING"}
+    )
+    scheduler = Scheduler.from_crawler(crawler)
+    scheduler.open(ForumSpider.from_crawler(crawler))
+    enqueue_s = timed(
+        lambda: [scheduler.enqueue_request(r) for r in requests] and scheduler.flush()
+    )
+    queued = len(scheduler.queue)
+    client = scheduler.queue.client
+    levels = [scheduler.queue.keys.queue] + [
+        scheduler.queue.keys.level(int(p)) for p in client.zrange(scheduler.queue.keys.queue, 0, -1)
+    ]
+    dedup_bytes, queue_bytes = scheduler.df.memory_usage(), memory(client, levels)
+    popped, dequeue_s = drain(scheduler)
+    assert popped == queued, (popped, queued)
+    scheduler.clear()
+    return Result(
+        len(requests) / enqueue_s,
+        popped / dequeue_s,
+        dedup_bytes / queued,
+        queue_bytes / queued,
+        queued,
+    )
+
+
+def run_scrapy_redis(url: str, requests: list[Request], prefix: str) -> Result:
+    from scrapy_redis.scheduler import Scheduler
+
+    crawler = get_crawler(
+        ForumSpider,
+        {
+            "REDIS_URL": url,
+            "LOG_LEVEL": "WARNING",
+            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+            "SCHEDULER_QUEUE_KEY": prefix + ":%(spider)s:requests",
+            "SCHEDULER_DUPEFILTER_KEY": prefix + ":%(spider)s:dupefilter",
+        },
+    )
+    scheduler = Scheduler.from_crawler(crawler)
+    scheduler.open(ForumSpider.from_crawler(crawler))
+    enqueue_s = timed(lambda: [scheduler.enqueue_request(r) for r in requests])
+    queued = len(scheduler.queue)
+    client = scheduler.server
+    dedup_bytes, queue_bytes = (
+        memory(client, [scheduler.df.key]),
+        memory(client, [scheduler.queue.key]),
+    )
+    popped, dequeue_s = drain(scheduler)
+    assert popped == queued, (popped, queued)
+    scheduler.flush()
+    return Result(
+        len(requests) / enqueue_s,
+        popped / dequeue_s,
+        dedup_bytes / queued,
+        queue_bytes / queued,
+        queued,
+    )
+
+
+def timed(action: Any) -> float:
+    started = time.perf_counter()
+    action()
+    return time.perf_counter() - started
+
+
+def drain(scheduler: Any) -> tuple[int, float]:
+    popped, started = 0, time.perf_counter()
+    while scheduler.next_request() is not None:
+        popped += 1
+    return popped, time.perf_counter() - started
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=20_000)
+    parser.add_argument("--dup-ratio", type=float, default=0.25)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--redis-url")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=ScrapyDeprecationWarning)  # scrapy-redis's own
+    requests = workload(args.requests, args.dup_ratio)
+    results: dict[str, list[Result]] = {"celery_crawl": [], "scrapy-redis": []}
+    with redis_url(args.redis_url) as url:
+        for round_no in range(args.rounds):  # alternate, so drift hits both alike
+            prefix = f"bench-{uuid.uuid4().hex[:8]}"
+            results["celery_crawl"].append(run_celery_crawl(url, requests, prefix))
+            results["scrapy-redis"].append(run_scrapy_redis(url, requests, prefix))
+            print(f"round {round_no + 1}/{args.rounds} done", flush=True)
+        server = redis.Redis.from_url(url).info("server")
+    report(results, args, server)
+
+
+def report(
+    results: dict[str, list[Result]], args: argparse.Namespace, server: dict[str, Any]
+) -> None:
+    ours, theirs = results["celery_crawl"], results["scrapy-redis"]
+    metrics = [
+        ("enqueue/s", "enqueue_per_s", "≥ 5×", lambda r: r >= 5),
+        ("dequeue/s", "dequeue_per_s", "≥ 3×", lambda r: r >= 3),
+        ("dedup bytes/fingerprint", "dedup_bytes_per_fp", "≤ 0.5×", lambda r: r <= 0.5),
+        ("queue bytes/request", "queue_bytes_per_request", "≤ 0.5×", lambda r: r <= 0.5),
+    ]
+    rows = []
+    for label, field, target, ok in metrics:
+        a = median([getattr(r, field) for r in ours])
+        b = median([getattr(r, field) for r in theirs])
+        ratio = median(
+            [getattr(x, field) / getattr(y, field) for x, y in zip(ours, theirs, strict=True)]
+        )
+        rows.append(
+            [
+                label,
+                f"{a:,.1f}",
+                f"{b:,.1f}",
+                f"{ratio:.2f}×",
+                target,
+                "met" if ok(ratio) else "MISSED",
+            ]
+        )
+    version = server.get("valkey_version") or server.get("redis_version")
+    print(
+        f"\n{args.requests} requests, {args.dup_ratio:.0%} duplicates,"
+        f" median of {args.rounds} rounds, {server.get('server_name', 'redis')} {version};"
+        f" accepted {ours[0].accepted} vs {theirs[0].accepted}\n"
+    )
+    print(
+        table(
+            ["metric", "celery_crawl", "scrapy-redis 0.9.1", "ratio (median)", "target", ""], rows
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,597 @@
+"""A fast demo forum that serves the forum API (``forum-api.md``) from generated data.
+
+Nothing is stored: every page is a pure function of :class:`SiteConfig` and the
+ids in the URL, so any number of servers with one config serve the same forum.
+
+Data model:
+
+- Forum ``i`` (1-based) has the id ``f"{i:05d}"`` and ``posts_per_forum`` posts,
+  listed oldest first, ``posts_per_page`` to a list page.
+- Post ``j`` (0-based) of forum ``i`` has the id ``str(100000 * i + j)``, unique
+  across forums. Its ordinal ``j + 1`` decides its fate: every
+  ``deleted_every``-th post is deleted (still listed, but ``/post`` and
+  ``/comment`` answer 404); every ``hot_every``-th post that is not deleted is
+  hot, with ``hot_comment_pages`` full comment pages; any other post has 0 to 45
+  comments, from a CRC32 of the seed and its id, so some have no comment page.
+- Comment ``n`` (0-based) of a post has the id ``f"{post_id}-{n}"``; its
+  ``parent_id`` is null or the id of an earlier comment of the same post.
+
+Faults, drawn from one RNG seeded with ``seed`` (so a retry of a URL may
+succeed): a request is answered 503 with probability ``error_rate``; a 200
+body is cut in half, which is never valid JSON, with probability
+``malformed_rate``. ``latency`` seconds pass before each response.
+
+:meth:`SiteConfig.expected` gives the totals a complete crawl must reach.
+``python -m celery_crawl.demo_site --port 8000`` serves a forum until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import random
+import threading
+import zlib
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from functools import lru_cache
+from types import TracebackType
+from typing import Any
+
+POST_ID_STRIDE = 100_000
+MAX_PLAIN_COMMENTS = 45
+EPOCH = datetime(2026, 11, 1, tzinfo=UTC)
+IDLE_TIMEOUT = 60.0  # seconds a keep-alive connection may sit idle
+MAX_HEAD = 64 * 1024
+MAX_BODY = 1024 * 1024
+
+Json = dict[str, Any]
+
+NOT_FOUND_BODY = b'{"error": "not found"}'
+REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    503: "Service Unavailable",
+}
+ERROR_BODIES = {
+    400: b'{"error": "bad request"}',
+    405: b'{"error": "method not allowed"}',
+    503: b'{"error": "service unavailable"}',
+}
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What a complete crawl of a :class:`SiteConfig` forum fetches and yields."""
+
+    list_pages: int
+    posts: int  # readable (not deleted) posts
+    deleted_posts: int
+    comment_pages: int
+    comments: int
+    pages: int  # URLs answered 200: list pages + readable posts + comment pages
+    not_found: int  # the 404s of the deleted posts
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    """The shape of the generated forum and the faults it injects."""
+
+    forums: int = 3
+    posts_per_forum: int = 100
+    posts_per_page: int = 20
+    comments_per_page: int = 20
+    hot_every: int = 25
+    hot_comment_pages: int = 30
+    deleted_every: int = 17
+    error_rate: float = 0.0
+    malformed_rate: float = 0.0
+    latency: float = 0.0
+    seed: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.posts_per_forum < POST_ID_STRIDE:
+            raise ValueError(f"posts_per_forum must be in [0, {POST_ID_STRIDE})")
+        if not 0 <= self.forums < POST_ID_STRIDE:
+            raise ValueError(f"forums must be in [0, {POST_ID_STRIDE})")
+        if min(self.posts_per_page, self.comments_per_page) < 1:
+            raise ValueError("page sizes must be at least 1")
+        if not (0.0 <= self.error_rate <= 1.0 and 0.0 <= self.malformed_rate <= 1.0):
+            raise ValueError("error_rate and malformed_rate must be in [0, 1]")
+
+    def max_page(self) -> int:
+        """List pages of each forum (an empty forum still has page 1)."""
+        return max(1, math.ceil(self.posts_per_forum / self.posts_per_page))
+
+    def forum_ids(self) -> list[str]:
+        return [forum_id(index) for index in range(1, self.forums + 1)]
+
+    def post_ids(self) -> list[str]:
+        """Every listed post, deleted ones included, forum by forum."""
+        return [
+            post_id(index, ordinal)
+            for index in range(1, self.forums + 1)
+            for ordinal in range(self.posts_per_forum)
+        ]
+
+    def locate(self, post: str) -> tuple[int, int] | None:
+        """(forum index, post ordinal) of a post id, or None if there is no such post."""
+        number = parse_int(post)
+        if number is None:
+            return None
+        index, ordinal = divmod(number, POST_ID_STRIDE)
+        if 1 <= index <= self.forums and ordinal < self.posts_per_forum:
+            return index, ordinal
+        return None
+
+    def is_deleted(self, ordinal: int) -> bool:
+        return self.deleted_every > 0 and (ordinal + 1) % self.deleted_every == 0
+
+    def is_hot(self, ordinal: int) -> bool:
+        hot = self.hot_every > 0 and (ordinal + 1) % self.hot_every == 0
+        return hot and not self.is_deleted(ordinal)
+
+    def comment_count(self, post: str, ordinal: int) -> int:
+        if self.is_hot(ordinal):
+            return self.hot_comment_pages * self.comments_per_page
+        return stable_hash(self.seed, post) % (MAX_PLAIN_COMMENTS + 1)
+
+    def comment_pages(self, count: int) -> int:
+        return math.ceil(count / self.comments_per_page)
+
+    def expected(self) -> Expected:
+        """The ground truth a complete crawl must reproduce."""
+        posts = deleted = comment_pages = comments = 0
+        for index in range(1, self.forums + 1):
+            for ordinal in range(self.posts_per_forum):
+                if self.is_deleted(ordinal):
+                    deleted += 1
+                    continue
+                count = self.comment_count(post_id(index, ordinal), ordinal)
+                posts += 1
+                comments += count
+                comment_pages += self.comment_pages(count)
+        list_pages = self.forums * self.max_page()
+        return Expected(
+            list_pages=list_pages,
+            posts=posts,
+            deleted_posts=deleted,
+            comment_pages=comment_pages,
+            comments=comments,
+            pages=list_pages + posts + comment_pages,
+            not_found=deleted,
+        )
+
+
+# -- the data: pure functions of the config and the ids ---------------------
+
+
+def forum_id(index: int) -> str:
+    return f"{index:05d}"
+
+
+def post_id(index: int, ordinal: int) -> str:
+    return str(POST_ID_STRIDE * index + ordinal)
+
+
+def parse_int(text: str) -> int | None:
+    """A non-negative integer written canonically (no sign, no leading zero)."""
+    if not (text.isascii() and text.isdigit()) or (len(text) > 1 and text[0] == "0"):
+        return None
+    return int(text)
+
+
+def stable_hash(seed: int, text: str) -> int:
+    return zlib.crc32(f"{seed}:{text}".encode())
+
+
+def iso(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def title(post: str, ordinal: int) -> str:
+    return f"Post number {ordinal + 1} ({post})"
+
+
+def author(seed: int, key: str) -> str:
+    return f"user{stable_hash(seed + 1, key) % 997}"
+
+
+def list_entry(config: SiteConfig, index: int, ordinal: int) -> Json:
+    post = post_id(index, ordinal)
+    count = config.comment_count(post, ordinal)
+    published = EPOCH + timedelta(hours=ordinal, minutes=index)
+    return {
+        "post_id": post,
+        "title": title(post, ordinal),
+        "author": author(config.seed, post),
+        "published_at": iso(published),
+        "comment_count": count,
+        "last_activity": iso(published + timedelta(minutes=count)),
+    }
+
+
+def list_page(config: SiteConfig, forum: str, page: int) -> Json | None:
+    if len(forum) != 5 or not (forum.isascii() and forum.isdigit()):
+        return None
+    index = int(forum)
+    max_page = config.max_page()
+    if not 1 <= index <= config.forums:
+        return None
+    if not 1 <= page <= max_page:
+        return None
+    first = (page - 1) * config.posts_per_page
+    last = min(first + config.posts_per_page, config.posts_per_forum)
+    return {
+        "forum_id": forum,
+        "page": page,
+        "max_page": max_page,
+        "posts": [list_entry(config, index, ordinal) for ordinal in range(first, last)],
+        "next_page": page + 1 if page < max_page else None,
+    }
+
+
+def post_page(config: SiteConfig, post: str) -> Json | None:
+    located = config.locate(post)
+    if located is None or config.is_deleted(located[1]):
+        return None
+    index, ordinal = located
+    count = config.comment_count(post, ordinal)
+    return {
+        "post_id": post,
+        "forum_id": forum_id(index),
+        "title": title(post, ordinal),
+        "content": f"Body of post {post}. " * (1 + stable_hash(config.seed, post) % 8),
+        "author": author(config.seed, post),
+        "views": stable_hash(config.seed + 2, post) % 100_000,
+        "comment_count": count,
+        "comment_pages": config.comment_pages(count),
+    }
+
+
+def comment(config: SiteConfig, post: str, number: int) -> Json:
+    comment_id = f"{post}-{number}"
+    mix = stable_hash(config.seed, comment_id)
+    parent = None if number == 0 or mix % 3 == 0 else f"{post}-{mix % number}"
+    return {
+        "comment_id": comment_id,
+        "author": author(config.seed, comment_id),
+        "content": f"Comment {number} on post {post}.",
+        "parent_id": parent,
+    }
+
+
+def comment_page(config: SiteConfig, post: str, page: int) -> Json | None:
+    located = config.locate(post)
+    if located is None or config.is_deleted(located[1]):
+        return None
+    count = config.comment_count(post, located[1])
+    pages = config.comment_pages(count)
+    if not 1 <= page <= pages:
+        return None
+    first = (page - 1) * config.comments_per_page
+    last = min(first + config.comments_per_page, count)
+    return {
+        "post_id": post,
+        "page": page,
+        "comments": [comment(config, post, number) for number in range(first, last)],
+        "next_page": page + 1 if page < pages else None,
+    }
+
+
+# -- routing ----------------------------------------------------------------
+
+
+def _route_list(config: SiteConfig, args: list[str]) -> Json | None:
+    page = parse_int(args[1])
+    return None if page is None else list_page(config, args[0], page)
+
+
+def _route_post(config: SiteConfig, args: list[str]) -> Json | None:
+    return post_page(config, args[0])
+
+
+def _route_comment(config: SiteConfig, args: list[str]) -> Json | None:
+    page = parse_int(args[1])
+    return None if page is None else comment_page(config, args[0], page)
+
+
+# (first path segment, number of segments) -> handler of the remaining segments
+ROUTES: dict[tuple[str, int], Callable[[SiteConfig, list[str]], Json | None]] = {
+    ("list", 4): _route_list,
+    ("post", 3): _route_post,
+    ("comment", 4): _route_comment,
+}
+
+
+def path_kind(path: str) -> str:
+    """``list``, ``post``, ``comment`` or ``unknown``: what a path asks for."""
+    kind = path.split("/", 2)[1] if path.startswith("/") else ""
+    return kind if kind in ("list", "post", "comment") else "unknown"
+
+
+@lru_cache(maxsize=8192)
+def render(config: SiteConfig, path: str) -> tuple[int, bytes]:
+    """Status and JSON body of a GET of ``path`` (query string ignored)."""
+    parts = path.split("?", 1)[0].split("/")
+    handler = ROUTES.get((parts[1], len(parts))) if len(parts) > 1 else None
+    payload = handler(config, parts[2:]) if handler is not None else None
+    if payload is None:
+        return 404, NOT_FOUND_BODY
+    return 200, json.dumps(payload).encode()
+
+
+# -- HTTP -------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    method: str
+    path: str
+    keep_alive: bool
+    body_length: int  # bytes of body to skip; -1 when it cannot be skipped
+
+
+def parse_request(head: bytes) -> Request | None:
+    """The request line and headers up to the blank line, or None if malformed."""
+    lines = head.decode("latin-1").split("\r\n")
+    words = lines[0].split(" ")
+    if len(words) != 3 or words[2] not in ("HTTP/1.1", "HTTP/1.0"):
+        return None
+    headers = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if sep:
+            headers[name.strip().lower()] = value.strip().lower()
+    connection = headers.get("connection", "")
+    if words[2] == "HTTP/1.1":
+        keep_alive = "close" not in connection
+    else:
+        keep_alive = "keep-alive" in connection
+    length = headers.get("content-length", "0")
+    body_length = int(length) if length.isascii() and length.isdigit() else -1
+    if "transfer-encoding" in headers:
+        body_length = -1
+    return Request(words[0], words[1], keep_alive, body_length)
+
+
+def response_bytes(status: int, body: bytes, keep_alive: bool) -> bytes:
+    allow = "Allow: GET\r\n" if status == 405 else ""
+    head = (
+        f"HTTP/1.1 {status} {REASONS[status]}\r\n"
+        "Server: celery-crawl-demo\r\n"
+        "Content-Type: application/json; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n"
+        f"{allow}\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class DemoSite:
+    """The demo forum on an asyncio server, with counters of what it served."""
+
+    def __init__(self, config: SiteConfig | None = None) -> None:
+        self.config = config if config is not None else SiteConfig()
+        self.host = "127.0.0.1"
+        self.port = 0
+        self.requests_served = 0
+        self.requests_by_kind: Counter[str] = Counter()
+        self.responses_by_status: Counter[int] = Counter()
+        self._rng = random.Random(self.config.seed)
+        self._server: asyncio.Server | None = None
+        self._connections: set[asyncio.Task[Any]] = set()
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = await asyncio.start_server(
+            self._serve_connection, host, port, limit=MAX_HEAD, backlog=1024
+        )
+        self.host = host
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def stop(self) -> None:
+        """Stop listening and drop every open connection."""
+        if self._server is None:
+            return
+        self._server.close()
+        for task in list(self._connections):
+            task.cancel()
+        await asyncio.gather(*self._connections, return_exceptions=True)
+        await self._server.wait_closed()
+        self._server = None
+
+    def answer(self, request: Request) -> tuple[int, bytes]:
+        """Status and body for one request, faults included; counts it."""
+        self.requests_served += 1
+        self.requests_by_kind[path_kind(request.path)] += 1
+        status, body = self._answer(request)
+        self.responses_by_status[status] += 1
+        return status, body
+
+    def _answer(self, request: Request) -> tuple[int, bytes]:
+        if request.method != "GET":
+            return 405, ERROR_BODIES[405]
+        if self.config.error_rate and self._rng.random() < self.config.error_rate:
+            return 503, ERROR_BODIES[503]
+        status, body = render(self.config, request.path)
+        if status == 200 and self.config.malformed_rate:
+            if self._rng.random() < self.config.malformed_rate:
+                return status, body[: len(body) // 2]  # a cut object never parses
+        return status, body
+
+    async def _serve_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None  # a client_connected_cb always runs as a task
+        self._connections.add(task)
+        try:
+            while await self._serve_request(reader, writer):
+                pass
+        except (
+            ConnectionError,
+            TimeoutError,
+            asyncio.IncompleteReadError,
+            asyncio.LimitOverrunError,
+        ):
+            pass  # the client went away, idled out, or sent an oversized head
+        except asyncio.CancelledError:
+            pass  # stop() dropped us; asyncio 3.11 logs a cancelled handler as an error
+        finally:
+            self._connections.discard(task)
+            writer.close()
+
+    async def _serve_request(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> bool:
+        """Answer one request; whether the connection stays open."""
+        async with asyncio.timeout(IDLE_TIMEOUT):
+            head = await reader.readuntil(b"\r\n\r\n")
+        request = parse_request(head)
+        if request is None:
+            writer.write(response_bytes(400, ERROR_BODIES[400], keep_alive=False))
+            await writer.drain()
+            return False
+        keep_alive = request.keep_alive and request.method == "GET"
+        if keep_alive and not 0 <= request.body_length <= MAX_BODY:
+            keep_alive = False  # a body we cannot skip would desync the next request
+        elif keep_alive and request.body_length:
+            await reader.readexactly(request.body_length)
+        status, body = self.answer(request)
+        if self.config.latency > 0:
+            await asyncio.sleep(self.config.latency)
+        writer.write(response_bytes(status, body, keep_alive))
+        await writer.drain()
+        return keep_alive
+
+
+class SiteThread:
+    """A :class:`DemoSite` on its own event loop in a daemon thread."""
+
+    def __init__(self, config: SiteConfig | None = None, host: str = "127.0.0.1", port: int = 0):
+        self.site = DemoSite(config)
+        self._address = (host, port)
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, name="demo-site", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return self.site.url
+
+    @property
+    def port(self) -> int:
+        return self.site.port
+
+    @property
+    def requests_served(self) -> int:
+        return self.site.requests_served
+
+    def start(self) -> SiteThread:
+        self._thread.start()
+        if not self._ready.wait(timeout=10):
+            raise RuntimeError("demo site did not start within 10 s")
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        """Stop the server and the thread; safe to call twice."""
+        loop = self._loop
+        if loop is not None and self._thread.is_alive():
+            loop.call_soon_threadsafe(loop.stop)
+            self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(self.site.start(*self._address))
+        except BaseException as exc:  # handed to the thread that called start()
+            self._error = exc
+            loop.close()
+            self._ready.set()
+            return
+        self._loop = loop
+        self._ready.set()
+        loop.run_forever()
+        loop.run_until_complete(self.site.stop())
+        loop.close()
+
+    def __enter__(self) -> SiteThread:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def run_in_thread(
+    config: SiteConfig | None = None, host: str = "127.0.0.1", port: int = 0
+) -> SiteThread:
+    """Start a demo site in a background thread; use it as a context manager.
+
+    ``with run_in_thread(SiteConfig(forums=2)) as site: fetch(site.url + "/list/00001/1")``
+    """
+    return SiteThread(config, host, port).start()
+
+
+# -- command line -----------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description="Serve the demo forum API.")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--forums", type=int, default=SiteConfig.forums)
+    parser.add_argument("--posts", type=int, default=SiteConfig.posts_per_forum)
+    parser.add_argument("--error-rate", type=float, default=0.0)
+    parser.add_argument("--malformed-rate", type=float, default=0.0)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds per response")
+    parser.add_argument("--seed", type=int, default=SiteConfig.seed)
+    return parser
+
+
+async def serve_forever(config: SiteConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
+    site = DemoSite(config)
+    await site.start(host, port)
+    print(f"demo forum at {site.url}: {config.expected()}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await site.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    config = SiteConfig(
+        forums=args.forums,
+        posts_per_forum=args.posts,
+        error_rate=args.error_rate,
+        malformed_rate=args.malformed_rate,
+        latency=args.latency,
+        seed=args.seed,
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve_forever(config, args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

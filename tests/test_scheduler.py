@@ -1,0 +1,207 @@
+"""The scheduler on a real server: sharing, persistence, batching, dead letters, races."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+from typing import Any
+
+import pytest
+import redis
+from helpers import ForumSpider, RoundTrips
+from scrapy import Request
+from scrapy.crawler import Crawler
+
+from celery_crawl.errors import ConfigError, RedisUnavailable
+from celery_crawl.queue import FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.scheduler import Scheduler
+
+
+def open_scheduler(crawler: Crawler) -> Scheduler:
+    scheduler = Scheduler.from_crawler(crawler)
+    scheduler.open(ForumSpider.from_crawler(crawler))
+    return scheduler
+
+
+def drain(scheduler: Scheduler, limit: int = 10_000) -> list[Request]:
+    requests = []
+    for _ in range(limit):
+        request = scheduler.next_request()
+        if request is None:
+            break
+        requests.append(request)
+    return requests
+
+
+def test_settings_pick_the_components(make_crawler: Any) -> None:
+    scheduler = Scheduler.from_crawler(make_crawler())
+    assert type(scheduler.queue) is PriorityQueue
+    for name, cls in [
+        ("scrapy_redis.queue.FifoQueue", FifoQueue),
+        ("celery_crawl.queue.LifoQueue", LifoQueue),
+    ]:
+        crawler = make_crawler(SCHEDULER_QUEUE_CLASS=name)
+        assert type(Scheduler.from_crawler(crawler).queue) is cls
+    with pytest.raises(ConfigError, match="SCHEDULER_QUEUE_CLASS"):
+        Scheduler.from_crawler(make_crawler(SCHEDULER_QUEUE_CLASS="no.such.Queue"))
+
+
+def test_request_from_one_scheduler_is_served_by_another(make_crawler: Any) -> None:
+    producer = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    consumer = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    spider = producer.spider
+    assert producer.enqueue_request(Request("http://127.0.0.1/post/1", callback=spider.parse_post))
+    producer.flush()
+    request = consumer.next_request()
+    assert request is not None and request.url == "http://127.0.0.1/post/1"
+    assert request.callback == consumer.spider.parse_post  # type: ignore[union-attr]
+    assert producer.next_request() is None
+
+
+def test_children_of_one_callback_reach_redis_in_one_round_trip(make_crawler: Any) -> None:
+    scheduler = open_scheduler(make_crawler())
+    with RoundTrips(scheduler.queue.client) as trips:
+        for i in range(200):
+            scheduler.enqueue_request(Request(f"http://127.0.0.1/post/{i}", meta={"i": i}))
+        assert trips.count == 0
+        scheduler.flush()
+    assert trips.commands == ["EVALSHA"]
+    assert len(scheduler.queue) == 200
+
+
+def test_duplicates_are_filtered_and_dont_filter_bypasses(make_crawler: Any) -> None:
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    for _ in range(3):
+        scheduler.enqueue_request(Request("http://127.0.0.1/a"))
+    scheduler.enqueue_request(Request("http://127.0.0.1/a", dont_filter=True))
+    scheduler.flush()
+    assert len(scheduler.queue) == 2
+    assert crawler.stats.get_value("dupefilter/filtered") == 2
+    assert crawler.stats.get_value("scheduler/enqueued/redis") == 2
+
+
+def test_acks_finish_leases_after_the_children(make_crawler: Any) -> None:
+    scheduler = open_scheduler(make_crawler())
+    scheduler.enqueue_request(Request("http://127.0.0.1/parent"))
+    scheduler.flush()
+    parent = scheduler.next_request()
+    assert parent is not None and scheduler.queue.in_flight() == 1
+    scheduler.enqueue_request(Request("http://127.0.0.1/child"))
+    scheduler.ack(parent)
+    with RoundTrips(scheduler.queue.client) as trips:
+        scheduler.flush()
+    assert trips.commands == ["EVALSHA"]
+    assert scheduler.queue.in_flight() == 0
+    assert len(scheduler.queue) == 1
+
+
+def test_persist_and_resume_across_two_schedulers(make_crawler: Any) -> None:
+    first = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    for i in range(10):
+        first.enqueue_request(Request(f"http://127.0.0.1/p/{i}"))
+    done = [first.next_request() for _ in range(3)]
+    for request in done:
+        first.ack(request)  # type: ignore[arg-type]
+    first.close("shutdown")  # hands back its prefetched leases
+    second = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    rest = {r.url for r in drain(second)}
+    assert rest == {f"http://127.0.0.1/p/{i}" for i in range(3, 10)}
+    second.enqueue_request(Request("http://127.0.0.1/p/0"))  # dedup state survived too
+    second.flush()
+    assert len(second.queue) == 0
+
+
+def test_without_persist_close_clears_and_flush_on_start_clears(make_crawler: Any) -> None:
+    first = open_scheduler(make_crawler(SCHEDULER_PERSIST=False))
+    first.enqueue_request(Request("http://127.0.0.1/x"))
+    first.close("finished")
+    assert len(first.queue) == 0 and len(first.df) == 0
+    kept = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    kept.enqueue_request(Request("http://127.0.0.1/y"))
+    kept.flush()
+    fresh = open_scheduler(make_crawler(SCHEDULER_PERSIST=True, SCHEDULER_FLUSH_ON_START=True))
+    assert len(fresh.queue) == 0 and len(fresh.df) == 0
+
+
+def test_undecodable_entries_go_to_the_dead_letter_list(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    scheduler.queue.push(b"\xc1garbage")
+    import msgpack
+
+    scheduler.queue.push(msgpack.packb([1, "http://127.0.0.1/z", "os_system"]))
+    scheduler.enqueue_request(Request("http://127.0.0.1/good"))
+    scheduler.flush()
+    request = scheduler.next_request()
+    assert request is not None and request.url == "http://127.0.0.1/good"
+    assert scheduler.next_request() is None
+    records = [json.loads(r) for r in client.lrange(scheduler.queue.keys.deadletter, 0, -1)]
+    assert sorted(r["reason"] for r in records) == ["undecodable", "unknown_callback"]
+    assert all(r["entry"] and r["error"] for r in records)
+    assert crawler.stats.get_value("celery_crawl/dead_letter/undecodable") == 1
+    assert crawler.stats.get_value("celery_crawl/dead_letter/unknown_callback") == 1
+    assert scheduler.queue.in_flight() == 1  # only the good one is leased
+
+
+def test_unserializable_request_is_dropped_and_counted(make_crawler: Any) -> None:
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/x", meta={"o": object()})) is False
+    assert crawler.stats.get_value("scheduler/unserializable") == 1
+
+
+def test_idle_before_close_keeps_the_spider_waiting(make_crawler: Any) -> None:
+    import time
+
+    scheduler = open_scheduler(make_crawler(SCHEDULER_IDLE_BEFORE_CLOSE=0.3))
+    assert scheduler.has_pending_requests() is True
+    time.sleep(0.35)
+    assert scheduler.has_pending_requests() is False
+    assert open_scheduler(make_crawler()).has_pending_requests() is False
+
+
+def test_unreachable_redis_is_a_clear_error(make_crawler: Any) -> None:
+    crawler = make_crawler(
+        REDIS_URL="redis://127.0.0.1:1/0", REDIS_PARAMS={"socket_connect_timeout": 0.2}
+    )
+    scheduler = Scheduler.from_crawler(crawler)
+    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1:1"):
+        scheduler.open(ForumSpider())
+
+
+def _enqueue_overlapping(settings: dict[str, Any], start: int, barrier: Any) -> None:
+    from scrapy.utils.test import get_crawler
+
+    crawler = get_crawler(ForumSpider, {**settings, "SCHEDULER_PERSIST": True})
+    scheduler = open_scheduler(crawler)
+    barrier.wait(timeout=30)
+    for i in range(start, start + 1000):
+        scheduler.enqueue_request(Request(f"http://127.0.0.1/post/{i}"))
+        if i % 50 == 0:
+            scheduler.flush()
+    scheduler.flush()
+
+
+def test_race_processes_enqueue_overlapping_requests(settings: dict[str, Any]) -> None:
+    """Four processes enqueue overlapping ranges at once: each URL is accepted exactly once."""
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(4)
+    starts = [0, 250, 500, 750]
+    workers = [
+        context.Process(target=_enqueue_overlapping, args=(settings, s, barrier)) for s in starts
+    ]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    from scrapy.utils.test import get_crawler
+
+    consumer = open_scheduler(get_crawler(ForumSpider, {**settings, "SCHEDULER_PERSIST": True}))
+    urls = [r.url for r in drain(consumer)]
+    assert len(urls) == 1750
+    assert set(urls) == {f"http://127.0.0.1/post/{i}" for i in range(1750)}
+    assert len(consumer.df) == 1750
