@@ -169,13 +169,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--redis-url")
     args = parser.parse_args(argv)
     warnings.filterwarnings("ignore", category=ScrapyDeprecationWarning)  # scrapy-redis's own
-    requests = workload(args.requests, args.dup_ratio)
     results: dict[str, list[Result]] = {"celery_crawl": [], "scrapy-redis": []}
     with redis_url(args.redis_url) as url:
         for round_no in range(args.rounds):  # alternate, so drift hits both alike
             prefix = f"bench-{uuid.uuid4().hex[:8]}"
-            results["celery_crawl"].append(run_celery_crawl(url, requests, prefix))
-            results["scrapy-redis"].append(run_scrapy_redis(url, requests, prefix))
+            # fresh Request objects each time: Scrapy caches fingerprints per object
+            ours = run_celery_crawl(url, workload(args.requests, args.dup_ratio), prefix)
+            theirs = run_scrapy_redis(url, workload(args.requests, args.dup_ratio), prefix)
+            results["celery_crawl"].append(ours)
+            results["scrapy-redis"].append(theirs)
             print(f"round {round_no + 1}/{args.rounds} done", flush=True)
         server = redis.Redis.from_url(url).info("server")
     report(results, args, server)

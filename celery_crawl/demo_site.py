@@ -351,10 +351,8 @@ def parse_request(head: bytes) -> Request | None:
         if sep:
             headers[name.strip().lower()] = value.strip().lower()
     connection = headers.get("connection", "")
-    if words[2] == "HTTP/1.1":
-        keep_alive = "close" not in connection
-    else:
-        keep_alive = "keep-alive" in connection
+    http11 = words[2] == "HTTP/1.1"
+    keep_alive = "keep-alive" in connection or (http11 and "close" not in connection)
     length = headers.get("content-length", "0")
     body_length = int(length) if length.isascii() and length.isdigit() else -1
     if "transfer-encoding" in headers:
@@ -423,13 +421,16 @@ class DemoSite:
     def _answer(self, request: Request) -> tuple[int, bytes]:
         if request.method != "GET":
             return 405, ERROR_BODIES[405]
-        if self.config.error_rate and self._rng.random() < self.config.error_rate:
+        if self._draw(self.config.error_rate):
             return 503, ERROR_BODIES[503]
         status, body = render(self.config, request.path)
-        if status == 200 and self.config.malformed_rate:
-            if self._rng.random() < self.config.malformed_rate:
-                return status, body[: len(body) // 2]  # a cut object never parses
+        if status == 200 and self._draw(self.config.malformed_rate):
+            return status, body[: len(body) // 2]  # a cut JSON object never parses
         return status, body
+
+    def _draw(self, rate: float) -> bool:
+        """True with probability ``rate``; a zero rate leaves the RNG untouched."""
+        return rate > 0 and self._rng.random() < rate
 
     async def _serve_connection(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
