@@ -118,6 +118,11 @@ class Base:
                 return leases
             self.client.blpop([self.keys.signal], timeout=min(remaining, MAX_BLOCK_SECONDS))
 
+    def wait(self, timeout: float) -> bool:
+        """Block until a push signals new work, or ``timeout`` seconds pass."""
+        token = self.client.blpop([self.keys.signal], timeout=min(timeout, MAX_BLOCK_SECONDS))
+        return token is not None
+
     def ack(self, members: Sequence[bytes], pipeline: Any = None) -> int:
         """Finish leases: the requests are done and leave the queue for good."""
         if not members:

@@ -73,6 +73,7 @@ class Scheduler(BaseScheduler):
         batch_size: int = 500,
         requeue_interval: float = 5.0,
         deadletter_max: int = 10_000,
+        wake_timeout: float = 1.0,
     ) -> None:
         self.queue = queue
         self.df = dupefilter
@@ -94,6 +95,9 @@ class Scheduler(BaseScheduler):
         self._flush_call: Any = None
         self._maintenance: Any = None
         self._empty_since: float | None = None
+        self.wake_timeout = wake_timeout
+        self._waiting = False
+        self._open = False
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -133,6 +137,7 @@ class Scheduler(BaseScheduler):
 
     def open(self, spider: Spider) -> None:
         self.spider = spider
+        self._open = True
         connection.check(self.queue.client)
         if self.flush_on_start:
             self.clear()
@@ -150,6 +155,7 @@ class Scheduler(BaseScheduler):
             return None
 
     def close(self, reason: str) -> None:
+        self._open = False
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
         self.flush()
@@ -270,7 +276,30 @@ class Scheduler(BaseScheduler):
                 self._inc("scheduler/dequeued/redis")
                 self._inc("scheduler/dequeued")
                 return request
+        self._wait_for_work()
         return None
+
+    def _wait_for_work(self) -> None:
+        """While the queue is empty, block in a thread on the wake-up list.
+
+        A push by any process wakes the engine at once, instead of at its next
+        5-second heartbeat.
+        """
+        if self._waiting or not self._open or self._engine() is None:
+            return
+        from twisted.internet import threads
+
+        self._waiting = True
+        waiting = threads.deferToThread(self.queue.wait, self.wake_timeout)
+        waiting.addBoth(self._woken)
+
+    def _woken(self, result: Any) -> None:
+        self._waiting = False
+        slot = getattr(self._engine(), "_slot", None) if self._open else None
+        if slot is not None:
+            slot.nextcall.schedule()
+        if isinstance(result, Exception) or hasattr(result, "getErrorMessage"):
+            logger.warning("waiting for work failed: %s", result)
 
     def _refill(self) -> bool:
         self._prefetched.extend(self.queue.lease(self.prefetch))
