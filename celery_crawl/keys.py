@@ -20,6 +20,7 @@ QUEUE_TEMPLATE = "%(prefix)s:%(spider)s:queue"
 DUPEFILTER_TEMPLATE = "%(prefix)s:%(spider)s:dupefilter"
 STATS_TEMPLATE = "%(prefix)s:%(spider)s:stats"
 DEADLETTER_TEMPLATE = "%(prefix)s:%(spider)s:deadletter"
+JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
 
 
 def render(template: str, spider: str, prefix: str) -> str:
@@ -48,6 +49,7 @@ class SpiderKeys:
     dupefilter: str
     stats: str
     deadletter: str
+    job_prefix: str
 
     @property
     def inflight(self) -> str:
@@ -63,6 +65,10 @@ class SpiderKeys:
 
     def level(self, priority: int) -> str:
         return f"{self.queue}:{priority}"
+
+    def job(self, job_id: str) -> str:
+        """A job's hash: state, counters and per-job stats (``lua/jobs.lua``)."""
+        return self.job_prefix + job_id
 
     @property
     def dupefilter_count(self) -> str:
@@ -82,6 +88,7 @@ class SpiderKeys:
         dupefilter: str = DUPEFILTER_TEMPLATE,
         stats: str = STATS_TEMPLATE,
         deadletter: str = DEADLETTER_TEMPLATE,
+        job: str = JOB_TEMPLATE,
     ) -> SpiderKeys:
         return cls(
             spider=spider,
@@ -89,6 +96,7 @@ class SpiderKeys:
             dupefilter=render(dupefilter, spider, prefix),
             stats=render(stats, spider, prefix),
             deadletter=render(deadletter, spider, prefix),
+            job_prefix=render(job, spider, prefix),
         )
 
     @classmethod

@@ -9,9 +9,10 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 - ``Q:seq``       lease counter;
 - ``Q:signal``    short list of wake-up tokens for blocked pops.
 
-A lease member is ``8-byte lease id + 4-byte priority + payload``: unique, so
-identical payloads never merge, and self-contained, so an expired lease goes
-back to the front of its level without another lookup. Lists cost a few bytes
+A list entry is ``1-byte job id length + job id + encoded request``. A lease
+member is ``8-byte lease id + 4-byte priority + entry``: unique, so identical
+payloads never merge, and self-contained, so an expired lease goes back to the
+front of its level, and an ack finds its job, without another lookup. Lists cost a few bytes
 per entry where a sorted set of payloads costs about 80.
 
 Every change is one Lua script or one command.
@@ -44,8 +45,12 @@ class Lease:
         return int(struct.unpack_from(">i", self.member, 8)[0])
 
     @property
+    def job(self) -> str:
+        return self.member[13 : 13 + self.member[12]].decode()
+
+    @property
     def payload(self) -> bytes:
-        return self.member[12:]
+        return self.member[13 + self.member[12] :]
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,14 @@ class Entry:
     payload: bytes
     priority: int = 0
     fingerprint: bytes | None = None
+    job: str = ""
+
+    def args(self, uses_priority: bool) -> list[Any]:
+        """The four script arguments of this entry (see ``lua/push.lua``)."""
+        if len(self.job.encode()) > 255:
+            raise ValueError(f"job id longer than 255 bytes: {self.job[:40]}...")
+        priority = self.priority if uses_priority else 0
+        return [priority, self.fingerprint or b"", self.job, self.payload]
 
 
 class Base:
@@ -75,36 +88,63 @@ class Base:
         self.lease_seconds = lease_seconds
         self.dedup_lua = dedup_lua
 
-    def push_many(self, entries: Sequence[Entry], acks: Sequence[bytes] = ()) -> list[bool]:
-        """Enqueue ``entries``, then ack the leases ``acks``, in one atomic round trip.
+    def push_many(
+        self,
+        entries: Sequence[Entry],
+        acks: Sequence[bytes] = (),
+        job_stats: Sequence[tuple[str, str, int]] = (),
+    ) -> list[bool]:
+        """Enqueue ``entries``, add ``job_stats``, then ack ``acks``: one atomic round trip.
 
-        Returns a flag per entry: False when the dedup filter had seen it.
-        Acking the parent in the same step as its children means a crash can
-        never leave a finished parent whose children were not enqueued.
+        Returns a flag per entry: False when the dedup filter had seen it, or
+        its job no longer runs. Acking the parent in the same step as its
+        children means a crash never leaves a finished parent whose children
+        were not enqueued, and a job is never seen done while one is missing.
         """
-        if not entries and not acks:
+        if not entries and not acks and not job_stats:
             return []
-        args: list[Any] = [len(entries), len(acks)]
+        args: list[Any] = [len(entries), len(job_stats), len(acks)]
         for entry in entries:
-            priority = entry.priority if self.uses_priority else 0
-            args += [priority, entry.fingerprint or b"", entry.payload]
+            args += entry.args(self.uses_priority)
+        for stat in job_stats:
+            args += stat
         args += acks
-        keys = [
+        flags = self._script("enqueue", dedup=self.dedup_lua)(keys=self._push_keys(), args=args)
+        return [bool(flag) for flag in flags]
+
+    def start_job(
+        self, job: str, seeds: Sequence[Entry], fields: dict[str, str]
+    ) -> tuple[bool, int]:
+        """Create job ``job`` with its seeds, unless it exists: (created, seeds accepted)."""
+        args: list[Any] = [job, len(seeds), len(fields)]
+        for entry in seeds:
+            args += entry.args(self.uses_priority)
+        for pair in fields.items():
+            args += pair
+        created, accepted = self._script("job_start", dedup=self.dedup_lua)(
+            keys=self._push_keys(), args=args
+        )
+        return bool(created), int(accepted)
+
+    def _push_keys(self) -> list[str]:
+        return [
             self.keys.queue,
             self.keys.signal,
             self.keys.dupefilter,
             self.keys.dupefilter_count,
             self.keys.inflight,
+            self.keys.job_prefix,
         ]
-        flags = scripts.script(self.client, "enqueue", dedup=self.dedup_lua)(keys=keys, args=args)
-        return [bool(flag) for flag in flags]
+
+    def _script(self, name: str, **includes: str) -> Any:
+        return scripts.script(self.client, name, **includes)
 
     def push(self, payload: bytes, priority: int = 0, fingerprint: bytes | None = None) -> bool:
         return self.push_many([Entry(payload, priority, fingerprint)])[0]
 
     def lease(self, count: int = 1) -> list[Lease]:
         """Take up to ``count`` requests at once, without waiting."""
-        keys = [self.keys.queue, self.keys.inflight, self.keys.seq]
+        keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.job_prefix]
         args: list[Any] = [count, int(self.lease_seconds * 1000), self.pop_side]
         return [Lease(m) for m in scripts.script(self.client, "lease")(keys=keys, args=args)]
 
@@ -146,8 +186,8 @@ class Base:
         return self._requeue([self.pop_side, 0, *members]) if members else 0
 
     def _requeue(self, args: list[Any]) -> int:
-        keys = [self.keys.queue, self.keys.inflight, self.keys.signal]
-        return int(scripts.script(self.client, "requeue")(keys=keys, args=args))
+        keys = [self.keys.queue, self.keys.inflight, self.keys.signal, self.keys.job_prefix]
+        return int(self._script("requeue")(keys=keys, args=args))
 
     def __len__(self) -> int:
         return int(scripts.script(self.client, "queue_size")(keys=[self.keys.queue]))

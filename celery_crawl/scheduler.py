@@ -33,6 +33,7 @@ from scrapy.utils.misc import load_object
 from celery_crawl import connection
 from celery_crawl.dupefilter import DUPEFILTER_CLASSES, RFPDupeFilter
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
+from celery_crawl.jobs import JobStats, job_of
 from celery_crawl.queue import QUEUE_CLASSES, Base, Entry, Lease
 from celery_crawl.serializer import Codec, codec_from_name
 
@@ -98,6 +99,7 @@ class Scheduler(BaseScheduler):
         self.wake_timeout = wake_timeout
         self._waiting = False
         self._open = False
+        self.job_stats = JobStats()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -146,6 +148,8 @@ class Scheduler(BaseScheduler):
         if engine is not None:
             self._watch_engine(engine)
             self._start_maintenance()
+        if self.crawler is not None:
+            self.job_stats.connect(self.crawler.signals)
 
     def _engine(self) -> Any:
         """The running engine; None when the scheduler is driven by hand (tests, benchmarks)."""
@@ -221,7 +225,10 @@ class Scheduler(BaseScheduler):
             self._inc("scheduler/unserializable")
             return False
         fingerprint = None if request.dont_filter else self.df.fingerprint(request)
-        self._pending.append((request, Entry(payload, request.priority, fingerprint)))
+        job = job_of(request)
+        if request.meta.get("retry_times"):
+            self.job_stats.add(job, "retries")
+        self._pending.append((request, Entry(payload, request.priority, fingerprint, job)))
         if len(self._pending) >= self.batch_size:
             self.flush()
         else:
@@ -244,12 +251,13 @@ class Scheduler(BaseScheduler):
             self._flush_call = reactor.callLater(0, self.flush)  # type: ignore[arg-type]
 
     def flush(self) -> None:
-        """Write the buffered requests and acks to Redis in one round trip."""
-        if not self._pending and not self._acks:
+        """Write buffered requests, job stats and acks to Redis in one round trip."""
+        job_stats = self.job_stats.drain()
+        if not self._pending and not self._acks and not job_stats:
             return
         pending, acks = self._pending, self._acks
         self._pending, self._acks = [], []
-        flags = self.queue.push_many([entry for _, entry in pending], acks)
+        flags = self.queue.push_many([entry for _, entry in pending], acks, job_stats)
         for (request, _), accepted in zip(pending, flags, strict=True):
             if not accepted:
                 self._on_duplicate(request)
@@ -257,8 +265,10 @@ class Scheduler(BaseScheduler):
         self._inc("scheduler/enqueued", sum(flags))
 
     def _on_duplicate(self, request: Request) -> None:
+        """Not enqueued: seen before, or its job was cancelled meanwhile."""
         assert self.spider is not None
         self.df.log(request, self.spider)
+        self.job_stats.add(job_of(request), "duplicates")
         if self.crawler is not None:
             self.crawler.signals.send_catch_log(
                 signals.request_dropped, request=request, spider=self.spider
@@ -323,10 +333,12 @@ class Scheduler(BaseScheduler):
             "entry": base64.b64encode(lease.payload).decode("ascii"),
         }
         with self.queue.client.pipeline(transaction=True) as pipe:
-            pipe.zrem(self.queue.keys.inflight, lease.member)
             pipe.lpush(self.queue.keys.deadletter, json.dumps(record))
             pipe.ltrim(self.queue.keys.deadletter, 0, self.deadletter_max - 1)
             pipe.execute()
+        self.job_stats.add(lease.job, f"errors/dead_letter/{error.kind}")
+        self._acks.append(lease.member)  # finished: its job must not wait for it
+        self.flush()
         logger.warning("dead-lettered a queue entry (%s): %s", error.kind, error)
         self._inc(f"celery_crawl/dead_letter/{error.kind}")
 

@@ -1,8 +1,9 @@
 """The Lua scripts in ``celery_crawl/lua``, loaded once and registered per client.
 
 Each ``.lua`` file starts with a header listing its KEYS and ARGV. A line
-``--!include NAME`` pulls in ``NAME.lua``; the enqueue script uses it to take
-the dedup logic of the configured dupefilter.
+``--!include NAME`` pulls in ``NAME.lua``, or the file named by the keyword
+argument ``NAME``: the enqueue script takes the configured dupefilter's file
+as ``dedup``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ _INCLUDE = re.compile(r"^--!include (\w+)$", re.MULTILINE)
 @functools.cache
 def source(name: str, **includes: str) -> str:
     text = resources.files("celery_crawl").joinpath("lua", f"{name}.lua").read_text()
-    return _INCLUDE.sub(lambda m: source(includes[m.group(1)]), text)
+    return _INCLUDE.sub(lambda m: source(includes.get(m.group(1), m.group(1))), text)
 
 
 _registered: dict[tuple[int, str, tuple[tuple[str, str], ...]], Script] = {}

@@ -1,49 +1,42 @@
--- Enqueue a batch of requests, each checked against the dedup filter first,
--- and finish (ack) the leases of the requests that produced them, in one step.
+-- Enqueue a batch of requests, each checked against the dedup filter first;
+-- add per-job stats; then finish (ack) the leases of the requests that
+-- produced them. One atomic step, so a crash never leaves a finished parent
+-- whose children were not enqueued.
 --
 -- KEYS[1]  queue levels: sorted set of priority levels, score = -priority
--- KEYS[2]  signal list: one token per request, wakes blocked pops
+-- KEYS[2]  signal list: wake-up tokens for blocked pops
 -- KEYS[3]  dupefilter key (bucket keys are derived from it)
 -- KEYS[4]  dupefilter count
 -- KEYS[5]  in-flight leases: sorted set, score = lease deadline (ms)
+-- KEYS[6]  job key prefix: a job's hash is KEYS[6] .. job id
 -- ARGV[1]  number of requests n
--- ARGV[2]  number of leases to ack m
--- ARGV[3 + 3i], ARGV[4 + 3i], ARGV[5 + 3i] for i in 0..n-1:
---          priority, fingerprint ('' = dont_filter, skip the check), payload
--- ARGV[3 + 3n .. 2 + 3n + m]  lease members to ack, after the requests are in
--- Returns  a list of n flags: 1 = enqueued, 0 = duplicate
+-- ARGV[2]  number of job stat changes s
+-- ARGV[3]  number of leases to ack m
+-- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none), payload
+-- then s groups: job id, field, delta
+-- then m lease members to ack
+-- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
 --
 -- The level list of priority p is KEYS[1] .. ':' .. p, in the same hash tag.
--- The line below is replaced by the dupefilter's .lua file, which defines
--- dedup_add(fp) over DEDUP_KEY and COUNT_KEY.
+-- The include lines are replaced by lua/jobs.lua and the dupefilter's file.
 
-local DEDUP_KEY, COUNT_KEY = KEYS[3], KEYS[4]
-local SIGNAL_CAP = 64
+local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 --!include dedup
+--!include jobs
+--!include push
 
-local function enqueue(levels, priority, payload)
-    redis.call('RPUSH', levels .. ':' .. priority, payload)
-    redis.call('ZADD', levels, 'NX', -tonumber(priority), priority)
-end
+local n, s, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local accepted = push_requests(KEYS[1], KEYS[2], ARGV, 4, n)
 
-local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
-local accepted, added = {}, 0
-for i = 0, n - 1 do
-    local priority, fp, payload = ARGV[3 + 3 * i], ARGV[4 + 3 * i], ARGV[5 + 3 * i]
-    if fp == '' or dedup_add(fp) then
-        enqueue(KEYS[1], priority, payload)
-        accepted[i + 1], added = 1, added + 1
-    else
-        accepted[i + 1] = 0
-    end
+local base = 4 + 4 * n
+for i = 0, s - 1 do
+    job_add(ARGV[base + 3 * i], ARGV[base + 3 * i + 1], ARGV[base + 3 * i + 2])
 end
-if added > 0 then
-    for _ = 1, math.min(added, SIGNAL_CAP) do
-        redis.call('RPUSH', KEYS[2], 1)
+base = base + 3 * s
+for i = base, base + m - 1 do
+    if redis.call('ZREM', KEYS[5], ARGV[i]) == 1 then
+        local job = entry_job(ARGV[i], 13)
+        if job ~= '' then job_ack(job) end
     end
-    redis.call('LTRIM', KEYS[2], -SIGNAL_CAP, -1)
-end
-for i = 3 + 3 * n, 2 + 3 * n + m do
-    redis.call('ZREM', KEYS[5], ARGV[i])
 end
 return accepted

@@ -3,12 +3,17 @@
 -- KEYS[1]  queue levels: sorted set of priority levels, score = -priority
 -- KEYS[2]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[3]  lease counter
+-- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
 -- ARGV[1]  n, the most requests to lease
 -- ARGV[2]  lease duration, ms (the deadline is taken from the server's clock)
 -- ARGV[3]  'head' or 'tail': which end of a level list to pop
--- Returns  the leased members: 8-byte lease id .. 4-byte priority .. payload
+-- Returns  the leased members: 8-byte lease id .. 4-byte priority .. entry
 --
--- A lease member is unique, so identical payloads never merge in flight.
+-- A lease member is unique, so identical payloads never merge in flight. An
+-- entry is: 1 byte job id length, the job id, the encoded request.
+
+local JOB_PREFIX = KEYS[4]
+--!include jobs
 
 local levels, inflight = KEYS[1], KEYS[2]
 local now = redis.call('TIME')
@@ -27,10 +32,11 @@ while #leased < want do
     end
     if payloads then
         local first = redis.call('INCRBY', KEYS[3], #payloads) - #payloads
-        for i, payload in ipairs(payloads) do
+        for i, entry in ipairs(payloads) do
             local member = struct.pack('>I4I4i4', math.floor((first + i) / 2 ^ 32),
-                (first + i) % 2 ^ 32, tonumber(top)) .. payload
+                (first + i) % 2 ^ 32, tonumber(top)) .. entry
             redis.call('ZADD', inflight, deadline, member)
+            job_add(entry_job(entry, 1), 'leased', 1)
             leased[#leased + 1] = member
         end
     end

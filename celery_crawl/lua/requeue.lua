@@ -3,13 +3,18 @@
 -- KEYS[1]  queue levels: sorted set of priority levels, score = -priority
 -- KEYS[2]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[3]  signal list, woken once per requeued request (capped)
+-- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
 -- ARGV[1]  'head' or 'tail': the end of a level list that pops read from
 -- ARGV[2]  the most expired leases to requeue in this call (expiry uses the server's clock)
 -- ARGV[3..] explicit lease members to hand back now; when given, expiry is ignored
 -- Returns  the number of requests requeued
 --
 -- A member already acked (no longer in KEYS[2]) is left alone, so a late
--- hand-back can never duplicate a finished request.
+-- hand-back can never duplicate a finished request. A request of a job that
+-- no longer runs (cancelled) is finished instead of requeued.
+
+local JOB_PREFIX = KEYS[4]
+--!include jobs
 
 local levels, inflight = KEYS[1], KEYS[2]
 local push = ARGV[1] == 'tail' and 'RPUSH' or 'LPUSH'
@@ -25,10 +30,16 @@ end
 local requeued = 0
 for _, member in ipairs(members) do
     if redis.call('ZREM', inflight, member) == 1 then
-        local priority = struct.unpack('>i4', member, 9)
-        redis.call(push, levels .. ':' .. priority, string.sub(member, 13))
-        redis.call('ZADD', levels, 'NX', -priority, priority)
-        requeued = requeued + 1
+        local job = entry_job(member, 13)
+        if job_running(job) then
+            local priority = struct.unpack('>i4', member, 9)
+            redis.call(push, levels .. ':' .. priority, string.sub(member, 13))
+            redis.call('ZADD', levels, 'NX', -priority, priority)
+            job_add(job, 'leased', -1)
+            requeued = requeued + 1
+        else
+            job_ack(job)
+        end
     end
 end
 for _ = 1, math.min(requeued, 64) do

@@ -1,0 +1,193 @@
+"""Crawl jobs: a set of seed requests and everything derived from them.
+
+Every request of a job carries its id in ``request.meta[JOB_META]``. The job's
+hash (``SpiderKeys.job``, layout in ``lua/jobs.lua``) counts its requests as
+they are enqueued, leased and acked, inside the same scripts that move them,
+so a job is done exactly when its last derived request has been processed.
+
+:class:`JobStats` gathers per-job stats from Scrapy signals; the scheduler
+writes them in the same script call as the acks, before the job can finish.
+:class:`Job` is the handle application code gets back from ``crawl()``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from celery_crawl import scripts
+from celery_crawl.errors import CeleryCrawlError
+from celery_crawl.keys import SpiderKeys
+
+JOB_META = "celery_crawl_job"
+# sent by the downloader middleware: a download of a job's request failed
+job_error = object()
+
+TERMINAL_STATES = ("done", "cancelled")
+_COUNTERS = ("pending", "leased", "done", "pages", "items", "retries", "duplicates", "purged")
+
+
+class JobTimeout(CeleryCrawlError):
+    """``Job.wait`` ran out of time; the job goes on."""
+
+
+class UnknownJob(CeleryCrawlError):
+    """No job with this id exists (never started, or expired)."""
+
+
+def job_of(obj: Any) -> str:
+    """The job id carried by a request or response, or ``""``."""
+    meta = getattr(obj, "meta", None) or {}
+    return str(meta.get(JOB_META) or "")
+
+
+class JobStats:
+    """Per-job stat changes, buffered until the scheduler's next flush."""
+
+    def __init__(self) -> None:
+        self._deltas: Counter[tuple[str, str]] = Counter()
+
+    def add(self, job: str, field: str, delta: int = 1) -> None:
+        if job:
+            self._deltas[(job, field)] += delta
+
+    def drain(self) -> list[tuple[str, str, int]]:
+        deltas = [(job, field, n) for (job, field), n in self._deltas.items() if n]
+        self._deltas.clear()
+        return deltas
+
+    def connect(self, signals_manager: Any) -> None:
+        from scrapy import signals
+
+        signals_manager.connect(self.on_response, signal=signals.response_received)
+        signals_manager.connect(self.on_item, signal=signals.item_scraped)
+        signals_manager.connect(self.on_item_dropped, signal=signals.item_dropped)
+        signals_manager.connect(self.on_spider_error, signal=signals.spider_error)
+        signals_manager.connect(self.on_job_error, signal=job_error)
+
+    def on_response(self, response: Any, request: Any, spider: Any) -> None:
+        job = job_of(request)
+        self.add(job, "pages")
+        self.add(job, f"status/{response.status}")
+
+    def on_item(self, item: Any, response: Any, spider: Any) -> None:
+        self.add(job_of(response), "items")
+
+    def on_item_dropped(self, item: Any, response: Any, exception: Any, spider: Any) -> None:
+        self.add(job_of(response), "items_dropped")
+
+    def on_spider_error(self, failure: Any, response: Any, spider: Any) -> None:
+        self.add(job_of(response), f"errors/{failure.type.__name__}")
+
+    def on_job_error(self, request: Any, kind: str) -> None:
+        self.add(job_of(request), f"errors/{kind}")
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job's live progress, read in one round trip."""
+
+    job_id: str
+    spider: str
+    state: str
+    queued: int
+    in_flight: int
+    done: int
+    pages: int
+    items: int
+    retries: int
+    errors: dict[str, int]
+    status_codes: dict[str, int]
+    seeds: list[Any]
+    created_at: float
+    finished_at: float | None
+
+    @property
+    def finished(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+    @property
+    def duration(self) -> float:
+        end = self.finished_at if self.finished_at is not None else time.time()
+        return round(end - self.created_at, 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "spider": self.spider,
+            "state": self.state,
+            "queued": self.queued,
+            "in_flight": self.in_flight,
+            "done": self.done,
+            "pages": self.pages,
+            "items": self.items,
+            "retries": self.retries,
+            "errors": self.errors,
+            "status_codes": self.status_codes,
+            "seeds": self.seeds,
+            "duration": self.duration,
+        }
+
+
+def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus:
+    fields = {k.decode(): v.decode() for k, v in raw.items()}
+    counts = {name: int(fields.get(name, 0)) for name in _COUNTERS}
+    prefixed = {name: int(value) for name, value in fields.items() if "/" in name}
+    return JobStatus(
+        job_id=job_id,
+        spider=fields.get("spider", spider),
+        state=fields.get("state", "unknown"),
+        queued=max(counts["pending"] - counts["leased"], 0),
+        in_flight=counts["leased"],
+        done=counts["done"],
+        pages=counts["pages"],
+        items=counts["items"],
+        retries=counts["retries"],
+        errors={k[7:]: v for k, v in prefixed.items() if k.startswith("errors/")},
+        status_codes={k[7:]: v for k, v in prefixed.items() if k.startswith("status/")},
+        seeds=json.loads(fields.get("seeds", "[]")),
+        created_at=float(fields.get("created_at", 0)),
+        finished_at=float(fields["finished_at"]) if "finished_at" in fields else None,
+    )
+
+
+class Job:
+    """A handle on a running or finished job."""
+
+    def __init__(self, job_id: str, spider: str, client: redis.Redis, keys: SpiderKeys) -> None:
+        self.id = job_id
+        self.spider = spider
+        self.client = client
+        self.keys = keys
+
+    def __repr__(self) -> str:
+        return f"<Job {self.id} spider={self.spider!r}>"
+
+    def status(self) -> JobStatus:
+        raw = self.client.hgetall(self.keys.job(self.id))
+        if not raw:
+            raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}")
+        return parse_status(self.id, self.spider, raw)
+
+    def wait(self, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:
+        """Block until the job is done; return its statistics."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done_key = self.keys.job(self.id) + ":done"
+        while True:
+            status = self.status()
+            if status.finished:
+                return status.as_dict()
+            remaining = poll if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise JobTimeout(f"job {self.id} not done after {timeout} s: {status.as_dict()}")
+            self.client.blpop([done_key], timeout=max(min(remaining, poll), 0.01))
+
+    def cancel(self) -> int:
+        """Stop the job and purge its queued requests; other jobs are untouched."""
+        keys = [self.keys.queue, self.keys.job_prefix]
+        return int(scripts.script(self.client, "job_cancel")(keys=keys, args=[self.id]))

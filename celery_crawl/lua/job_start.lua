@@ -1,0 +1,31 @@
+-- Create a job and enqueue its seed requests, unless the job already exists.
+-- Jobs are idempotent by id: a redelivered job task joins the running job.
+--
+-- KEYS[1..6]  as in enqueue.lua (levels, signal, dupefilter, count, inflight, job prefix)
+-- ARGV[1]  job id
+-- ARGV[2]  number of seed requests n
+-- ARGV[3]  number of job fields f
+-- then n groups: priority, fingerprint, job id, payload (as in enqueue.lua)
+-- then f pairs: field, value (spider, seeds, priority, ...)
+-- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed
+
+local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
+--!include dedup
+--!include jobs
+--!include push
+
+local job, n, f = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local key = JOB_PREFIX .. job
+if redis.call('EXISTS', key) == 1 then return {0, 0} end
+
+local now = redis.call('TIME')
+redis.call('HSET', key, 'state', 'running', 'pending', 0, 'leased', 0, 'done', 0,
+    'created_at', now[1] + now[2] / 1000000)
+local fields_at = 4 + 4 * n
+for i = fields_at, fields_at + 2 * f - 1, 2 do
+    redis.call('HSET', key, ARGV[i], ARGV[i + 1])
+end
+local accepted, count = push_requests(KEYS[1], KEYS[2], ARGV, 4, n), 0
+for _, flag in ipairs(accepted) do count = count + flag end
+job_finish_if_done(job)
+return {1, count}

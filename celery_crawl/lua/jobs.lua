@@ -1,0 +1,57 @@
+-- Job bookkeeping: included by the queue scripts, never run alone.
+--
+-- A job is a hash JOB_PREFIX .. job_id in the spider's hash tag, with fields
+-- state (running, done, cancelled), pending (requests enqueued and not yet
+-- acked), leased (of those, the ones in flight), done (acked), per-job stats,
+-- and finished_at. A job is done when pending drops to 0 on an ack: the ack
+-- comes after the children of the acked request were counted in, so pending
+-- never touches 0 while a derived request is outstanding.
+--
+-- A queue entry is: 1 byte job id length, the job id, the encoded request.
+--
+-- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_ack, job_finish_if_done.
+
+local JOB_TTL = 7 * 24 * 3600
+local DONE_TOKENS = 16
+
+local function entry_job(entry, offset)
+    local length = string.byte(entry, offset) or 0
+    return string.sub(entry, offset + 1, offset + length)
+end
+
+local function job_exists(job)
+    return job ~= '' and redis.call('EXISTS', JOB_PREFIX .. job) == 1
+end
+
+local function job_running(job)
+    return job == '' or redis.call('HGET', JOB_PREFIX .. job, 'state') == 'running'
+end
+
+local function job_add(job, field, delta)
+    if job_exists(job) then
+        redis.call('HINCRBY', JOB_PREFIX .. job, field, delta)
+    end
+end
+
+local function job_finish_if_done(job)
+    local key = JOB_PREFIX .. job
+    if tonumber(redis.call('HGET', key, 'pending') or '1') > 0 then return end
+    local state = redis.call('HGET', key, 'state')
+    if state == 'done' then return end
+    local now = redis.call('TIME')
+    redis.call('HSET', key, 'state', state == 'running' and 'done' or state,
+        'finished_at', now[1] + now[2] / 1000000)
+    for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
+    redis.call('EXPIRE', key, JOB_TTL)
+    redis.call('EXPIRE', key .. ':done', JOB_TTL)
+end
+
+-- A leased request of the job is finished (crawled, failed, or dropped).
+local function job_ack(job)
+    if not job_exists(job) then return end
+    local key = JOB_PREFIX .. job
+    redis.call('HINCRBY', key, 'pending', -1)
+    redis.call('HINCRBY', key, 'leased', -1)
+    redis.call('HINCRBY', key, 'done', 1)
+    job_finish_if_done(job)
+end

@@ -1,0 +1,58 @@
+"""Scrapy middlewares that carry a job through a crawl.
+
+``JobSpiderMiddleware`` stamps the job id of a response onto every request
+its callback yields, so children belong to their parent's job.
+``JobDownloaderMiddleware`` reports download errors of a job's requests, so
+they show up in the job's statistics by kind.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable
+from typing import TYPE_CHECKING, Any, Self
+
+from scrapy import Request
+
+from celery_crawl.jobs import JOB_META, job_error, job_of
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+
+def stamp(output: Any, job: str) -> Any:
+    if job and isinstance(output, Request) and JOB_META not in output.meta:
+        output.meta[JOB_META] = job
+    return output
+
+
+class JobSpiderMiddleware:
+    """``SPIDER_MIDDLEWARES = {"celery_crawl.middleware.JobSpiderMiddleware": 1}``."""
+
+    def process_spider_output(self, response: Any, result: Iterable[Any]) -> Iterable[Any]:
+        job = job_of(response)
+        for output in result:
+            yield stamp(output, job)
+
+    async def process_spider_output_async(
+        self, response: Any, result: AsyncIterator[Any]
+    ) -> AsyncIterator[Any]:
+        job = job_of(response)
+        async for output in result:
+            yield stamp(output, job)
+
+
+class JobDownloaderMiddleware:
+    """``DOWNLOADER_MIDDLEWARES = {"celery_crawl.middleware.JobDownloaderMiddleware": 950}``."""
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    def process_exception(self, request: Request, exception: Exception) -> None:
+        if job_of(request):
+            self.crawler.signals.send_catch_log(
+                job_error, request=request, kind=type(exception).__name__
+            )
