@@ -25,6 +25,7 @@ from celery_crawl.errors import CeleryCrawlError
 from celery_crawl.keys import SpiderKeys
 
 JOB_META = "celery_crawl_job"
+JOB_PRIORITY_META = "celery_crawl_priority"
 # sent by the downloader middleware: a download of a job's request failed
 job_error = object()
 
@@ -169,7 +170,7 @@ class Job:
         return f"<Job {self.id} spider={self.spider!r}>"
 
     def status(self) -> JobStatus:
-        raw = self.client.hgetall(self.keys.job(self.id))
+        raw: dict[bytes, bytes] = self.client.hgetall(self.keys.job(self.id))  # type: ignore[assignment]
         if not raw:
             raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}")
         return parse_status(self.id, self.spider, raw)

@@ -23,6 +23,16 @@ DEADLETTER_TEMPLATE = "%(prefix)s:%(spider)s:deadletter"
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
 
 
+def job_index(prefix: str = DEFAULT_PREFIX) -> str:
+    """Hash of job id -> spider, so a job can be found from its id alone."""
+    return f"{prefix}:jobindex"
+
+
+def stopping_worker(prefix: str, hostname: str) -> str:
+    """Set while a worker shuts down warmly, so its job trackers step aside."""
+    return f"{prefix}:stopping:{hostname}"
+
+
 def render(template: str, spider: str, prefix: str) -> str:
     """Fill a key template; the spider name becomes a hash tag."""
     if "%(spider)s" not in template:

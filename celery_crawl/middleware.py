@@ -13,15 +13,21 @@ from typing import TYPE_CHECKING, Any, Self
 
 from scrapy import Request
 
-from celery_crawl.jobs import JOB_META, job_error, job_of
+from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_error, job_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 
-def stamp(output: Any, job: str) -> Any:
+def stamp(output: Any, response: Any) -> Any:
+    """Give a child request its parent's job, and the job's priority offset."""
+    job = job_of(response)
     if job and isinstance(output, Request) and JOB_META not in output.meta:
         output.meta[JOB_META] = job
+        offset = int(response.meta.get(JOB_PRIORITY_META) or 0)
+        if offset:
+            output.meta[JOB_PRIORITY_META] = offset
+            output.priority += offset
     return output
 
 
@@ -29,16 +35,14 @@ class JobSpiderMiddleware:
     """``SPIDER_MIDDLEWARES = {"celery_crawl.middleware.JobSpiderMiddleware": 1}``."""
 
     def process_spider_output(self, response: Any, result: Iterable[Any]) -> Iterable[Any]:
-        job = job_of(response)
         for output in result:
-            yield stamp(output, job)
+            yield stamp(output, response)
 
     async def process_spider_output_async(
         self, response: Any, result: AsyncIterator[Any]
     ) -> AsyncIterator[Any]:
-        job = job_of(response)
         async for output in result:
-            yield stamp(output, job)
+            yield stamp(output, response)
 
 
 class JobDownloaderMiddleware:

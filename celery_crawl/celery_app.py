@@ -1,0 +1,263 @@
+"""Celery integration: the app factory, the job task, and worker hosting.
+
+``create_app("tasks", "tasks.settings")`` gives a Celery app that:
+
+- uses ``REDIS_URL`` as broker and result backend unless configured otherwise,
+  with the JSON serializer only;
+- hosts the project's crawlers in every worker process (see
+  :mod:`celery_crawl.hosting`), set up after the fork for prefork;
+- registers the task ``celery_crawl.crawl``: it creates the job if it does not
+  exist yet (idempotent by job id), then reports its progress until it is
+  done and returns its statistics. The task id is the job id.
+
+``revoke`` of a job task (from Flower or ``AsyncResult.revoke``) cancels the
+job cooperatively; it never terminates a worker process.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from celery import Celery, Task, signals
+from celery.exceptions import Reject
+
+from celery_crawl.hosting import CrawlerHost
+from celery_crawl.jobs import Job, JobTimeout
+from celery_crawl.keys import DEFAULT_PREFIX, job_index, stopping_worker
+from celery_crawl.project import Project
+
+logger = logging.getLogger(__name__)
+
+TASK_NAME = "celery_crawl.crawl"
+
+
+class _ProcessState:
+    """What this worker process hosts, and the revoke command we wrap."""
+
+    host: CrawlerHost | None = None
+    builtin_revoke: Any = None
+
+
+_process = _ProcessState()
+
+
+def create_app(main: str, scrapy_settings: str | None = None, **conf: Any) -> Celery:
+    project = Project.from_module(scrapy_settings)
+    url = project.settings.get("REDIS_URL") or "redis://localhost:6379/0"
+    app = Celery(main, broker=url, backend=url)
+    app.conf.update(
+        task_serializer="json",
+        result_serializer="json",
+        accept_content=["json"],
+        result_accept_content=["json"],
+        worker_send_task_events=True,
+        task_send_sent_event=True,
+        task_track_started=True,
+        result_extended=True,
+        broker_connection_retry_on_startup=True,
+        celery_crawl_settings=scrapy_settings,
+    )
+    app.conf.update(conf)
+    app.task(bind=True, name=TASK_NAME, acks_late=True)(run_job)
+    return app
+
+
+def project_of(app: Celery) -> Project:
+    return Project.from_module(app.conf.get("celery_crawl_settings"))
+
+
+def prefix_of(project: Project) -> str:
+    return str(project.settings.get("CELERY_CRAWL_KEY_PREFIX") or DEFAULT_PREFIX)
+
+
+# -- the job: start it, or join it ------------------------------------------
+
+
+def start_job(
+    project: Project, spider: str, seeds: Sequence[Any], priority: int, job_id: str
+) -> tuple[Job, bool]:
+    """Create the job and enqueue its seeds; an existing job id is joined."""
+    from celery_crawl import connection
+    from celery_crawl.queue import PriorityQueue
+
+    entries = project.seed_entries(spider, seeds, job_id, priority)
+    client = project.client
+    connection.check(client)
+    keys = project.keys(spider)
+    fields = {"spider": spider, "seeds": _json(seeds), "priority": str(priority)}
+    created, _ = PriorityQueue(client, keys).start_job(job_id, entries, fields)
+    client.hset(job_index(prefix_of(project)), job_id, spider)
+    return Job(job_id, spider, client, keys), created
+
+
+def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dict[str, Any]:
+    """The body of ``celery_crawl.crawl``: start or join the job, report, return stats."""
+    project = project_of(task.app)
+    job, created = start_job(project, spider, seeds, priority, task.request.id)
+    logger.info(
+        "job %s %s: spider=%s seeds=%s", job.id, "started" if created else "joined", spider, seeds
+    )
+    interval = project.settings.getfloat("CELERY_CRAWL_PROGRESS_INTERVAL", 1.0)
+    stopping = stopping_worker(prefix_of(project), task.request.hostname or "")
+    while True:
+        try:
+            result = job.wait(timeout=interval)
+        except JobTimeout:
+            report_progress(task, job)
+            if job.client.exists(stopping):
+                raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
+            continue
+        logger.info("job %s finished: %s", job.id, result)
+        return result
+
+
+def report_progress(task: Task, job: Job) -> None:
+    progress = job.status().as_dict()
+    task.update_state(state="PROGRESS", meta=progress)
+    try:
+        task.send_event("task-progress", progress=progress)
+    except Exception:  # monitoring only: never fail the job over an event
+        logger.debug("progress event not sent", exc_info=True)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))
+
+
+# -- application code's entry point ----------------------------------------
+
+
+def crawl(
+    spider: str,
+    seeds: Sequence[Any],
+    priority: int = 0,
+    *,
+    app: Celery | None = None,
+    job_id: str | None = None,
+) -> Job:
+    """Start a crawl job; returns at once with a handle (``wait``, ``status``, ``cancel``).
+
+    Unknown spiders, bad seeds and an unreachable Redis raise here, in the
+    caller's process. The job is also a Celery task whose id is the job id.
+    """
+    from celery import current_app
+
+    app = app or current_app
+    job, _ = start_job(project_of(app), spider, list(seeds), priority, job_id or uuid.uuid4().hex)
+    job.result = app.send_task(  # type: ignore[attr-defined]
+        TASK_NAME, args=(spider, list(seeds)), kwargs={"priority": priority}, task_id=job.id
+    )
+    return job
+
+
+def find_job(app: Celery, job_id: str) -> Job | None:
+    """The job with this id, found through the job index; None if unknown."""
+    project = project_of(app)
+    spider = project.client.hget(job_index(prefix_of(project)), job_id)
+    if spider is None:
+        return None
+    name = spider.decode()
+    return Job(job_id, name, project.client, project.keys(name))
+
+
+# -- worker hosting --------------------------------------------------------
+
+
+def hosted_spiders(project: Project) -> list[str]:
+    return project.settings.getlist("CELERY_CRAWL_SPIDERS") or project.spider_names()
+
+
+def start_hosting(app: Celery) -> None:
+    if _process.host is not None:
+        return
+    project = project_of(app)
+    _process.host = CrawlerHost(project.settings, hosted_spiders(project))
+    _process.host.start()
+
+
+def stop_hosting() -> None:
+    if _process.host is not None:
+        _process.host.stop()
+        _process.host = None
+
+
+def _is_prefork(worker: Any) -> bool:
+    return "prefork" in getattr(worker.pool_cls, "__module__", str(worker.pool_cls))
+
+
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    # prefork sets up in each child after the fork; other pools here, in-process
+    if sender is not None and not _is_prefork(sender):
+        start_hosting(sender.app)
+
+
+def _on_child_init(**_: Any) -> None:
+    from celery import current_app
+
+    start_hosting(current_app)
+
+
+def _on_child_shutdown(**_: Any) -> None:
+    stop_hosting()
+
+
+def _on_worker_shutdown(**_: Any) -> None:
+    stop_hosting()
+
+
+def _on_shutting_down(sender: Any = None, **_: Any) -> None:
+    """Tell this worker's job trackers to hand their tasks back (warm shutdown)."""
+    from celery import current_app
+
+    project = project_of(current_app)
+    key = stopping_worker(prefix_of(project), str(sender))
+    try:
+        project.client.set(key, 1, ex=600)
+    except Exception:
+        logger.warning("could not flag the warm shutdown in Redis", exc_info=True)
+
+
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    """A restarted worker with the same name must not inherit the shutdown flag."""
+    project = project_of(sender.app)
+    project.client.delete(stopping_worker(prefix_of(project), sender.hostname))
+
+
+def cooperative_revoke(state: Any, task_id: Any, terminate: bool = False, **kwargs: Any) -> Any:
+    """``revoke`` for job tasks: cancel the job in Redis; never kill a process."""
+    from celery.utils.functional import maybe_list
+
+    ids = list(maybe_list(task_id) or [])
+    jobs = [job for job in (find_job(state.app, i) for i in ids) if job is not None]
+    for job in jobs:
+        purged = job.cancel()
+        logger.info("job %s cancelled by revoke; %d queued requests purged", job.id, purged)
+    others = [i for i in ids if i not in {job.id for job in jobs}]
+    _process.builtin_revoke(state, ids, terminate=terminate and not jobs and bool(others), **kwargs)
+    return {"ok": f"jobs cancelled: {[j.id for j in jobs]}; tasks revoked: {others}"}
+
+
+def install_cooperative_revoke() -> None:
+    from celery.worker.control import Panel
+
+    if Panel.data["revoke"] is not cooperative_revoke:
+        _process.builtin_revoke = Panel.data["revoke"]
+        Panel.data["revoke"] = cooperative_revoke
+
+
+def connect_signals() -> None:
+    signals.worker_init.connect(_on_worker_init, weak=False)
+    signals.worker_process_init.connect(_on_child_init, weak=False)
+    signals.worker_process_shutdown.connect(_on_child_shutdown, weak=False)
+    signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)
+    signals.worker_shutting_down.connect(_on_shutting_down, weak=False)
+    signals.worker_ready.connect(_on_worker_ready, weak=False)
+
+
+install_cooperative_revoke()
+connect_signals()

@@ -1,0 +1,152 @@
+"""The Scrapy project as the Celery side sees it: settings, spiders, seeds.
+
+Settings are the Scrapy project's settings module, overlaid with what the
+hosted crawlers need (shared scheduler, stats, job middlewares) and with
+``REDIS_URL`` and ``CELERY_CRAWL_KEY_PREFIX`` from the environment.
+
+A spider turns a seed into requests with ``requests_from_seed(seed)``; a
+spider without it takes ``{"url": ...}`` seeds. This runs in the caller's
+process, so bad seeds fail at ``crawl()`` time with a clear error.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from scrapy import Request, Spider
+from scrapy.crawler import Crawler
+from scrapy.settings import Settings
+from scrapy.spiderloader import SpiderLoader
+from scrapy.utils.misc import build_from_crawler, load_object
+
+from celery_crawl import connection
+from celery_crawl.errors import CeleryCrawlError, ConfigError, EncodeError
+from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Entry
+from celery_crawl.serializer import codec_from_name
+
+HOSTED_SETTINGS: dict[str, Any] = {
+    "SCHEDULER": "celery_crawl.scheduler.Scheduler",
+    "STATS_CLASS": "celery_crawl.stats.RedisStatsCollector",
+    # hosted crawlers share the queue: never delete it when one stops
+    "SCHEDULER_PERSIST": True,
+    "TELNETCONSOLE_ENABLED": False,
+}
+HOSTED_MIDDLEWARES = {
+    "SPIDER_MIDDLEWARES": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
+    "DOWNLOADER_MIDDLEWARES": {"celery_crawl.middleware.JobDownloaderMiddleware": 950},
+}
+ENVIRONMENT = ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX")
+
+
+class UnknownSpider(CeleryCrawlError):
+    """``crawl()`` named a spider the project does not have."""
+
+
+class BadSeed(CeleryCrawlError):
+    """A seed the spider cannot turn into requests."""
+
+
+def load_settings(module: str | None) -> Settings:
+    settings = Settings()
+    if module:
+        settings.setmodule(module, priority="project")
+    settings.update(HOSTED_SETTINGS, priority="project")
+    for name, components in HOSTED_MIDDLEWARES.items():
+        merged = {**settings.getdict(name), **components}
+        settings.set(name, merged, priority="project")
+    for name in ENVIRONMENT:
+        if os.environ.get(name):
+            settings.set(name, os.environ[name], priority="cmdline")
+    return settings
+
+
+class Project:
+    """Spiders, settings and the seed → request step, for one settings module."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loader = SpiderLoader.from_settings(settings)
+        self.codec = codec_from_name(settings.get("SCHEDULER_SERIALIZER"))
+
+    @classmethod
+    @functools.cache
+    def from_module(cls, module: str | None) -> Project:
+        return cls(load_settings(module))
+
+    @property
+    def client(self) -> Any:
+        return connection.from_settings(self.settings)
+
+    def spider_names(self) -> list[str]:
+        return sorted(self.loader.list())
+
+    def spider_class(self, name: str) -> type[Spider]:
+        try:
+            return self.loader.load(name)
+        except KeyError:
+            known = ", ".join(self.spider_names()) or "none"
+            raise UnknownSpider(f"unknown spider {name!r}; this project has: {known}") from None
+
+    def keys(self, spider: str) -> SpiderKeys:
+        return SpiderKeys.from_settings(spider, self.settings)
+
+    def seed_entries(
+        self, spider: str, seeds: Sequence[Any], job_id: str, priority: int
+    ) -> list[Entry]:
+        """The seed requests of a job, encoded; raises :class:`BadSeed` on bad input."""
+        spidercls = self.spider_class(spider)
+        crawler = Crawler(spidercls, self.settings)
+        instance = spidercls.from_crawler(crawler)
+        fingerprinter = build_from_crawler(
+            load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
+        )
+        if not seeds:
+            raise BadSeed(f"a job of {spider!r} needs at least one seed")
+        entries = []
+        for seed in seeds:
+            for request in seed_requests(instance, seed):
+                request.meta[JOB_META] = job_id
+                request.meta[JOB_PRIORITY_META] = priority
+                request.priority += priority
+                entries.append(self._entry(instance, request, fingerprinter, job_id))
+        return entries
+
+    def _entry(self, spider: Spider, request: Request, fingerprinter: Any, job: str) -> Entry:
+        try:
+            payload = self.codec.encode(request, spider)
+        except EncodeError as exc:
+            raise BadSeed(f"seed request {request} cannot be queued: {exc}") from exc
+        fingerprint = None if request.dont_filter else bytes(fingerprinter.fingerprint(request))
+        return Entry(payload, request.priority, fingerprint, job)
+
+
+def seed_requests(spider: Spider, seed: Any) -> list[Request]:
+    """What ``spider`` makes of ``seed``, checked."""
+    make = getattr(spider, "requests_from_seed", None)
+    try:
+        made: Iterable[Any] = make(seed) if make else [default_seed_request(seed)]
+        requests = list(made)
+    except BadSeed:
+        raise
+    except Exception as exc:
+        raise BadSeed(f"spider {spider.name!r} cannot use seed {seed!r}: {exc}") from exc
+    if not requests or not all(isinstance(r, Request) for r in requests):
+        raise BadSeed(f"spider {spider.name!r} made no requests from seed {seed!r}")
+    return requests
+
+
+def default_seed_request(seed: Any) -> Request:
+    url = seed.get("url") if isinstance(seed, dict) else seed
+    if not isinstance(url, str):
+        raise BadSeed(f"seed {seed!r} is not a URL or {{'url': ...}}")
+    return Request(url, dont_filter=True)
+
+
+def check_settings(settings: Settings) -> None:
+    if not settings.getlist("SPIDER_MODULES"):
+        raise ConfigError("SPIDER_MODULES is empty: the workers would host no spider")
