@@ -62,11 +62,17 @@ def create_app(main: str, scrapy_settings: str | None = None, **conf: Any) -> Ce
     )
     app.conf.update(conf)
     app.task(bind=True, name=TASK_NAME, acks_late=True)(run_job)
+    app.celery_crawl_project = project  # type: ignore[attr-defined]
     return app
 
 
 def project_of(app: Celery) -> Project:
-    return Project.from_module(app.conf.get("celery_crawl_settings"))
+    """The app's Scrapy project, loaded once per app."""
+    project = getattr(app, "celery_crawl_project", None)
+    if project is None:
+        project = Project.from_module(app.conf.get("celery_crawl_settings"))
+        app.celery_crawl_project = project  # type: ignore[attr-defined]
+    return project  # type: ignore[no-any-return]
 
 
 def prefix_of(project: Project) -> str:
@@ -190,12 +196,6 @@ def _is_prefork(worker: Any) -> bool:
     return "prefork" in getattr(worker.pool_cls, "__module__", str(worker.pool_cls))
 
 
-def _on_worker_init(sender: Any = None, **_: Any) -> None:
-    # prefork sets up in each child after the fork; other pools here, in-process
-    if sender is not None and not _is_prefork(sender):
-        start_hosting(sender.app)
-
-
 def _on_child_init(**_: Any) -> None:
     from celery import current_app
 
@@ -223,9 +223,17 @@ def _on_shutting_down(sender: Any = None, **_: Any) -> None:
 
 
 def _on_worker_ready(sender: Any = None, **_: Any) -> None:
-    """A restarted worker with the same name must not inherit the shutdown flag."""
-    project = project_of(sender.app)
-    project.client.delete(stopping_worker(prefix_of(project), sender.hostname))
+    """Clear a stale shutdown flag; host the crawlers here unless the pool forks.
+
+    Prefork children set up their own reactor after the fork
+    (``worker_process_init``); the solo and threads pools run tasks in this
+    process, so the crawlers live here, started once logging is configured.
+    """
+    worker = getattr(sender, "controller", sender)  # the signal is sent by the consumer
+    project = project_of(worker.app)
+    project.client.delete(stopping_worker(prefix_of(project), worker.hostname))
+    if not _is_prefork(worker):
+        start_hosting(worker.app)
 
 
 def cooperative_revoke(state: Any, task_id: Any, terminate: bool = False, **kwargs: Any) -> Any:
@@ -251,7 +259,6 @@ def install_cooperative_revoke() -> None:
 
 
 def connect_signals() -> None:
-    signals.worker_init.connect(_on_worker_init, weak=False)
     signals.worker_process_init.connect(_on_child_init, weak=False)
     signals.worker_process_shutdown.connect(_on_child_shutdown, weak=False)
     signals.worker_shutdown.connect(_on_worker_shutdown, weak=False)

@@ -382,6 +382,7 @@ class DemoSite:
         self.port = 0
         self.requests_served = 0
         self.requests_by_kind: Counter[str] = Counter()
+        self.requests_by_path: Counter[str] = Counter()
         self.responses_by_status: Counter[int] = Counter()
         self._rng = random.Random(self.config.seed)
         self._server: asyncio.Server | None = None
@@ -414,6 +415,7 @@ class DemoSite:
         """Status and body for one request, faults included; counts it."""
         self.requests_served += 1
         self.requests_by_kind[path_kind(request.path)] += 1
+        self.requests_by_path[request.path] += 1
         status, body = self._answer(request)
         self.responses_by_status[status] += 1
         return status, body

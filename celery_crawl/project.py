@@ -11,7 +11,6 @@ process, so bad seeds fail at ``crawl()`` time with a clear error.
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -35,11 +34,14 @@ HOSTED_SETTINGS: dict[str, Any] = {
     # hosted crawlers share the queue: never delete it when one stops
     "SCHEDULER_PERSIST": True,
     "TELNETCONSOLE_ENABLED": False,
+    "REMOTE_CONTROL_ENABLED": False,
 }
 HOSTED_MIDDLEWARES = {
     "SPIDER_MIDDLEWARES": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
     "DOWNLOADER_MIDDLEWARES": {"celery_crawl.middleware.JobDownloaderMiddleware": 950},
 }
+# settings always taken from the environment when set there; a project adds
+# its own with CELERY_CRAWL_ENV = ["FORUM_BASE_URL", ...]
 ENVIRONMENT = ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX")
 
 
@@ -59,7 +61,7 @@ def load_settings(module: str | None) -> Settings:
     for name, components in HOSTED_MIDDLEWARES.items():
         merged = {**settings.getdict(name), **components}
         settings.set(name, merged, priority="project")
-    for name in ENVIRONMENT:
+    for name in (*ENVIRONMENT, *settings.getlist("CELERY_CRAWL_ENV")):
         if os.environ.get(name):
             settings.set(name, os.environ[name], priority="cmdline")
     return settings
@@ -74,7 +76,6 @@ class Project:
         self.codec = codec_from_name(settings.get("SCHEDULER_SERIALIZER"))
 
     @classmethod
-    @functools.cache
     def from_module(cls, module: str | None) -> Project:
         return cls(load_settings(module))
 

@@ -20,6 +20,13 @@ LIST_PRIORITY, POST_PRIORITY, COMMENT_PRIORITY = 20, 10, 0
 class ForumSpider(Spider):
     name = "forum"
 
+    @classmethod
+    def update_settings(cls, settings: Any) -> None:
+        super().update_settings(settings)
+        feed = settings.get("FORUM_FEED")
+        if feed and not settings.getdict("FEEDS"):  # items: one JSON-lines file per process
+            settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
+
     @property
     def base_url(self) -> str:
         return str(self.settings.get("FORUM_BASE_URL")).rstrip("/")

@@ -1,0 +1,226 @@
+"""Jobs end to end: real Celery worker processes host the crawlers (no eager mode)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_crawl.celery_app import create_app, crawl
+from celery_crawl.demo_site import SiteConfig, run_in_thread
+from paths_spider import EXPECTED_ITEMS, KINDS, PathsSite
+from workers import Worker, worker_env
+
+_databases = itertools.cycle(range(1, 16))
+FORUM = SiteConfig(forums=3, posts_per_forum=60, hot_every=20, hot_comment_pages=6)
+
+
+@pytest.fixture
+def db_url(redis_url: str) -> str:
+    """A database of this test's own: Celery's queues and results stay apart."""
+    url = f"{redis_url.rsplit('/', 1)[0] if redis_url.count('/') > 2 else redis_url}/{next(_databases)}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture
+def forum_site() -> Iterator[Any]:
+    with run_in_thread(FORUM) as site:
+        yield site
+
+
+@pytest.fixture
+def paths_site() -> Iterator[PathsSite]:
+    with PathsSite() as site:
+        yield site
+
+
+@pytest.fixture
+def env(
+    db_url: str,
+    prefix: str,
+    forum_site: Any,
+    paths_site: PathsSite,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, str]:
+    values = worker_env(db_url, prefix, forum_site.url, tmp_path)
+    values["PATHS_BASE_URL"] = paths_site.url
+    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
+        monkeypatch.setenv(name, values[name])
+    return values
+
+
+@pytest.fixture
+def app(env: dict[str, str]) -> Celery:
+    return create_app("worker_app", "worker_settings")
+
+
+@pytest.fixture
+def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str = "w1", pool: str = "prefork", concurrency: int = 2) -> Worker:
+        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def forum_seeds() -> list[dict[str, str]]:
+    return [{"forum_id": forum} for forum in FORUM.forum_ids()]
+
+
+def assert_complete_forum_crawl(result: dict[str, Any]) -> None:
+    expected = FORUM.expected()
+    assert result["state"] == "done"
+    assert result["pages"] == expected.pages + expected.not_found
+    assert result["items"] == expected.posts + expected.comments
+    assert result["status_codes"] == {"200": expected.pages, "404": expected.not_found}
+    assert result["queued"] == result["in_flight"] == 0
+    assert result["errors"] == {}
+
+
+def test_two_jobs_in_a_row_in_one_worker_process(
+    app: Celery, start_worker: Callable[..., Worker], db_url: str
+) -> None:
+    worker = start_worker(pool="solo")
+    first = crawl("forum", forum_seeds(), app=app).wait(timeout=120)
+    assert_complete_forum_crawl(first)
+    redis.Redis.from_url(db_url).flushdb()  # forget dedup: crawl the same pages again
+    second = crawl("forum", forum_seeds(), app=app).wait(timeout=120)
+    assert_complete_forum_crawl(second)
+    assert "ReactorNotRestartable" not in worker.output()
+    assert worker.output().count("hosting crawlers") == 1  # one process, one reactor
+
+
+def test_crawl_wait_returns_the_statistics(
+    app: Celery, start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    worker = start_worker()
+    job = crawl("forum", forum_seeds(), app=app)
+    result = job.wait(timeout=120)
+    assert_complete_forum_crawl(result)
+    assert result["duration"] > 0
+    assert job.result.get(timeout=30) == result  # the Celery task returns the same
+    assert worker.stop() == 0  # closes the feeds
+    lines = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert len(lines) == result["items"]
+    assert len({line for line in lines}) == len(lines)
+
+
+def test_every_request_path_counts_as_processed(
+    app: Celery, start_worker: Callable[..., Worker], paths_site: PathsSite
+) -> None:
+    start_worker()
+    job = crawl("paths", [{"path": kind} for kind in KINDS], app=app)
+    result = job.wait(timeout=120)
+    hits = dict(paths_site.hits)
+    # done exactly at the end: the slow page's child had been crawled already
+    assert hits.get("/ok/after-slow") == 1
+    assert result["items"] == EXPECTED_ITEMS
+    assert hits["/always500"] == 3 and hits["/flaky"] == 2  # retried, then given up / fixed
+    assert hits["/ok/from-errback"] == 1 and hits["/ok/r"] == 1 and hits["/ok/child"] == 1
+    assert "/drop" not in hits
+    assert result["retries"] >= 3
+    assert result["errors"].get("ValueError") == 1  # the raising callback
+    assert result["status_codes"]["404"] == 1
+    assert result["queued"] == result["in_flight"] == 0
+
+
+def test_cancel_purges_only_that_job(app: Celery, start_worker: Callable[..., Worker]) -> None:
+    slow = crawl("paths", [{"path": "slow"}] + [{"path": "ok"}], app=app)
+    forum = crawl("forum", forum_seeds(), app=app)
+    assert forum.status().queued == len(FORUM.forum_ids())
+    purged = forum.cancel()
+    assert purged == len(FORUM.forum_ids())
+    cancelled = forum.status()
+    assert cancelled.state == "cancelled" and cancelled.queued == 0
+    start_worker()
+    assert forum.wait(timeout=30)["state"] == "cancelled"
+    assert slow.wait(timeout=120)["items"] == 4  # slow, after-slow, ok, ok/child
+
+
+def test_a_redelivered_job_task_joins_its_job(
+    app: Celery, start_worker: Callable[..., Worker]
+) -> None:
+    job = crawl("forum", forum_seeds(), app=app)
+    again = app.send_task(  # what a redelivery after the visibility timeout looks like
+        "celery_crawl.crawl", args=("forum", forum_seeds()), task_id=job.id
+    )
+    start_worker()
+    result = job.wait(timeout=120)
+    assert_complete_forum_crawl(result)  # seeds were not enqueued twice
+    assert again.get(timeout=30)["pages"] == result["pages"]
+
+
+def test_bad_input_fails_at_crawl_time(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
+    from celery_crawl.errors import RedisUnavailable
+    from celery_crawl.project import BadSeed, UnknownSpider
+
+    with pytest.raises(UnknownSpider, match="'nope'.*forum"):
+        crawl("nope", [{"forum_id": "00001"}], app=app)
+    with pytest.raises(BadSeed, match="forum_id"):
+        crawl("forum", [{"forum": "x"}], app=app)
+    with pytest.raises(BadSeed, match="at least one seed"):
+        crawl("forum", [], app=app)
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    unreachable = create_app("worker_app", "worker_settings")
+    started = time.monotonic()
+    with pytest.raises(RedisUnavailable, match="127.0.0.1:1"):
+        crawl("forum", [{"forum_id": "00001"}], app=unreachable)
+    assert time.monotonic() - started < 30
+
+
+def test_kill_9_of_one_of_two_workers_loses_nothing(
+    app: Celery, start_worker: Callable[..., Worker], forum_site: Any
+) -> None:
+    victim, survivor = start_worker("victim"), start_worker("survivor")
+    job = crawl("forum", forum_seeds(), app=app)
+    deadline = time.monotonic() + 60
+    while job.status().pages < 40 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    victim.signal(signal.SIGKILL)
+    result = job.wait(timeout=180)
+    assert_complete_forum_crawl_pages(result, forum_site)
+    assert survivor.proc.poll() is None
+
+
+def assert_complete_forum_crawl_pages(result: dict[str, Any], site: Any) -> None:
+    expected = FORUM.expected()
+    assert result["state"] == "done"
+    served = site.site.requests_by_path
+    assert len(served) == expected.pages + expected.not_found  # 100% of the pages
+    doubles = [path for path, count in served.items() if count > 1]
+    assert all(served[path] == 2 for path in doubles)
+    # only what the killed worker held: 2 processes x (32 downloading + 16 prefetched)
+    assert len(doubles) <= 2 * (32 + 16)
+
+
+def test_sigterm_mid_crawl_loses_nothing(
+    app: Celery, start_worker: Callable[..., Worker], forum_site: Any
+) -> None:
+    stopping, staying = start_worker("stopping"), start_worker("staying")
+    job = crawl("forum", forum_seeds(), app=app)
+    deadline = time.monotonic() + 60
+    while job.status().pages < 40 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    stopping.proc.send_signal(signal.SIGTERM)
+    result = job.wait(timeout=180)
+    assert stopping.proc.wait(timeout=60) == 0
+    assert_complete_forum_crawl(result)
+    served = forum_site.site.requests_by_path
+    assert len(served) == FORUM.expected().pages + FORUM.expected().not_found
+    assert staying.proc.poll() is None

@@ -1,0 +1,11 @@
+"""Settings of the test worker app: the forum app plus the test spiders."""
+
+from tasks.settings import *  # noqa: F403
+
+SPIDER_MODULES = ["tasks.spiders", "paths_spider"]
+SCHEDULER_LEASE_SECONDS = 4
+SCHEDULER_REQUEUE_INTERVAL = 1
+CELERY_CRAWL_PROGRESS_INTERVAL = 0.5
+LOG_LEVEL = "INFO"
+CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, "PATHS_BASE_URL"]  # noqa: F405
+PATHS_BASE_URL = ""
