@@ -62,7 +62,7 @@ def create_app(main: str, scrapy_settings: str | None = None, **conf: Any) -> Ce
     )
     app.conf.update(conf)
     app.task(bind=True, name=TASK_NAME, acks_late=True)(run_job)
-    app.celery_crawl_project = project  # type: ignore[attr-defined]
+    app.celery_crawl_project = project
     return app
 
 
@@ -71,8 +71,8 @@ def project_of(app: Celery) -> Project:
     project = getattr(app, "celery_crawl_project", None)
     if project is None:
         project = Project.from_module(app.conf.get("celery_crawl_settings"))
-        app.celery_crawl_project = project  # type: ignore[attr-defined]
-    return project  # type: ignore[no-any-return]
+        app.celery_crawl_project = project
+    return project
 
 
 def prefix_of(project: Project) -> str:

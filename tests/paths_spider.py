@@ -15,7 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 from scrapy import Request, Spider
 from scrapy.exceptions import IgnoreRequest
@@ -39,7 +39,7 @@ CHILDREN = {"/ok": ["/ok/child"], "/dup": ["/ok/child", "/ok/dup2"], "/slow": ["
 
 class PathsSpider(Spider):
     name = "paths"
-    custom_settings = {
+    custom_settings: ClassVar[dict[str, Any]] = {
         "RETRY_TIMES": 2,
         "RETRY_HTTP_CODES": [500, 503],
         "DOWNLOADER_MIDDLEWARES": {"paths_spider.DropMiddleware": 543},

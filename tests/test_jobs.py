@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -13,11 +12,11 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery
-
-from celery_crawl.celery_app import create_app, crawl
-from celery_crawl.demo_site import SiteConfig, run_in_thread
 from paths_spider import EXPECTED_ITEMS, KINDS, PathsSite
 from workers import Worker, worker_env
+
+from celery_crawl.celery_app import crawl, create_app
+from celery_crawl.demo_site import SiteConfig, run_in_thread
 
 _databases = itertools.cycle(range(1, 16))
 FORUM = SiteConfig(forums=3, posts_per_forum=60, hot_every=20, hot_comment_pages=6)
@@ -26,7 +25,8 @@ FORUM = SiteConfig(forums=3, posts_per_forum=60, hot_every=20, hot_comment_pages
 @pytest.fixture
 def db_url(redis_url: str) -> str:
     """A database of this test's own: Celery's queues and results stay apart."""
-    url = f"{redis_url.rsplit('/', 1)[0] if redis_url.count('/') > 2 else redis_url}/{next(_databases)}"
+    base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
+    url = f"{base}/{next(_databases)}"
     redis.Redis.from_url(url).flushdb()
     return url
 
@@ -141,7 +141,7 @@ def test_every_request_path_counts_as_processed(
 
 
 def test_cancel_purges_only_that_job(app: Celery, start_worker: Callable[..., Worker]) -> None:
-    slow = crawl("paths", [{"path": "slow"}] + [{"path": "ok"}], app=app)
+    slow = crawl("paths", [{"path": "slow"}, {"path": "ok"}], app=app)
     forum = crawl("forum", forum_seeds(), app=app)
     assert forum.status().queued == len(FORUM.forum_ids())
     purged = forum.cancel()
@@ -170,7 +170,7 @@ def test_bad_input_fails_at_crawl_time(app: Celery, monkeypatch: pytest.MonkeyPa
     from celery_crawl.errors import RedisUnavailable
     from celery_crawl.project import BadSeed, UnknownSpider
 
-    with pytest.raises(UnknownSpider, match="'nope'.*forum"):
+    with pytest.raises(UnknownSpider, match=r"'nope'.*forum"):
         crawl("nope", [{"forum_id": "00001"}], app=app)
     with pytest.raises(BadSeed, match="forum_id"):
         crawl("forum", [{"forum": "x"}], app=app)
@@ -179,7 +179,7 @@ def test_bad_input_fails_at_crawl_time(app: Celery, monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
     unreachable = create_app("worker_app", "worker_settings")
     started = time.monotonic()
-    with pytest.raises(RedisUnavailable, match="127.0.0.1:1"):
+    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1:1"):
         crawl("forum", [{"forum_id": "00001"}], app=unreachable)
     assert time.monotonic() - started < 30
 
