@@ -126,6 +126,21 @@ class Project:
         return Entry(payload, request.priority, fingerprint, job)
 
 
+def parse_seed(spidercls: type[Spider], text: str) -> Any:
+    """A seed typed on a command line: JSON, or a bare value for the spider's ``seed_key``."""
+    import json
+
+    if text.startswith(("{", "[")):
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise BadSeed(f"seed {text!r} is not valid JSON: {exc}") from exc
+    key = getattr(spidercls, "seed_key", None)
+    if key:
+        return {key: text}
+    return {"url": text}
+
+
 def seed_requests(spider: Spider, seed: Any) -> list[Request]:
     """What ``spider`` makes of ``seed``, checked."""
     make = getattr(spider, "requests_from_seed", None)

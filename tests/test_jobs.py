@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -224,3 +225,38 @@ def test_sigterm_mid_crawl_loses_nothing(
     served = forum_site.site.requests_by_path
     assert len(served) == FORUM.expected().pages + FORUM.expected().not_found
     assert staying.proc.poll() is None
+
+
+def test_cli_crawl_waits_and_exits_zero(
+    env: dict[str, str], start_worker: Callable[..., Worker]
+) -> None:
+    import subprocess
+    import sys
+
+    start_worker()
+    command = [sys.executable, "-m", "celery_crawl.cli", "crawl", "forum", *FORUM.forum_ids()]
+    done = subprocess.run(
+        [*command, "--wait", "--json", "-A", "worker_app"],
+        check=False,
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    results = json.loads(done.stdout)
+    assert [r["seeds"] for r in results] == [[{"forum_id": f}] for f in FORUM.forum_ids()]
+    assert all(r["state"] == "done" for r in results)
+    expected = FORUM.expected()
+    assert sum(r["items"] for r in results) == expected.posts + expected.comments
+    bad = subprocess.run(
+        [sys.executable, "-m", "celery_crawl.cli", "crawl", "nope", "1", "-A", "worker_app"],
+        check=False,
+        cwd=Path(__file__).parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "unknown spider 'nope'" in bad.stderr

@@ -19,6 +19,7 @@ LIST_PRIORITY, POST_PRIORITY, COMMENT_PRIORITY = 20, 10, 0
 
 class ForumSpider(Spider):
     name = "forum"
+    seed_key = "forum_id"  # `celery-crawl crawl forum 00001` means {"forum_id": "00001"}
 
     @classmethod
     def update_settings(cls, settings: Any) -> None:
