@@ -50,6 +50,9 @@ class PathsSpider(Spider):
         return str(self.settings.get("PATHS_BASE_URL")).rstrip("/")
 
     def requests_from_seed(self, seed: dict[str, str]) -> list[Request]:
+        if "probe" in seed:  # a one-page job: /ok/probe-<id>
+            url = f"{self.base}/ok/probe-{seed['probe']}"
+            return [Request(url, callback=self.parse_leaf, dont_filter=True)]
         kind = seed["path"]
         if kind not in KINDS:
             raise ValueError(f"unknown path kind {kind!r}")
@@ -63,6 +66,9 @@ class PathsSpider(Spider):
         yield {"path": data["path"]}
         for child in data["children"]:
             yield Request(self.base + child, callback=self.parse)
+
+    def parse_leaf(self, response: Response) -> Iterator[Any]:
+        yield {"path": response.url}
 
     def parse_raise(self, response: Response) -> Iterator[Any]:
         raise ValueError("a callback that fails")
@@ -82,6 +88,7 @@ class PathsSite:
 
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
+        self.first_hit: dict[str, float] = {}  # path -> time.monotonic() of its first request
         self._lock = threading.Lock()
         site = self
 
@@ -109,6 +116,7 @@ class PathsSite:
         with self._lock:
             self.hits[path] += 1
             hits = self.hits[path]
+            self.first_hit.setdefault(path, time.monotonic())
         status, headers, body = self.page(path, hits)
         handler.send_response(status)
         for name, value in headers.items():
