@@ -16,6 +16,8 @@ from scrapy.utils.test import get_crawler
 
 from celery_crawl.connection import get_redis
 
+pytest_plugins = ["worker_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:

@@ -53,6 +53,9 @@ class PathsSpider(Spider):
         if "probe" in seed:  # a one-page job: /ok/probe-<id>
             url = f"{self.base}/ok/probe-{seed['probe']}"
             return [Request(url, callback=self.parse_leaf, dont_filter=True)]
+        if "chain" in seed:  # a slow job: one page after another, 0.5 s each
+            url = f"{self.base}/chain/{seed['chain']}/{seed.get('length', 8)}"
+            return [Request(url, callback=self.parse, dont_filter=True)]
         kind = seed["path"]
         if kind not in KINDS:
             raise ValueError(f"unknown path kind {kind!r}")
@@ -134,5 +137,10 @@ class PathsSite:
             return 500 if path != "/flaky" else 503, {}, b"{}"
         if path == "/slow":
             time.sleep(1.0)
-        body = json.dumps({"path": path, "children": CHILDREN.get(path, [])}).encode()
+        children = CHILDREN.get(path, [])
+        if path.startswith("/chain/"):
+            time.sleep(0.5)
+            _, _, name, left = path.split("/")
+            children = [f"/chain/{name}/{int(left) - 1}"] if int(left) > 1 else []
+        body = json.dumps({"path": path, "children": children}).encode()
         return 200, {"Content-Type": "application/json"}, body

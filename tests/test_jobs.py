@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,70 +13,10 @@ import pytest
 import redis
 from celery import Celery
 from paths_spider import EXPECTED_ITEMS, KINDS, PathsSite
-from workers import Worker, worker_env
+from worker_fixtures import FORUM
+from workers import Worker
 
 from celery_crawl.celery_app import crawl, create_app
-from celery_crawl.demo_site import SiteConfig, run_in_thread
-
-_databases = itertools.cycle(range(1, 16))
-FORUM = SiteConfig(forums=3, posts_per_forum=60, hot_every=20, hot_comment_pages=6)
-
-
-@pytest.fixture
-def db_url(redis_url: str) -> str:
-    """A database of this test's own: Celery's queues and results stay apart."""
-    base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
-    url = f"{base}/{next(_databases)}"
-    redis.Redis.from_url(url).flushdb()
-    return url
-
-
-@pytest.fixture
-def forum_site() -> Iterator[Any]:
-    with run_in_thread(FORUM) as site:
-        yield site
-
-
-@pytest.fixture
-def paths_site() -> Iterator[PathsSite]:
-    with PathsSite() as site:
-        yield site
-
-
-@pytest.fixture
-def env(
-    db_url: str,
-    prefix: str,
-    forum_site: Any,
-    paths_site: PathsSite,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> dict[str, str]:
-    values = worker_env(db_url, prefix, forum_site.url, tmp_path)
-    values["PATHS_BASE_URL"] = paths_site.url
-    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
-        monkeypatch.setenv(name, values[name])
-    return values
-
-
-@pytest.fixture
-def app(env: dict[str, str]) -> Celery:
-    return create_app("worker_app", "worker_settings")
-
-
-@pytest.fixture
-def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(name: str = "w1", pool: str = "prefork", concurrency: int = 2) -> Worker:
-        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency)
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
 
 
 def forum_seeds() -> list[dict[str, str]]:
