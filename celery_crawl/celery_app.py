@@ -17,10 +17,12 @@ job cooperatively; it never terminates a worker process.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+import redis
 from celery import Celery, Task, signals
 from celery.exceptions import Reject
 
@@ -111,6 +113,10 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
     while True:
         try:
             result = job.wait(timeout=interval)
+        except redis.ConnectionError as exc:  # Redis restarting: keep watching
+            logger.warning("job %s: Redis unreachable (%s); still watching", job.id, exc)
+            time.sleep(interval)
+            continue
         except JobTimeout:
             report_progress(task, job)
             if job.client.exists(stopping):

@@ -26,6 +26,7 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
+import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from scrapy.utils.misc import load_object
@@ -242,13 +243,13 @@ class Scheduler(BaseScheduler):
             self._acks.append(member)
             self._schedule_flush()
 
-    def _schedule_flush(self) -> None:
+    def _schedule_flush(self, delay: float = 0.0) -> None:
         if self._flush_call is not None and self._flush_call.active():
             return
         from twisted.internet import reactor
 
         if reactor.running:
-            self._flush_call = reactor.callLater(0, self.flush)  # type: ignore[arg-type]
+            self._flush_call = reactor.callLater(delay, self.flush)  # type: ignore[arg-type]
 
     def flush(self) -> None:
         """Write buffered requests, job stats and acks to Redis in one round trip."""
@@ -257,7 +258,17 @@ class Scheduler(BaseScheduler):
             return
         pending, acks = self._pending, self._acks
         self._pending, self._acks = [], []
-        flags = self.queue.push_many([entry for _, entry in pending], acks, job_stats)
+        try:
+            flags = self.queue.push_many([entry for _, entry in pending], acks, job_stats)
+        except redis.ConnectionError:
+            # Redis is away (restarting?): keep everything for the next flush
+            self._pending, self._acks = pending + self._pending, acks + self._acks
+            self.job_stats.restore(job_stats)
+            logger.warning(
+                "Redis unreachable; %d requests and %d acks kept", len(pending), len(acks)
+            )
+            self._schedule_flush(delay=1.0)
+            return
         for (request, _), accepted in zip(pending, flags, strict=True):
             if not accepted:
                 self._on_duplicate(request)
@@ -312,7 +323,10 @@ class Scheduler(BaseScheduler):
             logger.warning("waiting for work failed: %s", result)
 
     def _refill(self) -> bool:
-        self._prefetched.extend(self.queue.lease(self.prefetch))
+        try:
+            self._prefetched.extend(self.queue.lease(self.prefetch))
+        except redis.ConnectionError as exc:
+            logger.warning("Redis unreachable, no request leased: %s", exc)
         return bool(self._prefetched)
 
     def _decode(self, lease: Lease) -> Request | None:
@@ -345,7 +359,11 @@ class Scheduler(BaseScheduler):
     def has_pending_requests(self) -> bool:
         if self._pending or self._prefetched:
             return True
-        if len(self.queue) > 0:
+        try:
+            queued = len(self.queue)
+        except redis.ConnectionError:
+            return True  # cannot tell: stay open until Redis answers again
+        if queued > 0:
             self._empty_since = None
             return True
         return self._waiting_before_close()

@@ -42,16 +42,16 @@ def paths_site() -> Iterator[PathsSite]:
 
 
 @pytest.fixture
+def sites(forum_site: Any, paths_site: PathsSite) -> dict[str, str]:
+    return {"FORUM_BASE_URL": forum_site.url, "PATHS_BASE_URL": paths_site.url}
+
+
+@pytest.fixture
 def env(
-    db_url: str,
-    prefix: str,
-    forum_site: Any,
-    paths_site: PathsSite,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    db_url: str, prefix: str, sites: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> dict[str, str]:
-    values = worker_env(db_url, prefix, forum_site.url, tmp_path)
-    values["PATHS_BASE_URL"] = paths_site.url
+    values = worker_env(db_url, prefix, sites["FORUM_BASE_URL"], tmp_path)
+    values["PATHS_BASE_URL"] = sites["PATHS_BASE_URL"]
     for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
         monkeypatch.setenv(name, values[name])
     return values
