@@ -33,10 +33,11 @@ def assert_complete_forum_crawl(result: dict[str, Any]) -> None:
     assert result["errors"] == {}
 
 
+@pytest.mark.parametrize("pool", ["solo", "threads"])
 def test_two_jobs_in_a_row_in_one_worker_process(
-    app: Celery, start_worker: Callable[..., Worker], db_url: str
+    app: Celery, start_worker: Callable[..., Worker], db_url: str, pool: str
 ) -> None:
-    worker = start_worker(pool="solo")
+    worker = start_worker(pool=pool)
     first = crawl("forum", forum_seeds(), app=app).wait(timeout=120)
     assert_complete_forum_crawl(first)
     redis.Redis.from_url(db_url).flushdb()  # forget dedup: crawl the same pages again
