@@ -34,6 +34,7 @@ import json
 import math
 import random
 import threading
+import time
 import zlib
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -383,6 +384,8 @@ class DemoSite:
         self.requests_served = 0
         self.requests_by_kind: Counter[str] = Counter()
         self.requests_by_path: Counter[str] = Counter()
+        self.last_request_at: dict[str, float] = {}  # path -> time.monotonic()
+        self.first_request_time: float | None = None
         self.responses_by_status: Counter[int] = Counter()
         self._rng = random.Random(self.config.seed)
         self._server: asyncio.Server | None = None
@@ -416,6 +419,10 @@ class DemoSite:
         self.requests_served += 1
         self.requests_by_kind[path_kind(request.path)] += 1
         self.requests_by_path[request.path] += 1
+        now = time.monotonic()
+        self.last_request_at[request.path] = now
+        if self.first_request_time is None:
+            self.first_request_time = now
         status, body = self._answer(request)
         self.responses_by_status[status] += 1
         return status, body

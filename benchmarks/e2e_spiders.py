@@ -1,0 +1,81 @@
+"""The forum spider as scrapy-redis and plain Scrapy run it, for ``benchmarks.e2e``.
+
+    python -m benchmarks.e2e_spiders redis SITE_URL REDIS_URL KEY_PREFIX
+    python -m benchmarks.e2e_spiders plain SITE_URL FORUM_ID...
+
+Both reuse ``tasks.spiders.forum.ForumSpider``'s parsing, so all three
+systems do the same work per page.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+from scrapy import Request
+from scrapy.crawler import CrawlerProcess
+from scrapy_redis.spiders import RedisMixin
+
+from tasks.spiders.forum import ForumSpider
+
+COMMON = {
+    "CONCURRENT_REQUESTS": 32,
+    "CONCURRENT_REQUESTS_PER_DOMAIN": 32,
+    "TELNETCONSOLE_ENABLED": False,
+    "REMOTE_CONTROL_ENABLED": False,
+    "RETRY_TIMES": 3,
+    "LOG_LEVEL": "INFO",
+}
+
+
+class RedisForumSpider(RedisMixin, ForumSpider):
+    """Seeds are forum ids pushed to ``redis_key``; scrapy-redis's own scheduler."""
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> RedisForumSpider:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        spider.setup_redis(crawler)  # as scrapy-redis's RedisSpider does
+        return spider
+
+    def make_request_from_data(self, data: bytes) -> list[Request]:
+        return self.requests_from_seed({"forum_id": data.decode()})
+
+
+class PlainForumSpider(ForumSpider):
+    """Plain Scrapy: the forums are given up front, the scheduler is in memory."""
+
+    def __init__(self, forums: str = "", **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.forums = forums.split(",")
+
+    async def start(self) -> AsyncIterator[Request]:
+        for forum in self.forums:
+            for request in self.requests_from_seed({"forum_id": forum}):
+                yield request
+
+
+def main(argv: list[str]) -> None:
+    system, site, *rest = argv
+    settings = {**COMMON, "FORUM_BASE_URL": site}
+    if system == "redis":
+        redis_url, prefix = rest
+        settings |= {
+            "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
+            "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",
+            "SCHEDULER_PERSIST": True,
+            "REDIS_URL": redis_url,
+            "SCHEDULER_QUEUE_KEY": prefix + ":%(spider)s:requests",
+            "SCHEDULER_DUPEFILTER_KEY": prefix + ":%(spider)s:dupefilter",
+            "REDIS_START_URLS_KEY": prefix + ":%(name)s:start_urls",
+        }
+        process = CrawlerProcess(settings)
+        process.crawl(RedisForumSpider)
+    else:
+        process = CrawlerProcess(settings)
+        process.crawl(PlainForumSpider, forums=",".join(rest))
+    process.start()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
