@@ -1,6 +1,5 @@
-"""The forum app's settings, without the item feed: every system only counts items."""
+"""The forum app's settings for the benchmark: items go to JSON-lines files."""
 
 from tasks.settings import *  # noqa: F403
 
-FORUM_FEED = None
 LOG_LEVEL = "INFO"

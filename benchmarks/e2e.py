@@ -7,11 +7,17 @@
 - plain Scrapy: the same spider with its in-memory scheduler, no Redis; with
   several processes, each crawls its share of the forums. This is the ceiling.
 
+Every system stores its items: celery_crawl and plain Scrapy write JSON-lines
+feeds, one file per process. scrapy-redis, by default, pushes them to Redis with
+its RedisPipeline, as its example project does. With ``--anchor-items feed``,
+it writes feeds too.
+
 Pages/s is counted at the site, from its first request to its last. Pickup
 latency is from submitting a job to an idle system until the site sees its
 first request.
 
     python -m benchmarks.e2e [--processes 1 2] [--rounds 3] [--forums 8]
+                             [--anchor-items redis|feed]
 """
 
 from __future__ import annotations
@@ -110,12 +116,18 @@ def pickup(site: SiteThread, submit: Callable[[], None], samples: int) -> list[f
     return latencies
 
 
+def feed(name: str) -> str:
+    """A feed path of its own for each process of each run."""
+    return str(LOGS / "items" / f"{name}-%(pid)s-{uuid.uuid4().hex[:6]}.jsonl")
+
+
 def env_for(url: str, prefix: str, site: str) -> dict[str, str]:
     return {
         **os.environ,
         "REDIS_URL": url,
         "CELERY_CRAWL_KEY_PREFIX": prefix,
         "FORUM_BASE_URL": site,
+        "FORUM_FEED": feed("celery_crawl"),
         "PYTHONPATH": str(ROOT),
     }
 
@@ -162,18 +174,23 @@ def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int)
             procs.stop()
 
 
+ANCHOR_ITEMS = {"sink": "redis"}
+
+
 def run_scrapy_redis(url: str, config: SiteConfig, processes: int, samples: int) -> Run:
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     procs = Processes()
     client = redis.Redis.from_url(url)
     with run_in_thread(config) as site:
         for number in range(processes):
+            items = "redis" if ANCHOR_ITEMS["sink"] == "redis" else feed("scrapy-redis")
             command = [
                 sys.executable,
                 "-m",
                 "benchmarks.e2e_spiders",
                 "redis",
                 site.url,
+                items,
                 url,
                 prefix,
             ]
@@ -195,7 +212,15 @@ def run_plain(url: str, config: SiteConfig, processes: int, samples: int) -> Run
     with run_in_thread(config) as site:
         for number in range(processes):
             share = forums[number::processes]
-            command = [sys.executable, "-m", "benchmarks.e2e_spiders", "plain", site.url, *share]
+            command = [
+                sys.executable,
+                "-m",
+                "benchmarks.e2e_spiders",
+                "plain",
+                site.url,
+                feed("plain"),
+                *share,
+            ]
             procs.start(command, env_for(url, "", site.url), f"plain-{number}")
         try:
             expected = config.expected()
@@ -220,7 +245,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--forums", type=int, default=8)
     parser.add_argument("--pickup-samples", type=int, default=10)
     parser.add_argument("--redis-url")
+    parser.add_argument("--anchor-items", choices=["redis", "feed"], default="redis")
     args = parser.parse_args(argv)
+    ANCHOR_ITEMS["sink"] = args.anchor_items
     config = SiteConfig(forums=args.forums, posts_per_forum=100)
     results: dict[tuple[int, str], list[Run]] = {}
     with redis_url(args.redis_url) as url:

@@ -1,7 +1,10 @@
 """The forum spider as scrapy-redis and plain Scrapy run it, for ``benchmarks.e2e``.
 
-    python -m benchmarks.e2e_spiders redis SITE_URL REDIS_URL KEY_PREFIX
-    python -m benchmarks.e2e_spiders plain SITE_URL FORUM_ID...
+    python -m benchmarks.e2e_spiders redis SITE_URL ITEMS REDIS_URL KEY_PREFIX
+    python -m benchmarks.e2e_spiders plain SITE_URL ITEMS FORUM_ID...
+
+ITEMS is a feed path, or ``redis`` for scrapy-redis's RedisPipeline (items
+pushed to a Redis list, as in scrapy-redis's example project).
 
 Both reuse ``tasks.spiders.forum.ForumSpider``'s parsing, so all three
 systems do the same work per page.
@@ -56,10 +59,15 @@ class PlainForumSpider(ForumSpider):
 
 
 def main(argv: list[str]) -> None:
-    system, site, *rest = argv
-    settings = {**COMMON, "FORUM_BASE_URL": site}
+    system, site, items, *rest = argv
+    settings = {**COMMON, "FORUM_BASE_URL": site, "FORUM_FEED": None}
+    if items != "redis":
+        settings["FEEDS"] = {items: {"format": "jsonlines"}}
     if system == "redis":
         redis_url, prefix = rest
+        if items == "redis":
+            settings["ITEM_PIPELINES"] = {"scrapy_redis.pipelines.RedisPipeline": 300}
+            settings["REDIS_ITEMS_KEY"] = prefix + ":%(spider)s:items"
         settings |= {
             "SCHEDULER": "scrapy_redis.scheduler.Scheduler",
             "DUPEFILTER_CLASS": "scrapy_redis.dupefilter.RFPDupeFilter",

@@ -28,6 +28,8 @@ JOB_META = "celery_crawl_job"
 JOB_PRIORITY_META = "celery_crawl_priority"
 # sent by the downloader middleware: a download of a job's request failed
 job_error = object()
+# sent by the spider middleware once per callback: how many items it yielded
+job_items = object()
 
 TERMINAL_STATES = ("done", "cancelled")
 _COUNTERS = ("pending", "leased", "done", "pages", "items", "retries", "duplicates", "purged")
@@ -71,8 +73,9 @@ class JobStats:
         from scrapy import signals
 
         signals_manager.connect(self.on_response, signal=signals.response_received)
-        signals_manager.connect(self.on_item, signal=signals.item_scraped)
+        signals_manager.connect(self.on_items, signal=job_items)
         signals_manager.connect(self.on_item_dropped, signal=signals.item_dropped)
+        signals_manager.connect(self.on_item_error, signal=signals.item_error)
         signals_manager.connect(self.on_spider_error, signal=signals.spider_error)
         signals_manager.connect(self.on_job_error, signal=job_error)
 
@@ -81,11 +84,17 @@ class JobStats:
         self.add(job, "pages")
         self.add(job, f"status/{response.status}")
 
-    def on_item(self, item: Any, response: Any, spider: Any) -> None:
-        self.add(job_of(response), "items")
+    def on_items(self, response: Any, count: int) -> None:
+        # counted once per callback, not per item: a signal per item costs a task each
+        self.add(job_of(response), "items", count)
 
     def on_item_dropped(self, item: Any, response: Any, exception: Any, spider: Any) -> None:
+        self.add(job_of(response), "items", -1)
         self.add(job_of(response), "items_dropped")
+
+    def on_item_error(self, item: Any, response: Any, spider: Any, failure: Any) -> None:
+        self.add(job_of(response), "items", -1)
+        self.add(job_of(response), f"errors/item/{failure.type.__name__}")
 
     def on_spider_error(self, failure: Any, response: Any, spider: Any) -> None:
         self.add(job_of(response), f"errors/{failure.type.__name__}")

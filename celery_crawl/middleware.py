@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from scrapy import Request
 
-from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_error, job_of
+from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_error, job_items, job_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -32,17 +32,41 @@ def stamp(output: Any, response: Any) -> Any:
 
 
 class JobSpiderMiddleware:
-    """``SPIDER_MIDDLEWARES = {"celery_crawl.middleware.JobSpiderMiddleware": 1}``."""
+    """``SPIDER_MIDDLEWARES = {"celery_crawl.middleware.JobSpiderMiddleware": 1}``.
+
+    Also counts the items of each callback, for the job's statistics.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
 
     def process_spider_output(self, response: Any, result: Iterable[Any]) -> Iterable[Any]:
-        for output in result:
-            yield stamp(output, response)
+        items = 0
+        try:
+            for output in result:
+                items += not isinstance(output, Request)
+                yield stamp(output, response)
+        finally:
+            self._count(response, items)
 
     async def process_spider_output_async(
         self, response: Any, result: AsyncIterator[Any]
     ) -> AsyncIterator[Any]:
-        async for output in result:
-            yield stamp(output, response)
+        items = 0
+        try:
+            async for output in result:
+                items += not isinstance(output, Request)
+                yield stamp(output, response)
+        finally:
+            self._count(response, items)
+
+    def _count(self, response: Any, items: int) -> None:
+        if items and job_of(response):
+            self.crawler.signals.send_catch_log(job_items, response=response, count=items)
 
 
 class JobDownloaderMiddleware:

@@ -3,8 +3,9 @@
 A request's path through it:
 
 1. ``enqueue_request`` encodes the request and buffers it; the buffer is
-   written at the end of the reactor tick, so the requests one callback
-   yields reach Redis together (``flush``).
+   written ``SCHEDULER_FLUSH_DELAY`` (10 ms) later, so the requests one
+   callback yields, and the acks of several responses, reach Redis together
+   (``flush``).
 2. ``flush`` runs ``lua/enqueue.lua`` once: dedup check, enqueue, and the ack
    of the requests whose processing finished since the last flush.
 3. ``next_request`` leases a few requests at a time (``SCHEDULER_PREFETCH``)
@@ -76,6 +77,7 @@ class Scheduler(BaseScheduler):
         requeue_interval: float = 5.0,
         deadletter_max: int = 10_000,
         wake_timeout: float = 1.0,
+        flush_delay: float = 0.01,
     ) -> None:
         self.queue = queue
         self.df = dupefilter
@@ -98,6 +100,7 @@ class Scheduler(BaseScheduler):
         self._maintenance: Any = None
         self._empty_since: float | None = None
         self.wake_timeout = wake_timeout
+        self.flush_delay = flush_delay
         self._waiting = False
         self._open = False
         self.job_stats = JobStats()
@@ -134,6 +137,7 @@ class Scheduler(BaseScheduler):
             batch_size=settings.getint("SCHEDULER_BATCH_SIZE", 500),
             requeue_interval=settings.getfloat("SCHEDULER_REQUEUE_INTERVAL", 5.0),
             deadletter_max=settings.getint("SCHEDULER_DEADLETTER_MAX", 10_000),
+            flush_delay=settings.getfloat("SCHEDULER_FLUSH_DELAY", 0.01),
         )
 
     # -- lifecycle ---------------------------------------------------------
@@ -233,7 +237,7 @@ class Scheduler(BaseScheduler):
         if len(self._pending) >= self.batch_size:
             self.flush()
         else:
-            self._schedule_flush()
+            self._schedule_flush(self.flush_delay)
         return True
 
     def ack(self, request: Request) -> None:
@@ -241,7 +245,7 @@ class Scheduler(BaseScheduler):
         member = self._leases.pop(request, None)
         if member is not None:
             self._acks.append(member)
-            self._schedule_flush()
+            self._schedule_flush(self.flush_delay)
 
     def _schedule_flush(self, delay: float = 0.0) -> None:
         if self._flush_call is not None and self._flush_call.active():
@@ -288,7 +292,6 @@ class Scheduler(BaseScheduler):
     # -- dequeue -----------------------------------------------------------
 
     def next_request(self) -> Request | None:
-        self.flush()
         while self._prefetched or self._refill():
             lease = self._prefetched.popleft()
             request = self._decode(lease)
@@ -324,6 +327,7 @@ class Scheduler(BaseScheduler):
 
     def _refill(self) -> bool:
         try:
+            self.flush()  # our own children first, so that they can be leased
             self._prefetched.extend(self.queue.lease(self.prefetch))
         except redis.ConnectionError as exc:
             logger.warning("Redis unreachable, no request leased: %s", exc)

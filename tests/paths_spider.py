@@ -3,8 +3,8 @@
 Each seed is ``{"path": KIND}``; the site answers each kind its own way:
 redirects, 404, 500 until retries give up, a 503 that a retry fixes, a
 callback that raises, an errback that yields a request, a request dropped by
-a downloader middleware, a duplicate child, and a slow page whose child comes
-last. ``EXPECTED_ITEMS`` is what a complete job yields.
+a downloader middleware, a duplicate child, a slow page whose child comes
+last, and a connection refused (a download error). ``EXPECTED_ITEMS`` is what a complete job yields.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from scrapy.exceptions import IgnoreRequest
 from scrapy.http import Response
 
 KINDS = [
+    "refused",
     "ok",
     "redirect",
     "missing",
@@ -59,6 +60,8 @@ class PathsSpider(Spider):
         kind = seed["path"]
         if kind not in KINDS:
             raise ValueError(f"unknown path kind {kind!r}")
+        if kind == "refused":  # a download error: nothing listens on port 1
+            return [Request("http://127.0.0.1:1/refused", callback=self.parse)]
         callback = self.parse_raise if kind == "raise" else self.parse
         errback = self.on_error if kind == "errback" else None
         meta = {"drop": True} if kind == "drop" else {}
