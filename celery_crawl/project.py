@@ -36,9 +36,11 @@ HOSTED_SETTINGS: dict[str, Any] = {
     "TELNETCONSOLE_ENABLED": False,
     "REMOTE_CONTROL_ENABLED": False,
 }
+# added to Scrapy's *_BASE dicts, so a spider's own custom_settings
+# (DOWNLOADER_MIDDLEWARES = {...}) cannot drop them
 HOSTED_MIDDLEWARES = {
-    "SPIDER_MIDDLEWARES": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
-    "DOWNLOADER_MIDDLEWARES": {"celery_crawl.middleware.JobDownloaderMiddleware": 950},
+    "SPIDER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
+    "DOWNLOADER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobDownloaderMiddleware": 950},
 }
 # settings always taken from the environment when set there; a project adds
 # its own with CELERY_CRAWL_ENV = ["FORUM_BASE_URL", ...]

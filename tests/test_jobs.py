@@ -77,7 +77,8 @@ def test_every_request_path_counts_as_processed(
     assert "/drop" not in hits
     assert result["retries"] >= 3
     assert result["errors"].get("ValueError") == 1  # the raising callback
-    assert result["errors"].get("ConnectionRefusedError") == 3  # first try and 2 retries
+    assert result["errors"].get("DownloadConnectionRefusedError") == 3  # a try and 2 retries
+    assert result["errors"].get("IgnoreRequest") == 1  # the request a middleware dropped
     assert result["status_codes"]["404"] == 1
     assert result["queued"] == result["in_flight"] == 0
 
