@@ -28,12 +28,13 @@ from celery.exceptions import Reject
 
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.jobs import Job, JobTimeout
-from celery_crawl.keys import DEFAULT_PREFIX, job_index, stopping_worker
+from celery_crawl.keys import DEFAULT_PREFIX, job_spider, stopping_worker
 from celery_crawl.project import Project
 
 logger = logging.getLogger(__name__)
 
 TASK_NAME = "celery_crawl.crawl"
+JOB_INDEX_TTL = 30 * 24 * 3600  # longer than any job, plus the week a finished one is kept
 
 
 class _ProcessState:
@@ -97,7 +98,7 @@ def start_job(
     keys = project.keys(spider)
     fields = {"spider": spider, "seeds": _json(seeds), "priority": str(priority)}
     created, _ = PriorityQueue(client, keys).start_job(job_id, entries, fields)
-    client.hset(job_index(prefix_of(project)), job_id, spider)
+    client.set(job_spider(prefix_of(project), job_id), spider, ex=JOB_INDEX_TTL)
     return Job(job_id, spider, client, keys), created
 
 
@@ -119,6 +120,7 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
             continue
         except JobTimeout:
             report_progress(task, job)
+            job.client.expire(job_spider(prefix_of(project), job.id), JOB_INDEX_TTL)
             if job.client.exists(stopping):
                 raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
             continue
@@ -170,7 +172,7 @@ def crawl(
 def find_job(app: Celery, job_id: str) -> Job | None:
     """The job with this id, found through the job index; None if unknown."""
     project = project_of(app)
-    spider = project.client.hget(job_index(prefix_of(project)), job_id)
+    spider = project.client.get(job_spider(prefix_of(project), job_id))
     if spider is None:
         return None
     name = spider.decode()

@@ -23,9 +23,9 @@ DEADLETTER_TEMPLATE = "%(prefix)s:%(spider)s:deadletter"
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
 
 
-def job_index(prefix: str = DEFAULT_PREFIX) -> str:
-    """Hash of job id -> spider, so a job can be found from its id alone."""
-    return f"{prefix}:jobindex"
+def job_spider(prefix: str, job_id: str) -> str:
+    """The spider of a job, so a job can be found from its id alone (expires with the job)."""
+    return f"{prefix}:jobspider:{job_id}"
 
 
 def stopping_worker(prefix: str, hostname: str) -> str:
