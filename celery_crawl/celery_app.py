@@ -47,8 +47,19 @@ class _ProcessState:
 _process = _ProcessState()
 
 
-def create_app(main: str, scrapy_settings: str | None = None, **conf: Any) -> Celery:
-    project = Project.from_module(scrapy_settings)
+def create_app(
+    main: str,
+    scrapy_settings: str | None = None,
+    *,
+    settings: dict[str, Any] | None = None,
+    **conf: Any,
+) -> Celery:
+    """A Celery app hosting the crawlers of the Scrapy project ``scrapy_settings``.
+
+    ``settings`` overlays the Scrapy settings module; ``conf`` is Celery
+    configuration (``broker_url`` and ``result_backend`` default to ``REDIS_URL``).
+    """
+    project = Project.from_module(scrapy_settings, settings)
     url = project.settings.get("REDIS_URL") or "redis://localhost:6379/0"
     app = Celery(main, broker=url, backend=url)
     app.conf.update(
@@ -62,6 +73,7 @@ def create_app(main: str, scrapy_settings: str | None = None, **conf: Any) -> Ce
         result_extended=True,
         broker_connection_retry_on_startup=True,
         celery_crawl_settings=scrapy_settings,
+        celery_crawl_overrides=settings or {},
     )
     app.conf.update(conf)
     app.task(bind=True, name=TASK_NAME, acks_late=True)(run_job)
@@ -73,7 +85,10 @@ def project_of(app: Celery) -> Project:
     """The app's Scrapy project, loaded once per app."""
     project = getattr(app, "celery_crawl_project", None)
     if project is None:
-        project = Project.from_module(app.conf.get("celery_crawl_settings"))
+        conf = app.conf
+        project = Project.from_module(
+            conf.get("celery_crawl_settings"), conf.get("celery_crawl_overrides")
+        )
         app.celery_crawl_project = project
     return project
 

@@ -55,10 +55,12 @@ class BadSeed(CeleryCrawlError):
     """A seed the spider cannot turn into requests."""
 
 
-def load_settings(module: str | None) -> Settings:
+def load_settings(module: str | None, overrides: dict[str, Any] | None = None) -> Settings:
+    """The settings module, the hosting defaults, ``overrides``, then the environment."""
     settings = Settings()
     if module:
         settings.setmodule(module, priority="project")
+    settings.update(overrides or {}, priority="project")
     settings.update(HOSTED_SETTINGS, priority="project")
     for name, components in HOSTED_MIDDLEWARES.items():
         merged = {**settings.getdict(name), **components}
@@ -78,8 +80,8 @@ class Project:
         self.codec = codec_from_name(settings.get("SCHEDULER_SERIALIZER"))
 
     @classmethod
-    def from_module(cls, module: str | None) -> Project:
-        return cls(load_settings(module))
+    def from_module(cls, module: str | None, overrides: dict[str, Any] | None = None) -> Project:
+        return cls(load_settings(module, overrides))
 
     @property
     def client(self) -> Any:

@@ -229,3 +229,14 @@ def test_pickup_latency_is_measured(
     record_property("pickup_latency_median_ms", round(median_ms, 1))
     print(f"\npickup latency: median {median_ms:.1f} ms, max {max(samples) * 1000:.1f} ms")
     assert len(samples) == 10 and all(s > 0 for s in samples)
+
+
+def test_app_settings_overlay_the_scrapy_settings(env: dict[str, str]) -> None:
+    from celery_crawl.celery_app import project_of
+
+    app = create_app("worker_app", "worker_settings", settings={"CONCURRENT_REQUESTS": 7})
+    settings = project_of(app).settings
+    assert settings.getint("CONCURRENT_REQUESTS") == 7
+    assert settings.get("REDIS_URL") == env["REDIS_URL"]  # the environment still wins
+    assert app.conf.broker_url == env["REDIS_URL"] and app.conf.task_serializer == "json"
+    assert app.conf.accept_content == ["json"]
