@@ -50,6 +50,19 @@ class Run:
     pickup_ms: list[float] = field(default_factory=list)
 
 
+def items_written(name: str) -> int:
+    """Lines in the feed files of one system's processes (read after they stopped)."""
+    files = (LOGS / "items").glob(f"{name}-*.jsonl")
+    return sum(len(path.read_bytes().splitlines()) for path in files)
+
+
+def check_items(name: str, expected: int) -> None:
+    """Every system must really store its items, or the comparison is not fair."""
+    written = items_written(name)
+    if written < expected:
+        raise RuntimeError(f"{name} wrote {written} items, expected at least {expected}")
+
+
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not check():
@@ -172,6 +185,7 @@ def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int)
             return Run(rate, pickup(site, submit, samples))
         finally:
             procs.stop()
+            check_items("celery_crawl", config.expected().posts + config.expected().comments)
 
 
 ANCHOR_ITEMS = {"sink": "redis"}
@@ -204,6 +218,8 @@ def run_scrapy_redis(url: str, config: SiteConfig, processes: int, samples: int)
             return Run(rate, pickup(site, lambda: client.lpush(key, "00001"), samples))
         finally:
             procs.stop()
+            if ANCHOR_ITEMS["sink"] == "feed":
+                check_items("scrapy-redis", config.expected().posts + config.expected().comments)
 
 
 def run_plain(url: str, config: SiteConfig, processes: int, samples: int) -> Run:
@@ -222,11 +238,12 @@ def run_plain(url: str, config: SiteConfig, processes: int, samples: int) -> Run
                 *share,
             ]
             procs.start(command, env_for(url, "", site.url), f"plain-{number}")
+        expected = config.expected()
         try:
-            expected = config.expected()
             return Run(throughput(site, expected.pages + expected.not_found))
         finally:
             procs.stop()
+            check_items("plain", config.expected().posts + config.expected().comments)
 
 
 RUNNERS = {

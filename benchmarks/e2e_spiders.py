@@ -29,6 +29,8 @@ COMMON = {
     "REMOTE_CONTROL_ENABLED": False,
     "RETRY_TIMES": 3,
     "LOG_LEVEL": "INFO",
+    # %(pid)s in feed paths, as in the forum app
+    "FEED_URI_PARAMS": "tasks.feeds.uri_params",
 }
 
 
