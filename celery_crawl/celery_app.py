@@ -34,6 +34,7 @@ from celery_crawl.project import Project
 logger = logging.getLogger(__name__)
 
 TASK_NAME = "celery_crawl.crawl"
+PRODUCE_TASK = "celery_crawl.produce"
 JOB_INDEX_TTL = 30 * 24 * 3600  # longer than any job, plus the week a finished one is kept
 
 
@@ -77,6 +78,15 @@ def create_app(
     )
     app.conf.update(conf)
     app.task(bind=True, name=TASK_NAME, acks_late=True)(run_job)
+    app.task(bind=True, name=PRODUCE_TASK)(run_producer)
+    app.conf.beat_schedule = {
+        f"produce-{spider}": {
+            "task": PRODUCE_TASK,
+            "schedule": project.settings.getfloat("PRODUCER_PERIOD", 60.0),
+            "args": (spider,),
+        }
+        for spider in project.settings.getlist("PRODUCER_SPIDERS")
+    } | dict(app.conf.beat_schedule or {})
     app.celery_crawl_project = project
     return app
 
@@ -141,6 +151,30 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
             continue
         logger.info("job %s finished: %s", job.id, result)
         return result
+
+
+def run_producer(task: Task, spider: str) -> dict[str, Any]:
+    """The body of ``celery_crawl.produce``: one backpressure-aware tick (see producer)."""
+    from celery_crawl.producer import Producer
+    from celery_crawl.project import parse_seed
+
+    project = project_of(task.app)
+    settings = project.settings
+    spidercls = project.spider_class(spider)
+    producer = Producer(
+        project.client,
+        project.keys(spider),
+        job_cap=settings.getint("PRODUCER_JOB_CAP", 10),
+        queue_cap=settings.getint("PRODUCER_QUEUE_CAP", 100_000),
+    )
+
+    def start(source: str, job_id: str) -> None:
+        seeds = [parse_seed(spidercls, source)]
+        start_job(project, spider, seeds, 0, job_id)
+        task.app.send_task(TASK_NAME, args=(spider, seeds), task_id=job_id)
+
+    tick = producer.tick(producer.sources(settings.getlist("PRODUCER_SOURCES")), start)
+    return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}
 
 
 def report_progress(task: Task, job: Job) -> None:

@@ -21,6 +21,7 @@ DUPEFILTER_TEMPLATE = "%(prefix)s:%(spider)s:dupefilter"
 STATS_TEMPLATE = "%(prefix)s:%(spider)s:stats"
 DEADLETTER_TEMPLATE = "%(prefix)s:%(spider)s:deadletter"
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
+PRODUCER_TEMPLATE = "%(prefix)s:%(spider)s:producer"
 
 
 def job_spider(prefix: str, job_id: str) -> str:
@@ -60,6 +61,7 @@ class SpiderKeys:
     stats: str
     deadletter: str
     job_prefix: str
+    producer: str
 
     @property
     def inflight(self) -> str:
@@ -79,6 +81,20 @@ class SpiderKeys:
     def job(self, job_id: str) -> str:
         """A job's hash: state, counters and per-job stats (``lua/jobs.lua``)."""
         return self.job_prefix + job_id
+
+    @property
+    def sources(self) -> str:
+        """Set of the producer's sources (e.g. forum ids), editable at run time."""
+        return self.producer + ":sources"
+
+    @property
+    def producer_running(self) -> str:
+        """Hash of source -> reserved job, for jobs produced and not finished."""
+        return self.producer + ":running"
+
+    @property
+    def producer_cursor(self) -> str:
+        return self.producer + ":cursor"
 
     @property
     def dupefilter_count(self) -> str:
@@ -107,6 +123,7 @@ class SpiderKeys:
             stats=render(stats, spider, prefix),
             deadletter=render(deadletter, spider, prefix),
             job_prefix=render(job, spider, prefix),
+            producer=render(PRODUCER_TEMPLATE, spider, prefix),
         )
 
     @classmethod

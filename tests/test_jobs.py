@@ -240,3 +240,56 @@ def test_app_settings_overlay_the_scrapy_settings(env: dict[str, str]) -> None:
     assert settings.get("REDIS_URL") == env["REDIS_URL"]  # the environment still wins
     assert app.conf.broker_url == env["REDIS_URL"] and app.conf.task_serializer == "json"
     assert app.conf.accept_content == ["json"]
+
+
+def test_celery_beat_produces_a_job_per_forum(
+    env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    forum_site: Any,
+    prefix: str,
+    db_url: str,
+    tmp_path: Path,
+) -> None:
+    """A real ``celery beat`` runs the producer; a real worker crawls what it produces."""
+    import subprocess
+    import sys
+
+    from celery_crawl.keys import SpiderKeys
+
+    start_worker()
+    beat = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            "worker_app",
+            "beat",
+            "--loglevel",
+            "INFO",
+            "--schedule",
+            str(tmp_path / "beat-schedule"),
+        ],
+        cwd=Path(__file__).parent,
+        env={**env, "PRODUCER_PERIOD": "1"},
+        stdout=(tmp_path / "beat.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        expected = FORUM.expected()
+        client = redis.Redis.from_url(db_url)
+        stats_key = SpiderKeys.build("forum", prefix=prefix).stats
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            produced = int(client.hget(stats_key, "producer/produced") or 0)
+            done = forum_site.site.requests_served >= expected.pages + expected.not_found
+            if produced >= len(FORUM.forum_ids()) and done:
+                break
+            time.sleep(0.2)
+        assert produced >= len(FORUM.forum_ids()), (tmp_path / "beat.log").read_text()[-2000:]
+        assert len(forum_site.site.requests_by_path) == expected.pages + expected.not_found
+        skipped = int(client.hget(stats_key, "producer/skipped_running") or 0)
+        assert produced + skipped >= len(FORUM.forum_ids())
+    finally:
+        beat.terminate()
+        beat.wait(30)

@@ -1,0 +1,107 @@
+"""The backpressure-aware producer: one crawl job per source, every beat period.
+
+Each tick reserves sources atomically (``lua/produce.lua``):
+
+- jobs produced and not finished stay under ``PRODUCER_JOB_CAP``; the
+  producer adds only the difference;
+- nothing is produced while the spider's queue holds ``PRODUCER_QUEUE_CAP``
+  requests or more, so a queue whose consumers fell behind stays at the cap;
+- a source whose previous job is still queued or running is skipped;
+- a cursor in Redis makes successive ticks go round-robin through the
+  sources, so with more sources than the cap, every one is still produced
+  within ceil(sources / cap) ticks.
+
+The sources are the spider's ``PRODUCER_SOURCES`` setting, or the Redis set
+``SpiderKeys.sources`` when it exists, which application code may change at
+run time. Decisions are counted in the stats hash (``producer/produced``,
+``producer/held_back``, ``producer/skipped_running``) and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from celery_crawl import scripts
+from celery_crawl.keys import SpiderKeys
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Tick:
+    """What one producer tick decided."""
+
+    produced: list[tuple[str, str]]  # (source, job id)
+    sources: int
+    queued: int
+
+
+class Producer:
+    def __init__(
+        self,
+        client: redis.Redis,
+        keys: SpiderKeys,
+        job_cap: int = 10,
+        queue_cap: int = 100_000,
+        queue_length: Callable[[], int] | None = None,
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.job_cap = job_cap
+        self.queue_cap = queue_cap
+        self.queue_length = queue_length or self._queue_length
+
+    def _queue_length(self) -> int:
+        from celery_crawl.queue import PriorityQueue
+
+        return len(PriorityQueue(self.client, self.keys))
+
+    def sources(self, configured: Sequence[str]) -> list[str]:
+        """The Redis set when it exists, else the configured list; in a stable order."""
+        members: set[bytes] = self.client.smembers(self.keys.sources)  # type: ignore[assignment]
+        return sorted(m.decode() for m in members) if members else list(configured)
+
+    def reserve(self, sources: Sequence[str]) -> Tick:
+        """Reserve the sources to produce now, atomically, with fresh job ids."""
+        queued = self.queue_length()
+        job_ids = [uuid.uuid4().hex for _ in sources]
+        keys = [
+            self.keys.producer_running,
+            self.keys.producer_cursor,
+            self.keys.stats,
+            self.keys.job_prefix,
+        ]
+        args: list[Any] = [self.job_cap, queued, self.queue_cap, len(sources), *sources, *job_ids]
+        flat = scripts.script(self.client, "produce")(keys=keys, args=args)
+        pairs = [(flat[i].decode(), flat[i + 1].decode()) for i in range(0, len(flat), 2)]
+        return Tick(pairs, len(sources), queued)
+
+    def release(self, source: str) -> None:
+        """Give a reservation back when its job could not be started."""
+        self.client.hdel(self.keys.producer_running, source)
+
+    def tick(self, sources: Sequence[str], start: Callable[[str, str], Any]) -> Tick:
+        """Reserve, then start a job per reservation with ``start(source, job_id)``."""
+        tick = self.reserve(sources)
+        for source, job_id in tick.produced:
+            try:
+                start(source, job_id)
+            except Exception:
+                logger.exception("producer: job for %s not started; released", source)
+                self.release(source)
+        logger.info(
+            "producer %s: produced %d of %d sources (queue %d, cap %d jobs / %d requests)",
+            self.keys.spider,
+            len(tick.produced),
+            tick.sources,
+            tick.queued,
+            self.job_cap,
+            self.queue_cap,
+        )
+        return tick

@@ -1,0 +1,153 @@
+"""The backpressure-aware producer, on a real server: caps, fairness, atomic reservation."""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import pytest
+import redis
+
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.producer import Producer
+from celery_crawl.queue import Entry, PriorityQueue
+
+FORUMS = [f"{i:05d}" for i in range(1, 8)]
+
+
+@pytest.fixture
+def keys(prefix: str) -> SpiderKeys:
+    return SpiderKeys.build("forum", prefix=prefix)
+
+
+@pytest.fixture
+def queue(client: redis.Redis, keys: SpiderKeys) -> PriorityQueue:
+    return PriorityQueue(client, keys)
+
+
+def starter(queue: PriorityQueue, requests_per_job: int = 1) -> Any:
+    """Start a real job with seed requests, as the producer task does."""
+
+    def start(source: str, job_id: str) -> None:
+        seeds = [Entry(f"{source}-{i}".encode(), job=job_id) for i in range(requests_per_job)]
+        queue.start_job(job_id, seeds, {"spider": "forum", "seeds": source})
+
+    return start
+
+
+def finish_all(queue: PriorityQueue) -> None:
+    """Consume the queue as workers would: lease, then ack every request."""
+    for _ in range(1000):
+        leases = queue.lease(100)
+        if not leases:
+            return
+        queue.push_many([], acks=[lease.member for lease in leases])
+
+
+def stats(client: redis.Redis, keys: SpiderKeys) -> dict[str, int]:
+    return {k.decode(): int(v) for k, v in client.hgetall(keys.stats).items()}
+
+
+def test_the_job_cap_holds_production_back(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    producer = Producer(client, keys, job_cap=3)
+    first = producer.tick(FORUMS, starter(queue))
+    assert [source for source, _ in first.produced] == FORUMS[:3]
+    second = producer.tick(FORUMS, starter(queue))
+    assert second.produced == []  # three still running: at the cap
+    counted = stats(client, keys)
+    assert counted["producer/produced"] == 3
+    assert counted["producer/held_back"] == (7 - 3) + 7
+
+
+def test_a_running_source_is_skipped_and_finished_ones_free_their_slot(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    producer = Producer(client, keys, job_cap=3)
+    sources = FORUMS[:3]
+    producer.tick(sources, starter(queue))
+    first_job = dict(producer.reserve([]).produced)  # no-op tick
+    assert first_job == {}
+    leases = queue.lease(3)  # one request per forum, in order
+    queue.push_many([], acks=[leases[2].member])  # the third forum's job is done
+    queue.release([lease.member for lease in leases[:2]])
+    tick = producer.tick(sources, starter(queue))  # starts at the first forum again
+    assert [source for source, _ in tick.produced] == [sources[2]]
+    assert stats(client, keys)["producer/skipped_running"] == 2
+
+
+def test_round_robin_reaches_every_source_within_ceil_sources_over_cap(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    producer = Producer(client, keys, job_cap=3)
+    seen: list[str] = []
+    for _ in range(math.ceil(len(FORUMS) / 3)):
+        tick = producer.tick(FORUMS, starter(queue))
+        seen += [source for source, _ in tick.produced]
+        finish_all(queue)
+    assert set(seen) == set(FORUMS)  # every forum within ceil(7 / 3) = 3 ticks
+    # and it keeps going round: the next tick starts where the last one stopped
+    tick = producer.tick(FORUMS, starter(queue))
+    assert [source for source, _ in tick.produced] == (FORUMS * 2)[len(seen) : len(seen) + 3]
+
+
+def test_queue_stays_at_the_cap_when_consumers_are_gone(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    producer = Producer(client, keys, job_cap=100, queue_cap=50)
+    batch = 20  # requests a job enqueues at once
+    lengths = []
+    for _ in range(30):  # beat keeps running; nobody consumes
+        producer.tick(FORUMS, starter(queue, batch))
+        lengths.append(len(queue))
+        # jobs never finish, so mark their sources free to force production pressure
+        client.delete(keys.producer_running)
+    assert max(lengths) <= 50 + len(FORUMS) * batch  # the cap plus at most one batch
+    assert lengths[-1] == lengths[len(lengths) // 2]  # flat, not growing
+    assert stats(client, keys)["producer/held_back"] > 0
+
+
+def test_two_producers_at_once_never_double_produce(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    reserved: list[str] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def run() -> None:
+        producer = Producer(client, keys, job_cap=100)
+        barrier.wait(timeout=30)
+        tick = producer.reserve(FORUMS)
+        with lock:
+            reserved.extend(source for source, _ in tick.produced)
+
+    threads = [threading.Thread(target=run) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(reserved) == FORUMS  # each exactly once
+
+
+def test_sources_from_the_redis_set_override_the_setting(
+    client: redis.Redis, keys: SpiderKeys
+) -> None:
+    producer = Producer(client, keys)
+    assert producer.sources(["00001"]) == ["00001"]
+    client.sadd(keys.sources, "00009", "00003")
+    assert producer.sources(["00001"]) == ["00003", "00009"]
+
+
+def test_a_job_that_fails_to_start_releases_its_source(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    producer = Producer(client, keys, job_cap=2)
+
+    def broken(source: str, job_id: str) -> None:
+        raise RuntimeError("site down")
+
+    assert len(producer.tick(FORUMS[:2], broken).produced) == 2
+    assert client.hlen(keys.producer_running) == 0
+    assert len(producer.tick(FORUMS[:2], starter(queue)).produced) == 2
