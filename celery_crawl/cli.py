@@ -1,6 +1,7 @@
 """The ``celery-crawl`` command line.
 
     celery-crawl crawl SPIDER SEED... [--priority N] [--wait] [--json] [--app tasks]
+    celery-crawl site [--port 8000] [--forums N] ...   # the demo forum site
 
 Each SEED starts one job. A seed is JSON (``'{"forum_id": "00001"}'``) or a
 bare value for the spider's ``seed_key`` (``00001`` for the forum spider).
@@ -71,6 +72,18 @@ def crawl(
     if as_json:
         typer.echo(json.dumps(results, indent=2))
     raise typer.Exit(0 if all(r["state"] == "done" for r in results) else 1)
+
+
+@cli.command(
+    "site",
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def site(context: typer.Context) -> None:
+    """Serve the demo forum site (options: see `celery-crawl site --help`)."""
+    from celery_crawl import demo_site
+
+    raise typer.Exit(demo_site.main(context.args))
 
 
 def follow(jobs: list[Any], timeout: float, quiet: bool) -> list[dict[str, Any]]:
