@@ -86,6 +86,22 @@ def site(context: typer.Context) -> None:
     raise typer.Exit(demo_site.main(context.args))
 
 
+@cli.command()
+def demo(
+    once: Annotated[bool, typer.Option("--once", help="exit after the first round")] = False,
+    forums: Annotated[int, typer.Option(help="forums on the demo site")] = 3,
+    items: Annotated[str, typer.Option(help="folder for the item files")] = "items",
+) -> None:
+    """Run everything locally: Redis, demo site, worker, beat, Flower, live progress.
+
+    Run it from the checkout: the worker loads the forum app in `tasks/`.
+    """
+    from celery_crawl.demo import run
+
+    sys.path.insert(0, os.getcwd())
+    raise typer.Exit(run(forums=forums, once=once, items_dir=items))
+
+
 def follow(jobs: list[Any], timeout: float, quiet: bool) -> list[dict[str, Any]]:
     """Poll the jobs until all are finished, with a progress bar per job."""
     columns = (

@@ -6,7 +6,7 @@ the environment when set there.
 
 BOT_NAME = "forum"
 SPIDER_MODULES = ["tasks.spiders"]
-CELERY_CRAWL_ENV = ["FORUM_BASE_URL", "FORUM_FEED"]
+CELERY_CRAWL_ENV = ["FORUM_BASE_URL", "FORUM_FEED", "PRODUCER_SOURCES", "PRODUCER_PERIOD"]
 FORUM_BASE_URL = "http://127.0.0.1:8000"
 FORUM_FEED = "items/%(name)s-%(pid)s.jsonl"
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from pathlib import Path
 
 
 def free_port() -> int:
@@ -55,3 +56,39 @@ def test_help_lists_the_commands() -> None:
     )
     assert done.returncode == 0
     assert "crawl" in done.stdout and "site" in done.stdout
+
+
+def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
+    """Embedded Valkey, demo site, a real worker, beat and Flower, then a summary."""
+    import os
+
+    from celery_crawl.demo_site import SiteConfig
+
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # the embedded server
+    items = tmp_path / "items"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "celery_crawl.cli",
+            "demo",
+            "--once",
+            "--forums",
+            "2",
+            "--items",
+            str(items),
+        ],
+        cwd=Path(__file__).parent.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    expected = SiteConfig(forums=2).expected()
+    assert "password" in done.stdout and "Flower http://127.0.0.1:" in done.stdout
+    assert f"│ items      │ {expected.posts + expected.comments}" in done.stdout
+    assert f"│ pages      │ {expected.pages + expected.not_found}" in done.stdout
+    lines = [line for f in items.glob("*.jsonl") for line in f.read_text().splitlines()]
+    assert len(lines) == expected.posts + expected.comments
