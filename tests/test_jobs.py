@@ -17,6 +17,7 @@ from worker_fixtures import FORUM
 from workers import Worker
 
 from celery_crawl.celery_app import crawl, create_app
+from celery_crawl.demo_site import SiteConfig, run_in_thread
 
 
 def forum_seeds() -> list[dict[str, str]]:
@@ -293,3 +294,38 @@ def test_celery_beat_produces_a_job_per_forum(
     finally:
         beat.terminate()
         beat.wait(30)
+
+
+def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
+    app: Celery, env: dict[str, str], tmp_path: Path, db_url: str, prefix: str
+) -> None:
+    """503s and malformed 200s: retried, counted by kind, and the job still finishes."""
+    from celery_crawl.keys import SpiderKeys
+
+    faulty = SiteConfig(forums=2, posts_per_forum=60, error_rate=0.1, malformed_rate=0.1)
+    with run_in_thread(faulty) as site:
+        worker = Worker("faulty", {**env, "FORUM_BASE_URL": site.url}, tmp_path / "f.log")
+        try:
+            worker.wait_ready()
+            seeds = [{"forum_id": f} for f in faulty.forum_ids()]
+            job = crawl(
+                "forum",
+                seeds,
+                app=create_app(
+                    "worker_app", "worker_settings", settings={"FORUM_BASE_URL": site.url}
+                ),
+            )
+            result = job.wait(timeout=180)
+        finally:
+            worker.stop()
+    stats = redis.Redis.from_url(db_url).hgetall(SpiderKeys.build("forum", prefix=prefix).stats)
+    counts = {k.decode(): int(v) for k, v in stats.items() if k.startswith(b"forum/malformed")}
+    expected = faulty.expected()
+    assert result["state"] == "done"
+    assert counts.get("forum/malformed/json", 0) > 0  # the site did send broken pages
+    assert "JSONDecodeError" not in result["errors"]  # handled, not crashed
+    assert result["retries"] > 0  # the 503s were retried (a retried 503 is not a response)
+    if counts.get("forum/malformed/given_up", 0) == 0:
+        assert result["items"] == expected.posts + expected.comments
+    else:
+        assert result["items"] < expected.posts + expected.comments

@@ -8,6 +8,7 @@ Priorities favour list pages over posts, and posts over comments.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +16,17 @@ from scrapy import Request, Spider
 from scrapy.http import Response
 
 LIST_PRIORITY, POST_PRIORITY, COMMENT_PRIORITY = 20, 10, 0
+MALFORMED_RETRIES = 2  # a 200 with a broken body is often transient: fetch it again
+
+logger = logging.getLogger(__name__)
+
+
+class Malformed(Exception):
+    """A page that is not the JSON the forum API promises."""
+
+    def __init__(self, kind: str, detail: str) -> None:
+        super().__init__(detail)
+        self.kind = kind
 
 
 class ForumSpider(Spider):
@@ -39,8 +51,35 @@ class ForumSpider(Spider):
         url = f"{self.base_url}/list/{forum_id}/1"
         return [Request(url, callback=self.parse_list, priority=LIST_PRIORITY, dont_filter=True)]
 
+    def load(self, response: Response, *fields: str) -> dict[str, Any]:
+        """The page's JSON, with ``fields`` present; raises :class:`Malformed`."""
+        try:
+            data = json.loads(response.text)
+        except ValueError as exc:
+            raise Malformed("json", f"not valid JSON: {exc}") from None
+        missing = [name for name in fields if not isinstance(data, dict) or name not in data]
+        if missing:
+            raise Malformed("missing_field", f"missing {', '.join(missing)}")
+        return data  # type: ignore[no-any-return]
+
+    def malformed(self, response: Response, error: Malformed) -> Iterator[Request]:
+        """Count it by kind, log it once with its URL, and fetch it again a few times."""
+        assert self.crawler.stats is not None
+        self.crawler.stats.inc_value(f"forum/malformed/{error.kind}")
+        tries = int(response.meta.get("malformed_retries", 0))
+        logger.warning("malformed page %s (%s), try %d", response.url, error, tries + 1)
+        if tries < MALFORMED_RETRIES:
+            meta = {**response.meta, "malformed_retries": tries + 1}
+            yield response.request.replace(dont_filter=True, meta=meta)  # type: ignore[union-attr]
+        else:
+            self.crawler.stats.inc_value("forum/malformed/given_up")
+
     def parse_list(self, response: Response) -> Iterator[Request]:
-        page = json.loads(response.text)
+        try:
+            page = self.load(response, "forum_id", "page", "max_page", "posts")
+        except Malformed as error:
+            yield from self.malformed(response, error)
+            return
         if page["page"] == 1:
             for number in range(2, page["max_page"] + 1):
                 url = f"{self.base_url}/list/{page['forum_id']}/{number}"
@@ -50,14 +89,22 @@ class ForumSpider(Spider):
             yield Request(url, callback=self.parse_post, priority=POST_PRIORITY)
 
     def parse_post(self, response: Response) -> Iterator[Any]:
-        post = json.loads(response.text)
+        try:
+            post = self.load(response, *POST_FIELDS, "comment_pages")
+        except Malformed as error:
+            yield from self.malformed(response, error)
+            return
         yield {"type": "post", **{k: post[k] for k in POST_FIELDS}}
         for number in range(1, post["comment_pages"] + 1):
             url = f"{self.base_url}/comment/{post['post_id']}/{number}"
             yield Request(url, callback=self.parse_comments, priority=COMMENT_PRIORITY)
 
-    def parse_comments(self, response: Response) -> Iterator[dict[str, Any]]:
-        page = json.loads(response.text)
+    def parse_comments(self, response: Response) -> Iterator[Any]:
+        try:
+            page = self.load(response, "post_id", "comments")
+        except Malformed as error:
+            yield from self.malformed(response, error)
+            return
         for comment in page["comments"]:
             yield {"type": "comment", "post_id": page["post_id"], **comment}
 
