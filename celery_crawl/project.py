@@ -56,11 +56,10 @@ class BadSeed(CeleryCrawlError):
 
 
 def load_settings(module: str | None, overrides: dict[str, Any] | None = None) -> Settings:
-    """The settings module, the hosting defaults, ``overrides``, then the environment."""
+    """The settings module, the hosting defaults, the environment, then ``overrides``."""
     settings = Settings()
     if module:
         settings.setmodule(module, priority="project")
-    settings.update(overrides or {}, priority="project")
     settings.update(HOSTED_SETTINGS, priority="project")
     for name, components in HOSTED_MIDDLEWARES.items():
         merged = {**settings.getdict(name), **components}
@@ -68,6 +67,7 @@ def load_settings(module: str | None, overrides: dict[str, Any] | None = None) -
     for name in (*ENVIRONMENT, *settings.getlist("CELERY_CRAWL_ENV")):
         if os.environ.get(name):
             settings.set(name, os.environ[name], priority="cmdline")
+    settings.update(overrides or {}, priority="cmdline")  # the caller's own word wins
     return settings
 
 

@@ -10,6 +10,9 @@ CELERY_CRAWL_ENV = ["FORUM_BASE_URL", "FORUM_FEED", "PRODUCER_SOURCES", "PRODUCE
 FORUM_BASE_URL = "http://127.0.0.1:8000"
 FORUM_FEED = "items/%(name)s-%(pid)s.jsonl"
 
+# incremental crawls: a post's dedup key carries its version (see the spider)
+REQUEST_FINGERPRINTER_CLASS = "celery_crawl.fingerprint.VersionedRequestFingerprinter"
+
 CONCURRENT_REQUESTS = 32
 CONCURRENT_REQUESTS_PER_DOMAIN = 32
 DOWNLOAD_TIMEOUT = 30

@@ -329,3 +329,53 @@ def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
         assert result["items"] == expected.posts + expected.comments
     else:
         assert result["items"] < expected.posts + expected.comments
+
+
+def changed_posts(before: SiteConfig, after: SiteConfig) -> tuple[int, int]:
+    """Pages a versioned re-crawl must fetch beyond the list pages: (pages, 404s)."""
+    from celery_crawl.demo_site import list_page, post_page
+
+    pages = not_found = 0
+    for forum in after.forum_ids():
+        for number in range(1, after.max_page() + 1):
+            old = {p["post_id"]: p for p in list_page(before, forum, number)["posts"]}  # type: ignore[index]
+            for post in list_page(after, forum, number)["posts"]:  # type: ignore[index]
+                key = ("comment_count", "last_activity")
+                if [post[k] for k in key] == [old[post["post_id"]][k] for k in key]:
+                    continue
+                full = post_page(after, post["post_id"])
+                if full is None:
+                    not_found += 1
+                else:
+                    pages += 1 + full["comment_pages"]
+    return pages, not_found
+
+
+def test_incremental_crawl_fetches_only_what_changed(
+    app: Celery, env: dict[str, str], tmp_path: Path
+) -> None:
+    """Lists always; a post (and its comments) only when its listing shows a change."""
+    from tests_support import free_port
+
+    port = free_port()
+    first_site = SiteConfig(forums=2, posts_per_forum=40, seed=1)
+    grown = SiteConfig(forums=2, posts_per_forum=40, seed=2)  # other comment counts
+    url = f"http://127.0.0.1:{port}"
+    worker = Worker("incremental", {**env, "FORUM_BASE_URL": url}, tmp_path / "i.log")
+    job_app = create_app("worker_app", "worker_settings", settings={"FORUM_BASE_URL": url})
+    seeds = [{"forum_id": f} for f in first_site.forum_ids()]
+    try:
+        worker.wait_ready()
+        with run_in_thread(first_site, port=port):
+            full = crawl("forum", seeds, app=job_app).wait(timeout=120)
+            again = crawl("forum", seeds, app=job_app).wait(timeout=120)
+        with run_in_thread(grown, port=port):
+            changed = crawl("forum", seeds, app=job_app).wait(timeout=120)
+    finally:
+        worker.stop()
+    expected = first_site.expected()
+    assert full["pages"] == expected.pages + expected.not_found
+    assert again["pages"] == expected.list_pages  # nothing changed: only the lists
+    pages, not_found = changed_posts(first_site, grown)
+    assert pages > 0
+    assert changed["pages"] == expected.list_pages + pages + not_found

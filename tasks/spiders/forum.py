@@ -3,6 +3,12 @@
 A seed is ``{"forum_id": "00001"}``. The first list page fans out to every
 list page up to ``max_page``; a post fans out to all of its comment pages.
 Priorities favour list pages over posts, and posts over comments.
+
+Incremental: list pages are always fetched again (``dont_filter``). A post and
+its comment pages carry a dedup version, the post's ``comment_count`` and
+``last_activity`` from its listing (see ``celery_crawl.fingerprint``), so a
+repeated crawl fetches a post again only when its listing shows a change, and
+then picks up its new comments.
 """
 
 from __future__ import annotations
@@ -14,6 +20,8 @@ from typing import Any
 
 from scrapy import Request, Spider
 from scrapy.http import Response
+
+from celery_crawl.fingerprint import VERSION_META
 
 LIST_PRIORITY, POST_PRIORITY, COMMENT_PRIORITY = 20, 10, 0
 MALFORMED_RETRIES = 2  # a 200 with a broken body is often transient: fetch it again
@@ -83,10 +91,15 @@ class ForumSpider(Spider):
         if page["page"] == 1:
             for number in range(2, page["max_page"] + 1):
                 url = f"{self.base_url}/list/{page['forum_id']}/{number}"
-                yield Request(url, callback=self.parse_list, priority=LIST_PRIORITY)
+                yield Request(
+                    url, callback=self.parse_list, priority=LIST_PRIORITY, dont_filter=True
+                )
         for post in page["posts"]:
             url = f"{self.base_url}/post/{post['post_id']}"
-            yield Request(url, callback=self.parse_post, priority=POST_PRIORITY)
+            version = f"{post.get('comment_count')}:{post.get('last_activity')}"
+            yield Request(
+                url, callback=self.parse_post, priority=POST_PRIORITY, meta={VERSION_META: version}
+            )
 
     def parse_post(self, response: Response) -> Iterator[Any]:
         try:
@@ -95,9 +108,15 @@ class ForumSpider(Spider):
             yield from self.malformed(response, error)
             return
         yield {"type": "post", **{k: post[k] for k in POST_FIELDS}}
+        version = response.meta.get(VERSION_META)
         for number in range(1, post["comment_pages"] + 1):
             url = f"{self.base_url}/comment/{post['post_id']}/{number}"
-            yield Request(url, callback=self.parse_comments, priority=COMMENT_PRIORITY)
+            yield Request(
+                url,
+                callback=self.parse_comments,
+                priority=COMMENT_PRIORITY,
+                meta={VERSION_META: version},
+            )
 
     def parse_comments(self, response: Response) -> Iterator[Any]:
         try:
