@@ -31,6 +31,7 @@ from rich.table import Table
 from celery_crawl.demo_site import SiteConfig, SiteThread, run_in_thread
 from celery_crawl.embedded import redis_url
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import PriorityQueue
 
 
 def free_port() -> int:
@@ -97,16 +98,10 @@ class Progress:
             "pages": pages,
             "pages/s": round(rate, 1),
             "items": sum(int(items or 0) for _, items in jobs),
-            "queue": client.eval(_QUEUE_LEN, 1, keys.queue),
+            "queue": len(PriorityQueue(client, keys)),
             "held back": int(stats.get("producer/held_back", 0)),
             "errors": sum(int(v) for k, v in stats.items() if k.startswith("log_count/ERROR")),
         }
-
-
-_QUEUE_LEN = (
-    "local n = 0 for _, l in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do "
-    "n = n + redis.call('LLEN', KEYS[1] .. ':' .. l) end return n"
-)
 
 
 def render(values: dict[str, Any]) -> Table:

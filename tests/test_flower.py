@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -15,17 +14,12 @@ from typing import Any
 
 import pytest
 from celery import Celery
+from tests_support import free_port
 from workers import Worker
 
 from celery_crawl.celery_app import crawl
 
 AUTH = "Basic " + base64.b64encode(b"test:secret").decode()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Flower:
