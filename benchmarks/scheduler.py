@@ -83,6 +83,28 @@ def memory(client: redis.Redis, keys: list[str]) -> int:
     return sum(client.memory_usage(k, samples=0) or 0 for k in keys)
 
 
+def measure(scheduler: Any, requests: list[Request], flush: Any, memory_of: Any) -> Result:
+    """Enqueue all, read the memory, drain all: the same steps for both systems."""
+
+    def enqueue() -> None:
+        for request in requests:
+            scheduler.enqueue_request(request)
+        flush()
+
+    enqueue_s = timed(enqueue)
+    queued = len(scheduler.queue)
+    dedup_bytes, queue_bytes = memory_of()
+    popped, dequeue_s = drain(scheduler)
+    assert popped == queued, (popped, queued)
+    return Result(
+        len(requests) / enqueue_s,
+        popped / dequeue_s,
+        dedup_bytes / queued,
+        queue_bytes / queued,
+        queued,
+    )
+
+
 def run_celery_crawl(url: str, requests: list[Request], prefix: str) -> Result:
     from celery_crawl.scheduler import Scheduler
 
@@ -91,25 +113,15 @@ def run_celery_crawl(url: str, requests: list[Request], prefix: str) -> Result:
     )
     scheduler = Scheduler.from_crawler(crawler)
     scheduler.open(ForumSpider.from_crawler(crawler))
-    enqueue_s = timed(
-        lambda: [scheduler.enqueue_request(r) for r in requests] and scheduler.flush()
-    )
-    queued = len(scheduler.queue)
-    client = scheduler.queue.client
-    levels = [scheduler.queue.keys.queue] + [
-        scheduler.queue.keys.level(int(p)) for p in client.zrange(scheduler.queue.keys.queue, 0, -1)
-    ]
-    dedup_bytes, queue_bytes = scheduler.df.memory_usage(), memory(client, levels)
-    popped, dequeue_s = drain(scheduler)
-    assert popped == queued, (popped, queued)
+    queue = scheduler.queue
+
+    def memory_of() -> tuple[int, int]:
+        levels = [queue.keys.level(int(p)) for p in queue.client.zrange(queue.keys.queue, 0, -1)]
+        return scheduler.df.memory_usage(), memory(queue.client, [queue.keys.queue, *levels])
+
+    result = measure(scheduler, requests, scheduler.flush, memory_of)
     scheduler.clear()
-    return Result(
-        len(requests) / enqueue_s,
-        popped / dequeue_s,
-        dedup_bytes / queued,
-        queue_bytes / queued,
-        queued,
-    )
+    return result
 
 
 def run_scrapy_redis(url: str, requests: list[Request], prefix: str) -> Result:
@@ -127,23 +139,14 @@ def run_scrapy_redis(url: str, requests: list[Request], prefix: str) -> Result:
     )
     scheduler = Scheduler.from_crawler(crawler)
     scheduler.open(ForumSpider.from_crawler(crawler))
-    enqueue_s = timed(lambda: [scheduler.enqueue_request(r) for r in requests])
-    queued = len(scheduler.queue)
-    client = scheduler.server
-    dedup_bytes, queue_bytes = (
-        memory(client, [scheduler.df.key]),
-        memory(client, [scheduler.queue.key]),
-    )
-    popped, dequeue_s = drain(scheduler)
-    assert popped == queued, (popped, queued)
+
+    def memory_of() -> tuple[int, int]:
+        client = scheduler.server
+        return memory(client, [scheduler.df.key]), memory(client, [scheduler.queue.key])
+
+    result = measure(scheduler, requests, lambda: None, memory_of)
     scheduler.flush()
-    return Result(
-        len(requests) / enqueue_s,
-        popped / dequeue_s,
-        dedup_bytes / queued,
-        queue_bytes / queued,
-        queued,
-    )
+    return result
 
 
 def timed(action: Any) -> float:

@@ -16,6 +16,7 @@ job cooperatively; it never terminates a worker process.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -26,6 +27,7 @@ import redis
 from celery import Celery, Task, signals
 from celery.exceptions import Reject
 
+from celery_crawl import connection
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.jobs import Job, JobTimeout
 from celery_crawl.keys import DEFAULT_PREFIX, job_spider, stopping_worker
@@ -114,17 +116,13 @@ def start_job(
     project: Project, spider: str, seeds: Sequence[Any], priority: int, job_id: str
 ) -> tuple[Job, bool]:
     """Create the job and enqueue its seeds; an existing job id is joined."""
-    from celery_crawl import connection
-    from celery_crawl.queue import PriorityQueue
-
     entries = project.seed_entries(spider, seeds, job_id, priority)
-    client = project.client
-    connection.check(client)
-    keys = project.keys(spider)
-    fields = {"spider": spider, "seeds": _json(seeds), "priority": str(priority)}
-    created, _ = PriorityQueue(client, keys).start_job(job_id, entries, fields)
-    client.set(job_spider(prefix_of(project), job_id), spider, ex=JOB_INDEX_TTL)
-    return Job(job_id, spider, client, keys), created
+    queue = project.queue(spider)
+    fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
+    with connection.reachable(queue.client):
+        created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
+        queue.client.set(job_spider(prefix_of(project), job_id), spider, ex=JOB_INDEX_TTL)
+    return Job(job_id, spider, queue.client, queue.keys), created
 
 
 def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dict[str, Any]:
@@ -169,9 +167,7 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
     )
 
     def start(source: str, job_id: str) -> None:
-        seeds = [parse_seed(spidercls, source)]
-        start_job(project, spider, seeds, 0, job_id)
-        task.app.send_task(TASK_NAME, args=(spider, seeds), task_id=job_id)
+        crawl(spider, [parse_seed(spidercls, source)], app=task.app, job_id=job_id)
 
     tick = producer.tick(producer.sources(settings.getlist("PRODUCER_SOURCES")), start)
     return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}
@@ -184,12 +180,6 @@ def report_progress(task: Task, job: Job) -> None:
         task.send_event("task-progress", progress=progress)
     except Exception:  # monitoring only: never fail the job over an event
         logger.debug("progress event not sent", exc_info=True)
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, separators=(",", ":"))
 
 
 # -- application code's entry point ----------------------------------------

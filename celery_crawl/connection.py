@@ -8,8 +8,10 @@ what still fails surfaces as :class:`~celery_crawl.errors.RedisUnavailable`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -69,12 +71,19 @@ def from_settings(settings: Any) -> redis.Redis:
     return get_redis(url_from_settings(settings), params)
 
 
+@contextlib.contextmanager
+def reachable(client: redis.Redis) -> Iterator[None]:
+    """Turn "cannot connect", after the retries, into a clear error naming the server."""
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        raise RedisUnavailable(f"cannot reach Redis at {describe(client)}: {exc}") from exc
+
+
 def check(client: redis.Redis) -> None:
     """Ping Redis once; raise a clear error naming the server if it cannot be reached."""
-    try:
+    with reachable(client):
         client.ping()
-    except redis.RedisError as exc:
-        raise RedisUnavailable(f"cannot reach Redis at {describe(client)}: {exc}") from exc
 
 
 def describe(client: redis.Redis) -> str:

@@ -29,6 +29,7 @@ import redis
 
 from celery_crawl import scripts
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Base
 
 logger = logging.getLogger(__name__)
 
@@ -49,18 +50,15 @@ class Producer:
         keys: SpiderKeys,
         job_cap: int = 10,
         queue_cap: int = 100_000,
-        queue_length: Callable[[], int] | None = None,
     ) -> None:
         self.client = client
         self.keys = keys
         self.job_cap = job_cap
         self.queue_cap = queue_cap
-        self.queue_length = queue_length or self._queue_length
 
-    def _queue_length(self) -> int:
-        from celery_crawl.queue import PriorityQueue
-
-        return len(PriorityQueue(self.client, self.keys))
+    def queue_length(self) -> int:
+        """Requests waiting in the spider's queue (any queue class counts the same way)."""
+        return len(Base(self.client, self.keys))
 
     def sources(self, configured: Sequence[str]) -> list[str]:
         """The Redis set when it exists, else the configured list; in a stable order."""

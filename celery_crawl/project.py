@@ -11,6 +11,7 @@ process, so bad seeds fail at ``crawl()`` time with a clear error.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -22,10 +23,11 @@ from scrapy.spiderloader import SpiderLoader
 from scrapy.utils.misc import build_from_crawler, load_object
 
 from celery_crawl import connection
+from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.errors import CeleryCrawlError, ConfigError, EncodeError
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
 from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Entry
+from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_name
 
 HOSTED_SETTINGS: dict[str, Any] = {
@@ -100,18 +102,24 @@ class Project:
     def keys(self, spider: str) -> SpiderKeys:
         return SpiderKeys.from_settings(spider, self.settings)
 
+    def queue(self, spider: str) -> Base:
+        """The spider's queue, of the class and with the dedup its scheduler uses."""
+        settings = Crawler(self.spider_class(spider), self.settings).settings  # + custom_settings
+        dedup = dupefilter_class(settings).lua
+        return queue_class(settings)(self.client, self.keys(spider), dedup_lua=dedup)
+
     def seed_entries(
         self, spider: str, seeds: Sequence[Any], job_id: str, priority: int
     ) -> list[Entry]:
         """The seed requests of a job, encoded; raises :class:`BadSeed` on bad input."""
+        if not seeds:
+            raise BadSeed(f"a job of {spider!r} needs at least one seed")
         spidercls = self.spider_class(spider)
         crawler = Crawler(spidercls, self.settings)
         instance = spidercls.from_crawler(crawler)
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
-        if not seeds:
-            raise BadSeed(f"a job of {spider!r} needs at least one seed")
         entries = []
         for seed in seeds:
             for request in seed_requests(instance, seed):
@@ -132,8 +140,6 @@ class Project:
 
 def parse_seed(spidercls: type[Spider], text: str) -> Any:
     """A seed typed on a command line: JSON, or a bare value for the spider's ``seed_key``."""
-    import json
-
     if text.startswith(("{", "[")):
         try:
             return json.loads(text)

@@ -146,7 +146,7 @@ class Base:
         """Take up to ``count`` requests at once, without waiting."""
         keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.job_prefix]
         args: list[Any] = [count, int(self.lease_seconds * 1000), self.pop_side]
-        return [Lease(m) for m in scripts.script(self.client, "lease")(keys=keys, args=args)]
+        return [Lease(m) for m in self._script("lease")(keys=keys, args=args)]
 
     def pop(self, timeout: float = 0, count: int = 1) -> list[Lease]:
         """Lease up to ``count`` requests, waiting at most ``timeout`` seconds for one."""
@@ -163,19 +163,19 @@ class Base:
         token = self.client.blpop([self.keys.signal], timeout=min(timeout, MAX_BLOCK_SECONDS))
         return token is not None
 
-    def ack(self, members: Sequence[bytes], pipeline: Any = None) -> int:
-        """Finish leases: the requests are done and leave the queue for good."""
+    def ack(self, members: Sequence[bytes]) -> int:
+        """Finish leases now: the requests are done, and their jobs count them."""
         if not members:
             return 0
-        return int((pipeline or self.client).zrem(self.keys.inflight, *members) or 0)
+        keys = [self.keys.inflight, self.keys.job_prefix]
+        return int(self._script("ack")(keys=keys, args=list(members)))
 
     def extend(self, members: Sequence[bytes], seconds: float | None = None) -> int:
         """Renew leases still held, ``seconds`` (default: the lease time) from now."""
         if not members:
             return 0
         duration = int((seconds or self.lease_seconds) * 1000)
-        extend = scripts.script(self.client, "extend")
-        return int(extend(keys=[self.keys.inflight], args=[duration, *members]))
+        return int(self._script("extend")(keys=[self.keys.inflight], args=[duration, *members]))
 
     def requeue_expired(self, limit: int = 1000) -> int:
         """Put requests whose lease ran out back at the front of their level."""
@@ -190,14 +190,14 @@ class Base:
         return int(self._script("requeue")(keys=keys, args=args))
 
     def __len__(self) -> int:
-        return int(scripts.script(self.client, "queue_size")(keys=[self.keys.queue]))
+        return int(self._script("queue_size")(keys=[self.keys.queue]))
 
     def in_flight(self) -> int:
         return int(self.client.zcard(self.keys.inflight))
 
     def clear(self) -> None:
         keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.signal]
-        scripts.script(self.client, "queue_clear")(keys=keys)
+        self._script("queue_clear")(keys=keys)
 
 
 class PriorityQueue(Base):

@@ -30,33 +30,20 @@ from typing import TYPE_CHECKING, Any, Self
 import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
-from scrapy.utils.misc import load_object
+from twisted.python.failure import Failure
 
 from celery_crawl import connection
-from celery_crawl.dupefilter import DUPEFILTER_CLASSES, RFPDupeFilter
+from celery_crawl.components import dupefilter_class, queue_class
+from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.jobs import JobStats, job_of
-from celery_crawl.queue import QUEUE_CLASSES, Base, Entry, Lease
+from celery_crawl.queue import Base, Entry, Lease
 from celery_crawl.serializer import Codec, codec_from_name
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
-
-SCRAPY_DEFAULT_DUPEFILTER = "scrapy.dupefilters.RFPDupeFilter"
-
-
-def load_class(path: str | type, known: dict[str, Any], setting: str) -> Any:
-    """A class from a setting: a known name, a class, or an importable path."""
-    if not isinstance(path, str):
-        return path
-    if path in known:
-        return known[path]
-    try:
-        return load_object(path)
-    except (ImportError, NameError, ValueError) as exc:
-        raise ConfigError(f"{setting} = {path!r} cannot be imported: {exc}") from exc
 
 
 class Scheduler(BaseScheduler):
@@ -109,17 +96,8 @@ class Scheduler(BaseScheduler):
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = crawler.settings
         client = connection.from_settings(settings)
-        df_path = settings.get("DUPEFILTER_CLASS") or SCRAPY_DEFAULT_DUPEFILTER
-        if df_path == SCRAPY_DEFAULT_DUPEFILTER:
-            df_path = "celery_crawl.dupefilter.RFPDupeFilter"
-        df_cls = load_class(df_path, DUPEFILTER_CLASSES, "DUPEFILTER_CLASS")
-        dupefilter = df_cls.from_crawler(crawler)
-        queue_cls = load_class(
-            settings.get("SCHEDULER_QUEUE_CLASS") or "celery_crawl.queue.PriorityQueue",
-            QUEUE_CLASSES,
-            "SCHEDULER_QUEUE_CLASS",
-        )
-        queue = queue_cls(
+        dupefilter = dupefilter_class(settings).from_crawler(crawler)
+        queue = queue_class(settings)(
             client,
             dupefilter.keys,
             lease_seconds=settings.getfloat("SCHEDULER_LEASE_SECONDS", 300.0),
@@ -168,12 +146,15 @@ class Scheduler(BaseScheduler):
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
         self.flush()
-        held = [lease.member for lease in self._prefetched] + list(self._leases.values())
-        self.queue.release(held)
+        self.queue.release(self._held())
         self._prefetched.clear()
         self._leases.clear()
         if not self.persist:
             self.clear()
+
+    def _held(self) -> list[bytes]:
+        """The leases this process holds: prefetched, or handed to the engine."""
+        return [lease.member for lease in self._prefetched] + list(self._leases.values())
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
@@ -210,8 +191,7 @@ class Scheduler(BaseScheduler):
         try:
             self.flush()
             requeued = self.queue.requeue_expired()
-            held = [lease.member for lease in self._prefetched] + list(self._leases.values())
-            self.queue.extend(held)
+            self.queue.extend(self._held())
         except Exception:
             logger.exception("scheduler maintenance failed; will retry")
             return
@@ -322,8 +302,8 @@ class Scheduler(BaseScheduler):
         slot = getattr(self._engine(), "_slot", None) if self._open else None
         if slot is not None:
             slot.nextcall.schedule()
-        if isinstance(result, Exception) or hasattr(result, "getErrorMessage"):
-            logger.warning("waiting for work failed: %s", result)
+        if isinstance(result, Failure):
+            logger.warning("waiting for work failed: %s", result.getErrorMessage())
 
     def _refill(self) -> bool:
         try:

@@ -33,10 +33,5 @@ for i = 0, s - 1 do
     job_add(ARGV[base + 3 * i], ARGV[base + 3 * i + 1], ARGV[base + 3 * i + 2])
 end
 base = base + 3 * s
-for i = base, base + m - 1 do
-    if redis.call('ZREM', KEYS[5], ARGV[i]) == 1 then
-        local job = entry_job(ARGV[i], 13)
-        if job ~= '' then job_ack(job) end
-    end
-end
+ack_leases(KEYS[5], ARGV, base, base + m - 1)
 return accepted

@@ -9,7 +9,8 @@
 --
 -- A queue entry is: 1 byte job id length, the job id, the encoded request.
 --
--- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_ack, job_finish_if_done.
+-- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_ack,
+-- job_finish_if_done, ack_leases.
 
 local JOB_TTL = 7 * 24 * 3600
 local DONE_TOKENS = 16
@@ -54,4 +55,17 @@ local function job_ack(job)
     redis.call('HINCRBY', key, 'leased', -1)
     redis.call('HINCRBY', key, 'done', 1)
     job_finish_if_done(job)
+end
+
+-- Finish leases args[first .. last] of the in-flight set; returns how many were held.
+-- A member no longer leased (acked before, or requeued) is skipped.
+local function ack_leases(inflight, args, first, last)
+    local acked = 0
+    for i = first, last do
+        if redis.call('ZREM', inflight, args[i]) == 1 then
+            job_ack(entry_job(args[i], 13))
+            acked = acked + 1
+        end
+    end
+    return acked
 end

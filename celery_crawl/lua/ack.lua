@@ -1,0 +1,12 @@
+-- Finish leases: the requests are done and leave the queue for good; their
+-- jobs count them as done (the same step the enqueue script takes for acks).
+--
+-- KEYS[1]  in-flight leases: sorted set, score = lease deadline (ms)
+-- KEYS[2]  job key prefix: a job's hash is KEYS[2] .. job id
+-- ARGV     the lease members to finish
+-- Returns  the number of members that were still leased
+
+local JOB_PREFIX = KEYS[2]
+--!include jobs
+
+return ack_leases(KEYS[1], ARGV, 1, #ARGV)
