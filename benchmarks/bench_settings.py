@@ -3,3 +3,7 @@
 from tasks.settings import *  # noqa: F403
 
 LOG_LEVEL = "INFO"
+
+# the anchors run one spider at concurrency 32 per process: so does celery_crawl
+FORUM_DETAIL_SPIDER = None
+CELERY_CRAWL_SPIDERS = ["forum"]

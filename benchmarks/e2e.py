@@ -263,9 +263,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pickup-samples", type=int, default=10)
     parser.add_argument("--redis-url")
     parser.add_argument("--anchor-items", choices=["redis", "feed"], default="redis")
+    parser.add_argument("--comments-per-page", type=int, default=20, help="items per comment page")
     args = parser.parse_args(argv)
     ANCHOR_ITEMS["sink"] = args.anchor_items
-    config = SiteConfig(forums=args.forums, posts_per_forum=100)
+    config = SiteConfig(
+        forums=args.forums, posts_per_forum=100, comments_per_page=args.comments_per_page
+    )
     results: dict[tuple[int, str], list[Run]] = {}
     with redis_url(args.redis_url) as url:
         for processes in args.processes:

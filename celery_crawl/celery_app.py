@@ -79,6 +79,7 @@ def create_app(
         celery_crawl_overrides=settings or {},
     )
     app.conf.update(conf)
+    route_by_spider(app, project)
     app.task(bind=True, name=TASK_NAME, acks_late=True)(run_job)
     app.task(bind=True, name=PRODUCE_TASK)(run_producer)
     app.conf.beat_schedule = {
@@ -91,6 +92,38 @@ def create_app(
     } | dict(app.conf.beat_schedule or {})
     app.celery_crawl_project = project
     return app
+
+
+def spider_queues(project: Project) -> dict[str, str]:
+    """``CELERY_CRAWL_QUEUES``: the Celery queue of each spider (others use the default)."""
+    return {str(k): str(v) for k, v in project.settings.getdict("CELERY_CRAWL_QUEUES").items()}
+
+
+def route_by_spider(app: Celery, project: Project) -> None:
+    """Send each spider's job and producer tasks to its Celery queue.
+
+    A worker started with ``-Q forum.list`` then hosts only the spiders of that
+    queue; a worker without ``-Q`` consumes every queue and hosts every spider.
+    """
+    queues = spider_queues(project)
+    if not queues:
+        return
+    from kombu.entity import Exchange, Queue
+
+    names = dict.fromkeys([app.conf.task_default_queue, *queues.values()])
+    if not app.conf.task_queues:  # what Celery would create for a missing queue
+        app.conf.task_queues = [
+            Queue(n, Exchange(n), routing_key=n)  # type: ignore[no-untyped-call]
+            for n in names
+        ]
+
+    def route(name: str, args: Sequence[Any], kwargs: dict[str, Any], *_: Any, **__: Any) -> Any:
+        spider = args[0] if args else kwargs.get("spider")
+        if name in (TASK_NAME, PRODUCE_TASK) and spider in queues:
+            return {"queue": queues[spider]}
+        return None
+
+    app.conf.task_routes = [route, *list(app.conf.task_routes or [])]
 
 
 def project_of(app: Celery) -> Project:
@@ -122,7 +155,7 @@ def start_job(
     with connection.reachable(queue.client):
         created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
         queue.client.set(job_spider(prefix_of(project), job_id), spider, ex=JOB_INDEX_TTL)
-    return Job(job_id, spider, queue.client, queue.keys), created
+    return Job(job_id, spider, queue.client, queue.keys, project.job_queues(spider)), created
 
 
 def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dict[str, Any]:
@@ -215,21 +248,32 @@ def find_job(app: Celery, job_id: str) -> Job | None:
     if spider is None:
         return None
     name = spider.decode()
-    return Job(job_id, name, project.client, project.keys(name))
+    return Job(job_id, name, project.client, project.keys(name), project.job_queues(name))
 
 
 # -- worker hosting --------------------------------------------------------
 
 
-def hosted_spiders(project: Project) -> list[str]:
-    return project.settings.getlist("CELERY_CRAWL_SPIDERS") or project.spider_names()
+def hosted_spiders(app: Celery, project: Project) -> list[str]:
+    """``CELERY_CRAWL_SPIDERS`` (default: all), less those whose queue this worker skips."""
+    spiders = project.settings.getlist("CELERY_CRAWL_SPIDERS") or project.spider_names()
+    queues = spider_queues(project)
+    if not queues:
+        return spiders
+    consumed = set(app.amqp.queues.consume_from)
+    default = app.conf.task_default_queue
+    return [s for s in spiders if queues.get(s, default) in consumed]
 
 
 def start_hosting(app: Celery) -> None:
     if _process.host is not None:
         return
     project = project_of(app)
-    _process.host = CrawlerHost(project.settings, hosted_spiders(project))
+    spiders = hosted_spiders(app, project)
+    if not spiders:
+        logger.warning("this worker's queues serve no spider: hosting no crawlers")
+        return
+    _process.host = CrawlerHost(project.settings, spiders)
     _process.host.start()
 
 

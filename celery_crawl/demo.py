@@ -82,13 +82,21 @@ class Progress:
     last_pages: int = 0
     last_time: float = field(default_factory=time.monotonic)
 
-    def read(self, client: redis.Redis, keys: SpiderKeys, site: SiteThread) -> dict[str, Any]:
+    def read(
+        self, client: redis.Redis, group: list[SpiderKeys], site: SiteThread
+    ) -> dict[str, Any]:
+        """``group``: the producing spider's keys first, then the other spiders of its jobs."""
+        keys = group[0]
         running: dict[bytes, bytes] = client.hgetall(keys.producer_running)  # type: ignore[assignment]
         self.jobs |= {v.decode().split("|")[0] for v in running.values()}
         jobs = [client.hmget(keys.job(job), "state", "items") for job in sorted(self.jobs)]
         states = [state for state, _ in jobs]
-        raw: dict[bytes, bytes] = client.hgetall(keys.stats)  # type: ignore[assignment]
-        stats = {k.decode(): v.decode() for k, v in raw.items()}
+        stats: dict[str, int] = {}
+        for member in group:
+            raw: dict[bytes, bytes] = client.hgetall(member.stats)  # type: ignore[assignment]
+            for name, value in raw.items():
+                if value.lstrip(b"-").isdigit():
+                    stats[name.decode()] = stats.get(name.decode(), 0) + int(value)
         pages, now = site.requests_served, time.monotonic()
         rate = (pages - self.last_pages) / max(now - self.last_time, 1e-6)
         self.last_pages, self.last_time = pages, now
@@ -98,8 +106,8 @@ class Progress:
             "pages": pages,
             "pages/s": round(rate, 1),
             "items": sum(int(items or 0) for _, items in jobs),
-            "queue": len(PriorityQueue(client, keys)),
-            "held back": int(stats.get("producer/held_back", 0)),
+            "queue": sum(len(PriorityQueue(client, member)) for member in group),
+            "held back": stats.get("producer/held_back", 0),
             "errors": sum(int(v) for k, v in stats.items() if k.startswith("log_count/ERROR")),
         }
 
@@ -151,7 +159,8 @@ def run(forums: int = 3, once: bool = False, items_dir: str = "items") -> int:
     items.mkdir(exist_ok=True)
     with services(forums, logs, items) as (running, site, url, flower):
         console.print(f"Redis {url}\nforum site {site.url}\nFlower {flower}\nlogs {logs}")
-        client, keys, progress = redis.Redis.from_url(url), SpiderKeys.build("forum"), Progress()
+        client, progress = redis.Redis.from_url(url), Progress()
+        keys = [SpiderKeys.build(name, group="forum") for name in ("forum", "forum_detail")]
         try:
             with Live(render({}), console=console, refresh_per_second=2) as live:
                 while True:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,11 +175,19 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus
 class Job:
     """A handle on a running or finished job."""
 
-    def __init__(self, job_id: str, spider: str, client: redis.Redis, keys: SpiderKeys) -> None:
+    def __init__(
+        self,
+        job_id: str,
+        spider: str,
+        client: redis.Redis,
+        keys: SpiderKeys,
+        queues: Sequence[str] = (),
+    ) -> None:
         self.id = job_id
         self.spider = spider
         self.client = client
         self.keys = keys
+        self.queues = list(queues) or [keys.queue]  # every queue the job may span
 
     def __repr__(self) -> str:
         return f"<Job {self.id} spider={self.spider!r}>"
@@ -204,5 +213,5 @@ class Job:
 
     def cancel(self) -> int:
         """Stop the job and purge its queued requests; other jobs are untouched."""
-        keys = [self.keys.queue, self.keys.job_prefix]
+        keys = [self.keys.job_prefix, *self.queues]
         return int(scripts.script(self.client, "job_cancel")(keys=keys, args=[self.id]))

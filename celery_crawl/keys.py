@@ -5,6 +5,12 @@ Templates use the ``%(name)s`` style of scrapy-redis so that its settings
 spider name is always rendered inside a hash tag, ``{spider}``, so that all
 keys of one spider live in one Redis Cluster slot and a Lua script may touch
 any of them.
+
+Spiders can form a **group** (``CELERY_CRAWL_SPIDER_GROUPS = {"forum_detail":
+"forum"}``): a member's keys render as ``{forum}/forum_detail``, in the group's
+hash tag, and its jobs live under the group's job prefix. One job can then span
+the group's spiders (list pages in one, posts in another), and the scripts
+that count a job stay within one slot. A spider outside any group is its own.
 """
 
 from __future__ import annotations
@@ -34,16 +40,31 @@ def stopping_worker(prefix: str, hostname: str) -> str:
     return f"{prefix}:stopping:{hostname}"
 
 
-def render(template: str, spider: str, prefix: str) -> str:
-    """Fill a key template; the spider name becomes a hash tag."""
+def render(template: str, spider: str, prefix: str, group: str | None = None) -> str:
+    """Fill a key template; the spider's group (by default itself) becomes a hash tag."""
+    group = group or spider
     if "%(spider)s" not in template:
         raise ConfigError(
             f"key template {template!r} must contain %(spider)s: the spider's hash tag "
             "keeps its keys in one Redis Cluster slot"
         )
-    if "{" in spider or "}" in spider:
-        raise ConfigError(f"spider name {spider!r} must not contain braces")
-    return template % {"spider": "{" + spider + "}", "prefix": prefix}
+    for name in (spider, group):
+        if "{" in name or "}" in name:
+            raise ConfigError(f"spider or group name {name!r} must not contain braces")
+    tagged = "{" + group + "}" + ("" if group == spider else "/" + spider)
+    return template % {"spider": tagged, "prefix": prefix}
+
+
+def group_of(spider: str, settings: Any) -> str:
+    """The spider's group (``CELERY_CRAWL_SPIDER_GROUPS``); a spider is its own by default."""
+    return str(settings.getdict("CELERY_CRAWL_SPIDER_GROUPS").get(spider) or spider)
+
+
+def group_members(spider: str, settings: Any) -> list[str]:
+    """Every spider of ``spider``'s group, the group's own name first."""
+    group = group_of(spider, settings)
+    groups = settings.getdict("CELERY_CRAWL_SPIDER_GROUPS")
+    return [group, *sorted(s for s, g in groups.items() if g == group and s != group)]
 
 
 @dataclass(frozen=True)
@@ -56,6 +77,7 @@ class SpiderKeys:
     """
 
     spider: str
+    group: str
     queue: str
     dupefilter: str
     stats: str
@@ -109,6 +131,7 @@ class SpiderKeys:
         cls,
         spider: str,
         *,
+        group: str | None = None,
         prefix: str = DEFAULT_PREFIX,
         queue: str = QUEUE_TEMPLATE,
         dupefilter: str = DUPEFILTER_TEMPLATE,
@@ -116,14 +139,16 @@ class SpiderKeys:
         deadletter: str = DEADLETTER_TEMPLATE,
         job: str = JOB_TEMPLATE,
     ) -> SpiderKeys:
+        group = group or spider
         return cls(
             spider=spider,
-            queue=render(queue, spider, prefix),
-            dupefilter=render(dupefilter, spider, prefix),
-            stats=render(stats, spider, prefix),
-            deadletter=render(deadletter, spider, prefix),
-            job_prefix=render(job, spider, prefix),
-            producer=render(PRODUCER_TEMPLATE, spider, prefix),
+            group=group,
+            queue=render(queue, spider, prefix, group),
+            dupefilter=render(dupefilter, spider, prefix, group),
+            stats=render(stats, spider, prefix, group),
+            deadletter=render(deadletter, spider, prefix, group),
+            job_prefix=render(job, group, prefix),  # shared by the group: jobs span it
+            producer=render(PRODUCER_TEMPLATE, spider, prefix, group),
         )
 
     @classmethod
@@ -131,6 +156,7 @@ class SpiderKeys:
         """Keys from Scrapy settings, accepting the scrapy-redis setting names."""
         return cls.build(
             spider,
+            group=group_of(spider, settings),
             prefix=settings.get("CELERY_CRAWL_KEY_PREFIX", DEFAULT_PREFIX),
             queue=settings.get("SCHEDULER_QUEUE_KEY") or QUEUE_TEMPLATE,
             dupefilter=settings.get("SCHEDULER_DUPEFILTER_KEY") or DUPEFILTER_TEMPLATE,

@@ -26,7 +26,7 @@ from celery_crawl import connection
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.errors import CeleryCrawlError, ConfigError, EncodeError
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_name
 
@@ -101,6 +101,10 @@ class Project:
 
     def keys(self, spider: str) -> SpiderKeys:
         return SpiderKeys.from_settings(spider, self.settings)
+
+    def job_queues(self, spider: str) -> list[str]:
+        """The queues a job of ``spider`` may span: those of its whole group."""
+        return [self.keys(name).queue for name in group_members(spider, self.settings)]
 
     def queue(self, spider: str) -> Base:
         """The spider's queue, of the class and with the dedup its scheduler uses."""

@@ -7,7 +7,9 @@ A request's path through it:
    callback yields, and the acks of several responses, reach Redis together
    (``flush``).
 2. ``flush`` runs ``lua/enqueue.lua`` once: dedup check, enqueue, and the ack
-   of the requests whose processing finished since the last flush.
+   of the requests whose processing finished since the last flush. Requests
+   routed to another spider of the group (``celery_crawl.routing``) are pushed
+   into that spider's queue first, so children always precede their parent's ack.
 3. ``next_request`` leases a few requests at a time (``SCHEDULER_PREFETCH``)
    and hands them to the engine one by one.
 4. When the engine is done with a request (response parsed and every child
@@ -25,7 +27,7 @@ import logging
 import time
 from collections import deque
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
 import redis
 from scrapy import Request, Spider, signals
@@ -38,12 +40,21 @@ from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.jobs import JobStats, job_of
 from celery_crawl.queue import Base, Entry, Lease
+from celery_crawl.routing import Router, target_of
 from celery_crawl.serializer import Codec, codec_from_name
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
+
+
+class Pending(NamedTuple):
+    """A request buffered until the next flush; ``target`` is another spider, if routed."""
+
+    request: Request
+    entry: Entry
+    target: str | None
 
 
 class Scheduler(BaseScheduler):
@@ -65,8 +76,10 @@ class Scheduler(BaseScheduler):
         deadletter_max: int = 10_000,
         wake_timeout: float = 1.0,
         flush_delay: float = 0.01,
+        router: Router | None = None,
     ) -> None:
         self.queue = queue
+        self.router = router
         self.df = dupefilter
         self.codec = codec
         self.crawler = crawler
@@ -79,7 +92,7 @@ class Scheduler(BaseScheduler):
         self.requeue_interval = requeue_interval
         self.deadletter_max = deadletter_max
         self.spider: Spider | None = None
-        self._pending: list[tuple[Request, Entry]] = []
+        self._pending: list[Pending] = []
         self._acks: list[bytes] = []
         self._prefetched: deque[Lease] = deque()
         self._leases: dict[Request, bytes] = {}
@@ -108,6 +121,7 @@ class Scheduler(BaseScheduler):
             dupefilter,
             codec_from_name(settings.get("SCHEDULER_SERIALIZER")),
             crawler=crawler,
+            router=Router(queue, settings),
             persist=settings.getbool("SCHEDULER_PERSIST", False),
             flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
             idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0),
@@ -209,15 +223,30 @@ class Scheduler(BaseScheduler):
             logger.error("dropped a request that cannot be queued: %s", exc)
             self._inc("scheduler/unserializable")
             return False
+        target = target_of(request, self.spider.name)
+        if target is not None and not self._routable(target):
+            return False
         fingerprint = None if request.dont_filter else self.df.fingerprint(request)
         job = job_of(request)
         if request.meta.get("retry_times"):
             self.job_stats.add(job, "retries")
-        self._pending.append((request, Entry(payload, request.priority, fingerprint, job)))
+        entry = Entry(payload, request.priority, fingerprint, job)
+        self._pending.append(Pending(request, entry, target))
         if len(self._pending) >= self.batch_size:
             self.flush()
         else:
             self._schedule_flush(self.flush_delay)
+        return True
+
+    def _routable(self, target: str) -> bool:
+        try:
+            if self.router is None:
+                raise ConfigError("this scheduler routes no requests to other spiders")
+            self.router.queue(target)
+        except ConfigError as exc:
+            logger.error("dropped a request: %s", exc)
+            self._inc("scheduler/unroutable")
+            return False
         return True
 
     def ack(self, request: Request) -> None:
@@ -243,7 +272,8 @@ class Scheduler(BaseScheduler):
         pending, acks = self._pending, self._acks
         self._pending, self._acks = [], []
         try:
-            flags = self.queue.push_many([entry for _, entry in pending], acks, job_stats)
+            pending = self._push_routed(pending)
+            flags = self.queue.push_many([p.entry for p in pending], acks, job_stats)
         except redis.ConnectionError:
             # Redis is away (restarting?): keep everything for the next flush
             self._pending, self._acks = pending + self._pending, acks + self._acks
@@ -253,9 +283,25 @@ class Scheduler(BaseScheduler):
             )
             self._schedule_flush(delay=1.0)
             return
-        for (request, _), accepted in zip(pending, flags, strict=True):
+        self._accepted(pending, flags)
+
+    def _push_routed(self, pending: list[Pending]) -> list[Pending]:
+        """Push the requests for other spiders, queue by queue; returns the spider's own.
+
+        On a connection error, ``pending`` keeps what was not pushed yet.
+        """
+        while self.router is not None and any(p.target for p in pending):
+            target = next(p.target for p in pending if p.target)
+            batch = [p for p in pending if p.target == target]
+            flags = self.router.queue(target).push_many([p.entry for p in batch])
+            pending[:] = [p for p in pending if p.target != target]
+            self._accepted(batch, flags)
+        return pending
+
+    def _accepted(self, pushed: list[Pending], flags: list[bool]) -> None:
+        for item, accepted in zip(pushed, flags, strict=True):
             if not accepted:
-                self._on_duplicate(request)
+                self._on_duplicate(item.request)
         self._inc("scheduler/enqueued/redis", sum(flags))
         self._inc("scheduler/enqueued", sum(flags))
 

@@ -10,6 +10,14 @@ CELERY_CRAWL_ENV = ["FORUM_BASE_URL", "FORUM_FEED", "PRODUCER_SOURCES", "PRODUCE
 FORUM_BASE_URL = "http://127.0.0.1:8000"
 FORUM_FEED = "items/%(name)s-%(pid)s.jsonl"
 
+# Vertical split: `forum` scans list pages, `forum_detail` fetches posts and
+# comments. One group, so one job spans both; two Celery queues, so
+# `celery -A tasks worker -Q forum.list` and `-Q forum.detail` scale apart,
+# while a plain `celery -A tasks worker` serves both.
+FORUM_DETAIL_SPIDER = "forum_detail"
+CELERY_CRAWL_SPIDER_GROUPS = {"forum_detail": "forum"}
+CELERY_CRAWL_QUEUES = {"forum": "forum.list", "forum_detail": "forum.detail"}
+
 # incremental crawls: a post's dedup key carries its version (see the spider)
 REQUEST_FINGERPRINTER_CLASS = "celery_crawl.fingerprint.VersionedRequestFingerprinter"
 

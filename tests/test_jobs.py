@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -318,8 +319,10 @@ def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
             result = job.wait(timeout=180)
         finally:
             worker.stop()
-    stats = redis.Redis.from_url(db_url).hgetall(SpiderKeys.build("forum", prefix=prefix).stats)
-    counts = {k.decode(): int(v) for k, v in stats.items() if k.startswith(b"forum/malformed")}
+    client, counts = redis.Redis.from_url(db_url), Counter[str]()
+    for spider in ("forum", "forum_detail"):  # lists, and posts with comments
+        stats = client.hgetall(SpiderKeys.build(spider, group="forum", prefix=prefix).stats)
+        counts.update({k.decode(): int(v) for k, v in stats.items() if b"malformed" in k})
     expected = faulty.expected()
     assert result["state"] == "done"
     assert counts.get("forum/malformed/json", 0) > 0  # the site did send broken pages

@@ -66,8 +66,10 @@ def app(env: dict[str, str]) -> Celery:
 def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     started: list[Worker] = []
 
-    def start(name: str = "w1", pool: str = "prefork", concurrency: int = 2) -> Worker:
-        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency)
+    def start(
+        name: str = "w1", pool: str = "prefork", concurrency: int = 2, queues: str | None = None
+    ) -> Worker:
+        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency, queues)
         started.append(worker)
         worker.wait_ready()
         return worker

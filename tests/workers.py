@@ -18,7 +18,13 @@ class Worker:
     """``celery -A worker_app worker`` in its own process group."""
 
     def __init__(
-        self, name: str, env: dict[str, str], log: Path, pool: str = "prefork", concurrency: int = 2
+        self,
+        name: str,
+        env: dict[str, str],
+        log: Path,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        queues: str | None = None,
     ) -> None:
         self.name = name
         self.log = log
@@ -39,6 +45,7 @@ class Worker:
             "INFO",
             "--without-gossip",
             "--without-mingle",
+            *(["--queues", queues] if queues else []),
         ]
         self.proc = subprocess.Popen(
             command,

@@ -1,15 +1,16 @@
--- Cancel a job: mark it, and purge its queued requests from every level.
+-- Cancel a job: mark it, and purge its queued requests from every level of
+-- every queue it spans (the queues of its spider group).
 -- Requests of the job already in flight finish normally; their children are
 -- refused because the job no longer runs. Other jobs' requests are untouched.
 --
--- KEYS[1]  queue levels: sorted set of priority levels
--- KEYS[2]  job key prefix: a job's hash is KEYS[2] .. job id
+-- KEYS[1]  job key prefix: a job's hash is KEYS[1] .. job id
+-- KEYS[2..] queue levels: sorted sets of priority levels, one per queue
 -- ARGV[1]  job id
 -- Returns  the number of queued requests purged, or -1 if the job is not running
 --
 -- Cost: one pass over the queued requests (LRANGE of every level).
 
-local JOB_PREFIX = KEYS[2]
+local JOB_PREFIX = KEYS[1]
 --!include jobs
 
 local job = ARGV[1]
@@ -17,24 +18,30 @@ local key = JOB_PREFIX .. job
 if redis.call('HGET', key, 'state') ~= 'running' then return -1 end
 redis.call('HSET', key, 'state', 'cancelled')
 
-local purged = 0
-for _, level in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    local list = KEYS[1] .. ':' .. level
-    local kept, removed = {}, 0
-    for _, entry in ipairs(redis.call('LRANGE', list, 0, -1)) do
-        if entry_job(entry, 1) == job then removed = removed + 1 else kept[#kept + 1] = entry end
-    end
-    purged = purged + removed
-    if #kept == 0 then
-        redis.call('DEL', list)
-        redis.call('ZREM', KEYS[1], level)
-    elseif removed > 0 then
-        redis.call('DEL', list)
-        for i = 1, #kept, 1000 do
-            redis.call('RPUSH', list, unpack(kept, i, math.min(i + 999, #kept)))
+local function purge(levels)
+    local purged = 0
+    for _, level in ipairs(redis.call('ZRANGE', levels, 0, -1)) do
+        local list = levels .. ':' .. level
+        local kept, removed = {}, 0
+        for _, entry in ipairs(redis.call('LRANGE', list, 0, -1)) do
+            if entry_job(entry, 1) == job then removed = removed + 1 else kept[#kept + 1] = entry end
+        end
+        purged = purged + removed
+        if #kept == 0 then
+            redis.call('DEL', list)
+            redis.call('ZREM', levels, level)
+        elseif removed > 0 then
+            redis.call('DEL', list)
+            for i = 1, #kept, 1000 do
+                redis.call('RPUSH', list, unpack(kept, i, math.min(i + 999, #kept)))
+            end
         end
     end
+    return purged
 end
+
+local purged = 0
+for i = 2, #KEYS do purged = purged + purge(KEYS[i]) end
 redis.call('HINCRBY', key, 'pending', -purged)
 redis.call('HINCRBY', key, 'purged', purged)
 job_finish_if_done(job)

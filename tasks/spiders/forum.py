@@ -1,8 +1,16 @@
-"""The forum spider: list pages, then posts, then comment pages (shared/forum-api.md).
+"""The forum spiders: list pages, then posts, then comment pages (shared/forum-api.md).
 
 A seed is ``{"forum_id": "00001"}``. The first list page fans out to every
 list page up to ``max_page``; a post fans out to all of its comment pages.
 Priorities favour list pages over posts, and posts over comments.
+
+Vertical split: with ``FORUM_DETAIL_SPIDER = "forum_detail"`` (the app's
+default) the ``forum`` spider only scans list pages and hands every post to
+the ``forum_detail`` spider's queue, which fetches posts and comments. The two
+form one group (``CELERY_CRAWL_SPIDER_GROUPS``), so a forum job spans both,
+and they can be served by separate Celery queues (``CELERY_CRAWL_QUEUES``):
+hot posts with hundreds of comment pages never hold list scanning back.
+Without the setting, ``forum`` crawls everything itself.
 
 Incremental: list pages are always fetched again (``dont_filter``). A post and
 its comment pages carry a dedup version, the post's ``comment_count`` and
@@ -22,6 +30,7 @@ from scrapy import Request, Spider
 from scrapy.http import Response
 
 from celery_crawl.fingerprint import VERSION_META
+from celery_crawl.routing import to_spider
 
 LIST_PRIORITY, POST_PRIORITY, COMMENT_PRIORITY = 20, 10, 0
 MALFORMED_RETRIES = 2  # a 200 with a broken body is often transient: fetch it again
@@ -97,9 +106,10 @@ class ForumSpider(Spider):
         for post in page["posts"]:
             url = f"{self.base_url}/post/{post['post_id']}"
             version = f"{post.get('comment_count')}:{post.get('last_activity')}"
-            yield Request(
+            request = Request(
                 url, callback=self.parse_post, priority=POST_PRIORITY, meta={VERSION_META: version}
             )
+            yield to_spider(request, self.settings.get("FORUM_DETAIL_SPIDER"))
 
     def parse_post(self, response: Response) -> Iterator[Any]:
         try:
@@ -126,6 +136,23 @@ class ForumSpider(Spider):
             return
         for comment in page["comments"]:
             yield {"type": "comment", "post_id": page["post_id"], **comment}
+
+
+class ForumDetailSpider(ForumSpider):
+    """Posts and their comment pages, handed over by the ``forum`` spider.
+
+    A seed of its own is ``{"post_id": "100001"}``: that post and its comments.
+    """
+
+    name = "forum_detail"
+    seed_key = "post_id"
+
+    def requests_from_seed(self, seed: Any) -> list[Request]:
+        post_id = seed.get("post_id") if isinstance(seed, dict) else seed
+        if not isinstance(post_id, str) or not post_id.isdigit():
+            raise ValueError(f"a post seed is {{'post_id': '<digits>'}}, not {seed!r}")
+        url = f"{self.base_url}/post/{post_id}"
+        return [Request(url, callback=self.parse_post, priority=POST_PRIORITY)]
 
 
 POST_FIELDS = ("post_id", "forum_id", "title", "content", "author", "views", "comment_count")
