@@ -45,6 +45,12 @@ def finish_all(queue: PriorityQueue) -> None:
         queue.push_many([], acks=[lease.member for lease in leases])
 
 
+def queue_memory(client: redis.Redis, keys: SpiderKeys) -> int:
+    """Bytes Redis uses for the queue: the level index and every level's list."""
+    levels = [keys.level(int(p)) for p in client.zrange(keys.queue, 0, -1)]
+    return sum(int(client.memory_usage(key) or 0) for key in [keys.queue, *levels])
+
+
 def stats(client: redis.Redis, keys: SpiderKeys) -> dict[str, int]:
     return {k.decode(): int(v) for k, v in client.hgetall(keys.stats).items()}
 
@@ -98,14 +104,16 @@ def test_queue_stays_at_the_cap_when_consumers_are_gone(
 ) -> None:
     producer = Producer(client, keys, job_cap=100, queue_cap=50)
     batch = 20  # requests a job enqueues at once
-    lengths = []
-    for _ in range(30):  # beat keeps running; nobody consumes
+    lengths, memory = [], []
+    for _ in range(60):  # beat keeps running; nobody consumes
         producer.tick(FORUMS, starter(queue, batch))
         lengths.append(len(queue))
+        memory.append(queue_memory(client, keys))
         # jobs never finish, so mark their sources free to force production pressure
         client.delete(keys.producer_running)
     assert max(lengths) <= 50 + len(FORUMS) * batch  # the cap plus at most one batch
     assert lengths[-1] == lengths[len(lengths) // 2]  # flat, not growing
+    assert 0 < memory[-1] <= 1.05 * memory[len(memory) // 2]  # the queue's Redis memory too
     assert stats(client, keys)["producer/held_back"] > 0
 
 
