@@ -2,6 +2,8 @@
 
     celery-crawl crawl SPIDER SEED... [--priority N] [--wait] [--json] [--app tasks]
     celery-crawl site [--port 8000] [--forums N] ...   # the demo forum site
+    celery-crawl status [--watch] [--json]              # the crawl at a glance
+    celery-crawl exporter [--port 9410]                 # Prometheus metrics
 
 Each SEED starts one job. A seed is JSON (``'{"forum_id": "00001"}'``) or a
 bare value for the spider's ``seed_key`` (``00001`` for the forum spider).
@@ -100,6 +102,75 @@ def demo(
 
     sys.path.insert(0, os.getcwd())
     raise typer.Exit(run(forums=forums, once=once, items_dir=items))
+
+
+AppOption = Annotated[str, typer.Option("--app", "-A", envvar="CELERY_CRAWL_APP")]
+
+
+def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:
+    """The Redis client and the keys of every spider of the app's project."""
+    from celery_crawl.celery_app import project_of
+
+    project = project_of(celery_app)
+    return project.client, [project.keys(name) for name in project.spider_names()]
+
+
+def open_app(app: str) -> Any:
+    sys.path.insert(0, os.getcwd())
+    try:
+        return load_app(app)
+    except (CeleryCrawlError, ImportError, AttributeError) as exc:
+        err.print(f"[red]error:[/red] cannot load the app {app!r}: {exc}")
+        raise typer.Exit(2) from None
+
+
+@cli.command()
+def status(
+    app: AppOption = "tasks",
+    watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+    interval: Annotated[float, typer.Option(help="seconds between refreshes")] = 2.0,
+) -> None:
+    """Per spider: queue, in flight, dedup, pages/s, items/s, running jobs; workers online."""
+    from rich.live import Live
+
+    from celery_crawl.status import render, snapshot
+
+    celery_app = open_app(app)
+    client, spiders = spider_keys(celery_app)
+    if as_json:
+        typer.echo(json.dumps(snapshot(client, spiders, celery_app), indent=2))
+        return
+    console = Console()
+    if not watch:
+        console.print(render(snapshot(client, spiders, celery_app)))
+        return
+    with Live(console=console, refresh_per_second=1) as live:
+        try:
+            while True:
+                live.update(render(snapshot(client, spiders, celery_app)))
+                time.sleep(interval)
+        except KeyboardInterrupt:
+            return
+
+
+@cli.command()
+def exporter(
+    app: AppOption = "tasks",
+    port: Annotated[int, typer.Option(help="port of /metrics")] = 9410,
+    addr: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
+) -> None:
+    """Serve the crawl's metrics (queues, dedup, stats, jobs) for Prometheus."""
+    from celery_crawl.exporter import serve
+
+    client, spiders = spider_keys(open_app(app))
+    server, thread = serve(client, spiders, port, addr)
+    err.print(f"serving http://{addr}:{port}/metrics for {len(spiders)} spiders")
+    try:
+        while thread.is_alive():
+            thread.join(1.0)
+    except KeyboardInterrupt:
+        server.shutdown()
 
 
 def follow(jobs: list[Any], timeout: float, quiet: bool) -> list[dict[str, Any]]:

@@ -126,6 +126,20 @@ class SpiderKeys:
     def stats_types(self) -> str:
         return self.stats + ":types"
 
+    def stats_rate(self, minute: int) -> str:
+        """Per-minute counts of pages and items (written by ``lua/stats_update.lua``)."""
+        return f"{self.stats}:rate:{minute}"
+
+    @property
+    def job_states(self) -> str:
+        """Jobs per phase: queued, running, done, cancelled (kept by ``lua/jobs.lua``)."""
+        return self.job_prefix + "~states"
+
+    @property
+    def active_jobs(self) -> str:
+        """Ids of the queued and running jobs (kept by ``lua/jobs.lua``)."""
+        return self.job_prefix + "~active"
+
     @classmethod
     def build(
         cls,

@@ -3,17 +3,21 @@
 ``JobSpiderMiddleware`` stamps the job id of a response onto every request
 its callback yields, so children belong to their parent's job.
 ``JobDownloaderMiddleware`` reports download errors of a job's requests, so
-they show up in the job's statistics by kind.
+they show up in the job's statistics by kind, and records the time of the
+last response in the shared stats (``celery_crawl/last_response_time``).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Self
 
 from scrapy import Request
 
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_error, job_items, job_of
+
+LAST_RESPONSE = "celery_crawl/last_response_time"
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -74,10 +78,19 @@ class JobDownloaderMiddleware:
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
+        self._last_response = 0.0
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         return cls(crawler)
+
+    def process_response(self, request: Request, response: Any) -> Any:
+        """Record when a page last arrived (at most once a second), for the exporter."""
+        now = time.time()
+        if self.crawler.stats is not None and now - self._last_response >= 1.0:
+            self._last_response = now
+            self.crawler.stats.max_value(LAST_RESPONSE, now)
+        return response
 
     def process_exception(self, request: Request, exception: Exception) -> None:
         if job_of(request):

@@ -79,6 +79,9 @@ def decode(text: bytes | str, tag: bytes | str | None) -> Any:
     return text
 
 
+RATES = ("response_received_count", "item_scraped_count")  # also counted per minute
+
+
 class RedisStatsCollector(StatsCollector):
     """``STATS_CLASS = "celery_crawl.stats.RedisStatsCollector"``."""
 
@@ -144,6 +147,7 @@ class RedisStatsCollector(StatsCollector):
     def flush(self) -> None:
         """Write the buffered changes in one round trip; keep them if Redis is away."""
         ops = self._ops + [self._increment_op(k, v) for k, v in self._increments.items()]
+        ops += [("rate", k, str(int(v)), "i") for k, v in self._increments.items() if k in RATES]
         if not ops:
             return
         args = [part for op in ops for part in op]

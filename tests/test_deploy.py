@@ -33,12 +33,17 @@ def command(service: dict[str, Any]) -> list[str]:
 
 
 def app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    return {name: s for name, s in compose["services"].items() if name != "redis"}
+    """The services that run this project's image."""
+    return {name: s for name, s in compose["services"].items() if s.get("build") == "."}
 
 
 def test_the_deployment_has_every_service(compose: dict[str, Any]) -> None:
-    assert set(compose["services"]) == {"redis", "worker", "beat", "flower", "demo"}
-    assert compose["services"]["demo"]["profiles"] == ["demo"]
+    services = compose["services"]
+    assert set(services) == {
+        *("redis", "worker", "beat", "flower", "exporter", "demo", "prometheus", "grafana")
+    }
+    assert services["demo"]["profiles"] == ["demo"]
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["monitoring"]
     assert "container_name" not in compose["services"]["worker"]  # --scale worker=N
 
 
@@ -62,9 +67,13 @@ def test_celery_crawl_commands_exist_in_the_cli(compose: dict[str, Any]) -> None
     target = scripts["celery-crawl"]
     module, attr = target.split(":")
     cli = typer.main.get_command(importlib.import_module(module).cli)
-    args = command(compose["services"]["demo"])
-    assert args[0] == "celery-crawl" and attr == "main"
-    assert args[1] in cli.commands  # type: ignore[attr-defined]
+    assert attr == "main"
+    checked = [
+        command(s) for s in app_services(compose).values() if command(s)[0] == "celery-crawl"
+    ]
+    assert len(checked) == 2  # the exporter and the demo site
+    for args in checked:
+        assert args[1] in cli.commands  # type: ignore[attr-defined]
 
 
 def test_redis_is_not_published_and_is_persistent_with_a_password(
@@ -87,6 +96,15 @@ def test_flower_asks_for_a_password_and_listens_on_loopback_only(compose: dict[s
     auth = [arg for arg in command(flower) if arg.startswith("--basic-auth=")]
     assert auth == ["--basic-auth=${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}"]
     assert all(str(port).startswith("127.0.0.1:") for port in flower["ports"])
+
+
+def test_monitoring_mounts_files_that_exist(compose: dict[str, Any]) -> None:
+    mounts = [
+        volume.split(":")[0]
+        for name in ("prometheus", "grafana")
+        for volume in compose["services"][name]["volumes"]
+    ]
+    assert len(mounts) == 4 and all((ROOT / path).exists() for path in mounts)
 
 
 def test_the_dockerfile_copies_what_exists_and_installs_flower() -> None:

@@ -17,6 +17,7 @@ local job = ARGV[1]
 local key = JOB_PREFIX .. job
 if redis.call('HGET', key, 'state') ~= 'running' then return -1 end
 redis.call('HSET', key, 'state', 'cancelled')
+job_phase(job, 'cancelled')
 
 local function purge(levels)
     local purged = 0

@@ -21,6 +21,7 @@ if redis.call('EXISTS', key) == 1 then return {0, 0} end
 local now = redis.call('TIME')
 redis.call('HSET', key, 'state', 'running', 'pending', 0, 'leased', 0, 'done', 0,
     'created_at', now[1] + now[2] / 1000000)
+job_phase(job, 'queued')
 local fields_at = 4 + 4 * n
 for i = fields_at, fields_at + 2 * f - 1, 2 do
     redis.call('HSET', key, ARGV[i], ARGV[i + 1])

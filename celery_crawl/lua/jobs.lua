@@ -9,8 +9,14 @@
 --
 -- A queue entry is: 1 byte job id length, the job id, the encoded request.
 --
--- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_ack,
--- job_finish_if_done, ack_leases.
+-- A job's phase (field phase) is queued (no request leased yet), running,
+-- done or cancelled. The hash JOB_PREFIX .. '~states' counts jobs per phase,
+-- so the exporter reads them in one command: queued and running are current
+-- counts, done and cancelled only ever grow. The set JOB_PREFIX .. '~active'
+-- holds the ids of the queued and running jobs.
+--
+-- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_phase,
+-- job_ack, job_finish_if_done, ack_leases.
 
 local JOB_TTL = 7 * 24 * 3600
 local DONE_TOKENS = 16
@@ -34,14 +40,38 @@ local function job_add(job, field, delta)
     end
 end
 
+-- Move the job to phase; its old phase's count drops, the new one's grows.
+local function job_phase(job, phase)
+    local key = JOB_PREFIX .. job
+    local old = redis.call('HGET', key, 'phase')
+    if old == phase or old == 'done' or old == 'cancelled' then return end
+    local states = JOB_PREFIX .. '~states'
+    if old then redis.call('HINCRBY', states, old, -1) end
+    redis.call('HINCRBY', states, phase, 1)
+    redis.call('HSET', key, 'phase', phase)
+    if phase == 'queued' or phase == 'running' then
+        redis.call('SADD', JOB_PREFIX .. '~active', job)
+    else
+        redis.call('SREM', JOB_PREFIX .. '~active', job)
+    end
+end
+
+-- A request of the job was leased: a queued job now runs.
+local function job_leased(job)
+    if not job_exists(job) then return end
+    redis.call('HINCRBY', JOB_PREFIX .. job, 'leased', 1)
+    if redis.call('HGET', JOB_PREFIX .. job, 'phase') == 'queued' then job_phase(job, 'running') end
+end
+
 local function job_finish_if_done(job)
     local key = JOB_PREFIX .. job
     if tonumber(redis.call('HGET', key, 'pending') or '1') > 0 then return end
     local state = redis.call('HGET', key, 'state')
     if state == 'done' then return end
     local now = redis.call('TIME')
-    redis.call('HSET', key, 'state', state == 'running' and 'done' or state,
-        'finished_at', now[1] + now[2] / 1000000)
+    local final = state == 'running' and 'done' or state
+    redis.call('HSET', key, 'state', final, 'finished_at', now[1] + now[2] / 1000000)
+    job_phase(job, final)
     for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
     redis.call('EXPIRE', key, JOB_TTL)
     redis.call('EXPIRE', key .. ':done', JOB_TTL)

@@ -36,7 +36,7 @@ while #leased < want do
             local member = struct.pack('>I4I4i4', math.floor((first + i) / 2 ^ 32),
                 (first + i) % 2 ^ 32, tonumber(top)) .. entry
             redis.call('ZADD', inflight, deadline, member)
-            job_add(entry_job(entry, 1), 'leased', 1)
+            job_leased(entry_job(entry, 1))
             leased[#leased + 1] = member
         end
     end

@@ -3,11 +3,14 @@
 -- KEYS[1]  stats hash: field -> value
 -- KEYS[2]  types hash: field -> type tag (i int, f float, b bool, d datetime, s str, j json)
 -- ARGV     groups of four: op, field, value, type tag
---          op is 'incr' (add), 'set', 'max', 'min', 'setnx' (set if absent) or
+--          op is 'incr' (add), 'set', 'max', 'min', 'setnx' (set if absent),
+--          'rate' (add to this minute's hash KEYS[1] .. ':rate:' .. minute, which
+--          expires after RATE_TTL; rates over the last minute come from it) or
 --          'clear' (delete both hashes; field, value and tag are ignored)
 -- Returns  the number of operations applied
 
 local stats, types = KEYS[1], KEYS[2]
+local RATE_TTL = 900
 
 local function less(a, b)
     local na, nb = tonumber(a), tonumber(b)
@@ -44,6 +47,11 @@ local ops = {
     min = function(field, value, tag)
         local current = redis.call('HGET', stats, field)
         if current == false or less(value, current) then put(field, value, tag) end
+    end,
+    rate = function(field, value)
+        local key = stats .. ':rate:' .. math.floor(tonumber(redis.call('TIME')[1]) / 60)
+        redis.call('HINCRBY', key, field, value)
+        redis.call('EXPIRE', key, RATE_TTL)
     end,
     clear = function() redis.call('DEL', stats, types) end,
 }

@@ -1,0 +1,179 @@
+"""Prometheus metrics of the crawl, read from Redis at each scrape.
+
+``celery-crawl exporter --port 9410`` serves ``/metrics``. Everything is in
+Redis, so one exporter serves the whole cluster. A scrape sends a fixed
+handful of commands per spider in one pipelined round trip, whatever the
+number of queued requests or fingerprints: the queue length is one short
+script over its priority levels, the dedup size a counter, the stats and the
+job counts one hash each. No ``KEYS``, no scans.
+
+Every metric is named ``celery_crawl_*`` and labelled with ``spider``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from celery_crawl import scripts
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.middleware import LAST_RESPONSE
+
+NS = "celery_crawl"
+
+# stats hash field -> (metric, help): plain counters per spider
+COUNTERS = {
+    "downloader/request_count": ("requests", "Requests sent to the downloader."),
+    "downloader/response_bytes": ("response_bytes", "Bytes of responses received."),
+    "item_scraped_count": ("items", "Items scraped."),
+    "retry/count": ("retries", "Requests retried."),
+    "scheduler/requeued/expired": ("requeued_expired", "Leases that expired and were requeued."),
+    "producer/produced": ("producer_produced", "Jobs the producer started."),
+    "producer/held_back": ("producer_held_back", "Jobs the producer held back (caps)."),
+    "producer/skipped_running": (
+        "producer_skipped_running",
+        "Sources skipped because their job still ran.",
+    ),
+}
+# stats hash field prefix -> (metric, label, help): counters per spider and label
+LABELLED = {
+    "downloader/response_status_count/": ("responses", "status", "Responses by HTTP status."),
+    "downloader/exception_type_count/": ("errors", "kind", "Download errors and callback errors."),
+    "spider_exceptions/": ("errors", "kind", "Download errors and callback errors."),
+    "celery_crawl/dead_letter/": ("dead_lettered", "reason", "Queue entries dead-lettered."),
+}
+JOB_GAUGES = ("queued", "running")  # current counts
+JOB_COUNTERS = ("done", "cancelled")  # only grow
+
+
+@dataclass
+class Reading:
+    """What one scrape read for one spider."""
+
+    keys: SpiderKeys
+    queued: int
+    in_flight: int
+    fingerprints: int
+    stats: dict[str, str]
+    jobs: dict[str, int] | None  # None for a group member: its group's spider reports jobs
+
+
+def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
+    """One pipelined round trip: five commands per spider, none of them O(queue)."""
+    size = scripts.script(client, "queue_size")
+    with client.pipeline(transaction=False) as pipe:
+        for keys in spiders:
+            size(keys=[keys.queue], args=[], client=pipe)
+            pipe.zcard(keys.inflight)
+            pipe.get(keys.dupefilter_count)
+            pipe.hgetall(keys.stats)
+            pipe.hgetall(keys.job_states)
+        replies = pipe.execute()
+    readings = []
+    for index, keys in enumerate(spiders):
+        queued, in_flight, count, stats, jobs = replies[5 * index : 5 * index + 5]
+        owns_jobs = keys.group == keys.spider
+        readings.append(
+            Reading(
+                keys,
+                int(queued),
+                int(in_flight),
+                int(count or 0),
+                {k.decode(): v.decode() for k, v in stats.items()},
+                {k.decode(): int(v) for k, v in jobs.items()} if owns_jobs else None,
+            )
+        )
+    return readings
+
+
+class CrawlCollector(Collector):
+    """A prometheus_client collector over the spiders' Redis keys."""
+
+    def __init__(self, client: redis.Redis, spiders: Sequence[SpiderKeys]) -> None:
+        self.client = client
+        self.spiders = list(spiders)
+
+    def collect(self) -> Iterator[Metric]:
+        readings = read(self.client, self.spiders)
+        yield from gauges(readings)
+        yield from counters(readings)
+        yield from job_metrics(readings)
+
+
+def gauges(readings: list[Reading]) -> Iterator[Metric]:
+    queue = GaugeMetricFamily(f"{NS}_queue_length", "Requests queued.", labels=["spider"])
+    flight = GaugeMetricFamily(f"{NS}_in_flight", "Requests leased by a worker.", labels=["spider"])
+    dedup = GaugeMetricFamily(
+        f"{NS}_dedup_fingerprints", "Fingerprints in the dedup filter.", labels=["spider"]
+    )
+    age = GaugeMetricFamily(
+        f"{NS}_last_response_age_seconds",
+        "Seconds since a page was last fetched.",
+        labels=["spider"],
+    )
+    now = time.time()
+    for r in readings:
+        name = [r.keys.spider]
+        queue.add_metric(name, r.queued)
+        flight.add_metric(name, r.in_flight)
+        dedup.add_metric(name, r.fingerprints)
+        if LAST_RESPONSE in r.stats:
+            age.add_metric(name, max(now - float(r.stats[LAST_RESPONSE]), 0.0))
+    yield from (queue, flight, dedup, age)
+
+
+def counters(readings: list[Reading]) -> Iterator[Metric]:
+    plain = {
+        field: CounterMetricFamily(f"{NS}_{name}", text, labels=["spider"])
+        for field, (name, text) in COUNTERS.items()
+    }
+    labelled: dict[str, CounterMetricFamily] = {}
+    for name, label, text in LABELLED.values():
+        family = CounterMetricFamily(f"{NS}_{name}", text, labels=["spider", label])
+        labelled.setdefault(name, family)
+    for r in readings:
+        for field, family in plain.items():
+            family.add_metric([r.keys.spider], number(r.stats.get(field, "0")))
+        for field, value in r.stats.items():
+            for prefix, (name, _, _) in LABELLED.items():
+                if field.startswith(prefix):
+                    labelled[name].add_metric([r.keys.spider, field[len(prefix) :]], number(value))
+    yield from plain.values()
+    yield from labelled.values()
+
+
+def job_metrics(readings: list[Reading]) -> Iterator[Metric]:
+    jobs = GaugeMetricFamily(f"{NS}_jobs", "Jobs queued or running.", labels=["spider", "state"])
+    finished = CounterMetricFamily(
+        f"{NS}_jobs_finished", "Jobs finished, by final state.", labels=["spider", "state"]
+    )
+    for r in readings:
+        if r.jobs is None:
+            continue
+        for state in JOB_GAUGES:
+            jobs.add_metric([r.keys.spider, state], r.jobs.get(state, 0))
+        for state in JOB_COUNTERS:
+            finished.add_metric([r.keys.spider, state], r.jobs.get(state, 0))
+    yield from (jobs, finished)
+
+
+def number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        return 0.0
+
+
+def serve(client: redis.Redis, spiders: Sequence[SpiderKeys], port: int, addr: str) -> Any:
+    """Serve ``/metrics`` in a background thread; returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(CrawlCollector(client, spiders))
+    return start_http_server(port, addr=addr, registry=registry)

@@ -1,0 +1,184 @@
+"""The exporter, the alert rules and `celery-crawl status`, against real workers and Redis."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+from celery import Celery
+from prometheus_client.parser import text_string_to_metric_families
+from test_jobs import assert_complete_forum_crawl, forum_seeds
+from tests_support import free_port
+from workers import Worker
+
+from celery_crawl.celery_app import crawl, project_of
+from celery_crawl.exporter import CrawlCollector, serve
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Entry, PriorityQueue
+
+ROOT = Path(__file__).resolve().parent.parent
+SPIDERS = ("forum", "forum_detail")
+
+
+def scrape(client: redis.Redis, keys: list[SpiderKeys]) -> dict[tuple[str, tuple[Any, ...]], float]:
+    """GET /metrics from a real exporter; {(sample name, sorted labels): value}."""
+    port = free_port()
+    server, _ = serve(client, keys, port, "127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    finally:
+        server.shutdown()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(metrics: dict[tuple[str, tuple[Any, ...]], float], name: str, **labels: str) -> float:
+    return sum(
+        value
+        for (sample, pairs), value in metrics.items()
+        if sample == name and labels.items() <= dict(pairs).items()
+    )
+
+
+def test_exporter_metrics_match_the_stats_the_job_reported(
+    app: Celery, start_worker: Callable[..., Worker], db_url: str
+) -> None:
+    worker = start_worker(pool="solo")
+    result = crawl("forum", forum_seeds(), app=app).wait(timeout=120)
+    assert_complete_forum_crawl(result)
+    assert worker.stop() == 0  # the last stats are flushed at close
+    project = project_of(app)
+    metrics = scrape(redis.Redis.from_url(db_url), [project.keys(s) for s in SPIDERS])
+
+    assert total(metrics, "celery_crawl_items_total") == result["items"]
+    for status, count in result["status_codes"].items():
+        assert total(metrics, "celery_crawl_responses_total", status=status) == count
+    assert total(metrics, "celery_crawl_jobs_finished_total", state="done") == 1
+    assert total(metrics, "celery_crawl_jobs", state="running") == 0
+    assert total(metrics, "celery_crawl_queue_length") == 0
+    assert total(metrics, "celery_crawl_in_flight") == 0
+    fetched_urls = result["pages"] - result["status_codes"].get("404", 0)
+    assert total(metrics, "celery_crawl_dedup_fingerprints") >= fetched_urls - 9  # lists unfiltered
+    assert total(metrics, "celery_crawl_response_bytes_total") > 0
+    ages = [v for (n, _), v in metrics.items() if n == "celery_crawl_last_response_age_seconds"]
+    assert len(ages) == 2 and all(0 <= age < 120 for age in ages)
+
+
+def server_commands(client: redis.Redis, action: Callable[[], object]) -> list[str]:
+    """The commands the server ran during ``action`` (MONITOR: scripts' inner calls too)."""
+    marker = "end-of-scrape-marker"
+    monitor = client.monitor()  # a connection of its own
+    with monitor as m:
+        action()
+        client.echo(marker)
+        seen: list[str] = []
+        for _ in range(10_000):
+            command = m.next_command()["command"]
+            if marker in command:
+                return seen
+            if not command.startswith(("HELLO", "CLIENT", "PING")):  # connection upkeep
+                seen.append(command)
+    raise AssertionError("marker never seen")
+
+
+def test_a_scrape_costs_the_same_commands_whatever_the_queue_length(
+    client: redis.Redis, prefix: str
+) -> None:
+    keys = [SpiderKeys.build(s, group="forum", prefix=prefix) for s in SPIDERS]
+    queue = PriorityQueue(client, keys[1])
+    collector = CrawlCollector(client, keys)
+    list(collector.collect())  # the first scrape also loads the script
+    runs = []
+    for size in (10, 5_000):
+        queue.push_many([Entry(f"r{i}".encode(), priority=i % 3) for i in range(size)])
+        runs.append(server_commands(client, lambda: list(collector.collect())))
+    assert len(runs[0]) == len(runs[1]), runs
+    assert len(runs[0]) <= 10 * len(keys)  # a handful per spider, incl. the script's own calls
+
+
+def exporter_names(client: redis.Redis, prefix: str) -> set[str]:
+    """Every sample name the exporter emits (stats of every kind present)."""
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    fields = {
+        "downloader/response_status_count/200": 1,
+        "downloader/exception_type_count/TimeoutError": 1,
+        "celery_crawl/dead_letter/bad_record": 1,
+        "celery_crawl/last_response_time": 1,
+    }
+    client.hset(keys.stats, mapping=fields)
+    client.hset(keys.job_states, mapping={"running": 1, "done": 1})
+    return {s.name for f in CrawlCollector(client, [keys]).collect() for s in f.samples}
+
+
+def test_alert_rules_are_valid_and_name_only_exported_metrics(
+    client: redis.Redis, prefix: str
+) -> None:
+    rules = yaml.safe_load((ROOT / "monitoring/prometheus/rules.yml").read_text())
+    names = exporter_names(client, prefix)
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    assert {a["alert"] for a in alerts} >= {
+        "CrawlItemRateLow",
+        "CrawlQueueStuckAtCap",
+        "CrawlLeasesExpiring",
+        "CrawlNoPageFetched",
+    }
+    for alert in alerts:
+        assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}
+        assert re.fullmatch(r"\d+[smh]", alert["for"]), alert["alert"]
+        used = set(re.findall(r"celery_crawl_[a-z_]+", alert["expr"]))
+        assert used and used <= names, (alert["alert"], used - names)
+        assert alert["expr"].count("(") == alert["expr"].count(")")
+
+
+def test_the_dashboard_names_only_exported_metrics(client: redis.Redis, prefix: str) -> None:
+    dashboard = json.loads((ROOT / "monitoring/grafana/dashboards/celery_crawl.json").read_text())
+    names = exporter_names(client, prefix)
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"celery_crawl_[a-z_]+", expr)}
+    assert used and used <= names
+    titles = {panel["title"] for panel in dashboard["panels"]}
+    assert {"Queue length", "Pages/s", "Items/s", "Responses by status"} <= titles
+
+
+def test_status_json_shows_spiders_jobs_and_workers(
+    app: Celery, start_worker: Callable[..., Worker], env: dict[str, str]
+) -> None:
+    worker = start_worker(name="watched", pool="solo")
+    job = crawl("forum", forum_seeds(), app=app)
+    job.wait(timeout=120)
+    waiting = crawl("forum", [{"forum_id": "00001"}], app=app)
+    waiting.cancel()  # finished, so it must not be listed as running
+    command = [sys.executable, "-m", "celery_crawl.cli", "status", "--json", "-A", "worker_app"]
+    out = subprocess.run(
+        command, env=env, cwd=ROOT / "tests", capture_output=True, text=True, timeout=60, check=True
+    )
+    data = json.loads(out.stdout)
+    spiders = {s["spider"]: s for s in data["spiders"]}
+    assert set(spiders) >= set(SPIDERS)
+    for entry in spiders.values():
+        assert set(entry) == {
+            "spider",
+            "queue",
+            "in_flight",
+            "dedup",
+            "pages_per_s",
+            "items_per_s",
+            "jobs",
+        }
+    assert spiders["forum_detail"]["pages_per_s"] > 0  # pages of the last minute
+    assert spiders["forum_detail"]["items_per_s"] > 0
+    assert spiders["forum"]["jobs"] == []  # both jobs finished
+    assert any(name.startswith("watched@") for name in data["workers"])
+    assert worker.output().count("hosting crawlers") == 1
