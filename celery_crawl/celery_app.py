@@ -180,7 +180,17 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
             if job.client.exists(stopping):
                 raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
             continue
-        logger.info("job %s finished: %s", job.id, result)
+        logger.info(
+            "job %s finished: spider=%s seeds=%s state=%s pages=%s items=%s errors=%s duration=%ss",
+            job.id,
+            spider,
+            seeds,
+            result["state"],
+            result["pages"],
+            result["items"],
+            sum(result["errors"].values()),
+            result["duration"],
+        )
         return result
 
 

@@ -130,6 +130,7 @@ def status(
     watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     interval: Annotated[float, typer.Option(help="seconds between refreshes")] = 2.0,
+    svg: Annotated[str | None, typer.Option(help="also save the screen as an SVG file")] = None,
 ) -> None:
     """Per spider: queue, in flight, dedup, pages/s, items/s, running jobs; workers online."""
     from rich.live import Live
@@ -141,9 +142,11 @@ def status(
     if as_json:
         typer.echo(json.dumps(snapshot(client, spiders, celery_app), indent=2))
         return
-    console = Console()
+    console = Console(record=svg is not None)
     if not watch:
         console.print(render(snapshot(client, spiders, celery_app)))
+        if svg is not None:
+            console.save_svg(svg, title="celery-crawl status")
         return
     with Live(console=console, refresh_per_second=1) as live:
         try:

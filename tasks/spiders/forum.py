@@ -80,11 +80,12 @@ class ForumSpider(Spider):
         return data  # type: ignore[no-any-return]
 
     def malformed(self, response: Response, error: Malformed) -> Iterator[Request]:
-        """Count it by kind, log it once with its URL, and fetch it again a few times."""
+        """Count it by kind, log it with its URL (first and last try), fetch it again."""
         assert self.crawler.stats is not None
         self.crawler.stats.inc_value(f"forum/malformed/{error.kind}")
         tries = int(response.meta.get("malformed_retries", 0))
-        logger.warning("malformed page %s (%s), try %d", response.url, error, tries + 1)
+        if tries in {0, MALFORMED_RETRIES}:  # once per URL, and when giving up
+            logger.warning("malformed page %s (%s), try %d", response.url, error, tries + 1)
         if tries < MALFORMED_RETRIES:
             meta = {**response.meta, "malformed_retries": tries + 1}
             yield response.request.replace(dont_filter=True, meta=meta)  # type: ignore[union-attr]
