@@ -30,8 +30,8 @@ from rich.table import Table
 
 from celery_crawl.demo_site import SiteConfig, SiteThread, run_in_thread
 from celery_crawl.embedded import redis_url
+from celery_crawl.exporter import read
 from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import PriorityQueue
 
 
 def free_port() -> int:
@@ -91,12 +91,12 @@ class Progress:
         self.jobs |= {v.decode().split("|")[0] for v in running.values()}
         jobs = [client.hmget(keys.job(job), "state", "items") for job in sorted(self.jobs)]
         states = [state for state, _ in jobs]
+        readings = read(client, group)  # queue lengths and stats in one round trip
         stats: dict[str, int] = {}
-        for member in group:
-            raw: dict[bytes, bytes] = client.hgetall(member.stats)  # type: ignore[assignment]
-            for name, value in raw.items():
-                if value.lstrip(b"-").isdigit():
-                    stats[name.decode()] = stats.get(name.decode(), 0) + int(value)
+        for reading in readings:
+            for name, value in reading.stats.items():
+                if value.lstrip("-").isdigit():
+                    stats[name] = stats.get(name, 0) + int(value)
         pages, now = site.requests_served, time.monotonic()
         rate = (pages - self.last_pages) / max(now - self.last_time, 1e-6)
         self.last_pages, self.last_time = pages, now
@@ -106,7 +106,7 @@ class Progress:
             "pages": pages,
             "pages/s": round(rate, 1),
             "items": sum(int(items or 0) for _, items in jobs),
-            "queue": sum(len(PriorityQueue(client, member)) for member in group),
+            "queue": sum(reading.queued for reading in readings),
             "held back": stats.get("producer/held_back", 0),
             "errors": sum(int(v) for k, v in stats.items() if k.startswith("log_count/ERROR")),
         }

@@ -65,7 +65,10 @@ class Reading:
 
 
 def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
-    """One pipelined round trip: five commands per spider, none of them O(queue)."""
+    """One pipelined round trip: four or five commands per spider, none of them O(queue).
+
+    A group's job counts are read once, with the spider named after the group.
+    """
     size = scripts.script(client, "queue_size")
     with client.pipeline(transaction=False) as pipe:
         for keys in spiders:
@@ -73,12 +76,13 @@ def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
             pipe.zcard(keys.inflight)
             pipe.get(keys.dupefilter_count)
             pipe.hgetall(keys.stats)
-            pipe.hgetall(keys.job_states)
-        replies = pipe.execute()
+            if keys.group == keys.spider:
+                pipe.hgetall(keys.job_states)
+        replies = iter(pipe.execute())
     readings = []
-    for index, keys in enumerate(spiders):
-        queued, in_flight, count, stats, jobs = replies[5 * index : 5 * index + 5]
-        owns_jobs = keys.group == keys.spider
+    for keys in spiders:
+        queued, in_flight, count, stats = (next(replies) for _ in range(4))
+        jobs = next(replies) if keys.group == keys.spider else None
         readings.append(
             Reading(
                 keys,
@@ -86,7 +90,7 @@ def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
                 int(in_flight),
                 int(count or 0),
                 {k.decode(): v.decode() for k, v in stats.items()},
-                {k.decode(): int(v) for k, v in jobs.items()} if owns_jobs else None,
+                None if jobs is None else {k.decode(): int(v) for k, v in jobs.items()},
             )
         )
     return readings

@@ -290,8 +290,8 @@ class Scheduler(BaseScheduler):
 
         On a connection error, ``pending`` keeps what was not pushed yet.
         """
-        while self.router is not None and any(p.target for p in pending):
-            target = next(p.target for p in pending if p.target)
+        for target in dict.fromkeys(p.target for p in pending if p.target):
+            assert self.router is not None  # enqueue_request admitted only routable targets
             batch = [p for p in pending if p.target == target]
             flags = self.router.queue(target).push_many([p.entry for p in batch])
             pending[:] = [p for p in pending if p.target != target]

@@ -59,8 +59,11 @@ end
 -- A request of the job was leased: a queued job now runs.
 local function job_leased(job)
     if not job_exists(job) then return end
-    redis.call('HINCRBY', JOB_PREFIX .. job, 'leased', 1)
-    if redis.call('HGET', JOB_PREFIX .. job, 'phase') == 'queued' then job_phase(job, 'running') end
+    -- only the first lease can find the job queued: skip the HGET otherwise
+    if redis.call('HINCRBY', JOB_PREFIX .. job, 'leased', 1) == 1
+        and redis.call('HGET', JOB_PREFIX .. job, 'phase') == 'queued' then
+        job_phase(job, 'running')
+    end
 end
 
 local function job_finish_if_done(job)
