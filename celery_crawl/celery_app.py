@@ -29,7 +29,7 @@ from celery.exceptions import Reject
 
 from celery_crawl import connection
 from celery_crawl.hosting import CrawlerHost
-from celery_crawl.jobs import Job, JobTimeout
+from celery_crawl.jobs import Job, JobFailed, JobTimeout
 from celery_crawl.keys import DEFAULT_PREFIX, job_spider, stopping_worker
 from celery_crawl.project import Project
 
@@ -191,6 +191,8 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
             sum(result["errors"].values()),
             result["duration"],
         )
+        if result["state"] == "failed":
+            raise JobFailed(f"job {job.id} fetched no page: errors {result['errors']}")
         return result
 
 

@@ -102,7 +102,7 @@ class Progress:
         self.last_pages, self.last_time = pages, now
         return {
             "jobs": len(self.jobs),
-            "jobs done": sum(s in (b"done", b"cancelled") for s in states),
+            "jobs done": sum(s in (b"done", b"failed", b"cancelled") for s in states),
             "pages": pages,
             "pages/s": round(rate, 1),
             "items": sum(int(items or 0) for _, items in jobs),

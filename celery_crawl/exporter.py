@@ -49,7 +49,7 @@ LABELLED = {
     "celery_crawl/dead_letter/": ("dead_lettered", "reason", "Queue entries dead-lettered."),
 }
 JOB_GAUGES = ("queued", "running")  # current counts
-JOB_COUNTERS = ("done", "cancelled")  # only grow
+JOB_COUNTERS = ("done", "failed", "cancelled")  # only grow
 
 
 @dataclass

@@ -32,12 +32,16 @@ job_error = object()
 # sent by the spider middleware once per callback: how many items it yielded
 job_items = object()
 
-TERMINAL_STATES = ("done", "cancelled")
+TERMINAL_STATES = ("done", "failed", "cancelled")
 _COUNTERS = ("pending", "leased", "done", "pages", "items", "retries", "duplicates", "purged")
 
 
 class JobTimeout(CeleryCrawlError):
     """``Job.wait`` ran out of time; the job goes on."""
+
+
+class JobFailed(CeleryCrawlError):
+    """The job ended without fetching a single page, and with errors (the job task raises it)."""
 
 
 class UnknownJob(CeleryCrawlError):
@@ -59,6 +63,11 @@ class JobStats:
     def add(self, job: str, field: str, delta: int = 1) -> None:
         if job:
             self._deltas[(job, field)] += delta
+
+    def error(self, job: str, kind: str) -> None:
+        """An error of ``kind``; the total decides whether a pageless job failed."""
+        self.add(job, f"errors/{kind}")
+        self.add(job, "errors")
 
     def restore(self, deltas: list[tuple[str, str, int]]) -> None:
         """Put back deltas whose write failed."""
@@ -95,13 +104,13 @@ class JobStats:
 
     def on_item_error(self, item: Any, response: Any, spider: Any, failure: Any) -> None:
         self.add(job_of(response), "items", -1)
-        self.add(job_of(response), f"errors/item/{failure.type.__name__}")
+        self.error(job_of(response), f"item/{failure.type.__name__}")
 
     def on_spider_error(self, failure: Any, response: Any, spider: Any) -> None:
-        self.add(job_of(response), f"errors/{failure.type.__name__}")
+        self.error(job_of(response), failure.type.__name__)
 
     def on_job_error(self, request: Any, kind: str) -> None:
-        self.add(job_of(request), f"errors/{kind}")
+        self.error(job_of(request), kind)
 
 
 @dataclass(frozen=True)

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import time
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 import yaml
 from celery import Celery
@@ -133,6 +138,7 @@ def test_alert_rules_are_valid_and_name_only_exported_metrics(
         "CrawlQueueStuckAtCap",
         "CrawlLeasesExpiring",
         "CrawlNoPageFetched",
+        "CrawlJobsFailing",
     }
     for alert in alerts:
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}
@@ -140,6 +146,91 @@ def test_alert_rules_are_valid_and_name_only_exported_metrics(
         used = set(re.findall(r"celery_crawl_[a-z_]+", alert["expr"]))
         assert used and used <= names, (alert["alert"], used - names)
         assert alert["expr"].count("(") == alert["expr"].count(")")
+
+
+def prometheus_tool(name: str) -> str:
+    """Debian's ``prometheus`` package; .ci/run installs it, so CI never skips."""
+    path = shutil.which(name)
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{name} not installed: .ci/run must apt-get install prometheus")
+        pytest.skip(f"{name} not installed (apt-get install prometheus)")
+    return path
+
+
+def test_promtool_checks_the_rules_and_their_unit_tests() -> None:
+    """Each alert fires on the series meant to trigger it (monitoring/prometheus/rules_test.yml)."""
+    promtool = prometheus_tool("promtool")
+    folder = ROOT / "monitoring/prometheus"
+    for args in (["check", "rules", "rules.yml"], ["test", "rules", "rules_test.yml"]):
+        run = subprocess.run(
+            [promtool, *args], check=False, cwd=folder, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
+def prometheus_api(port: int, path: str, **query: str) -> Any:
+    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return json.loads(reply.read())["data"]
+
+
+def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
+    client: redis.Redis, prefix: str, tmp_path: Path
+) -> None:
+    binary = prometheus_tool("prometheus")
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    client.hset(keys.stats, mapping={"item_scraped_count": 7, "downloader/request_count": 9})
+    exporter_port, port = free_port(), free_port()
+    server, _ = serve(client, [keys], exporter_port, "127.0.0.1")
+    rules = (ROOT / "monitoring/prometheus/rules.yml").resolve()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {
+                        "job_name": "celery_crawl",
+                        "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+                    }
+                ],
+            }
+        )
+    )
+    command = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
+    command.append(f"--web.listen-address=127.0.0.1:{port}")
+    log = (tmp_path / "prometheus.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        groups = wait_for_evaluated_rules(port, deadline=time.monotonic() + 60)
+        rules_seen = [rule for group in groups for rule in group["rules"]]
+        assert len(rules_seen) == 5
+        assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
+        items = prometheus_api(port, "query", query="celery_crawl_items_total")["result"]
+        assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        server.shutdown()
+
+
+def wait_for_evaluated_rules(port: int, deadline: float) -> list[dict[str, Any]]:
+    """The rule groups once every rule was evaluated at least once after a scrape."""
+    while time.monotonic() < deadline:
+        try:
+            groups = prometheus_api(port, "rules")["groups"]
+            up = prometheus_api(port, "query", query="up")["result"]
+        except OSError:  # not listening yet
+            groups, up = [], []
+        rules = [rule for group in groups for rule in group["rules"]]
+        scraped = any(r["value"][1] == "1" for r in up)
+        if scraped and rules and all(not r["lastEvaluation"].startswith("0001") for r in rules):
+            time.sleep(2)  # one more evaluation with the scraped series present
+            return prometheus_api(port, "rules")["groups"]  # type: ignore[no-any-return]
+        time.sleep(0.5)
+    raise AssertionError("Prometheus did not scrape and evaluate the rules within 60 s")
 
 
 def test_the_dashboard_names_only_exported_metrics(client: redis.Redis, prefix: str) -> None:
@@ -182,3 +273,24 @@ def test_status_json_shows_spiders_jobs_and_workers(
     assert spiders["forum"]["jobs"] == []  # both jobs finished
     assert any(name.startswith("watched@") for name in data["workers"])
     assert worker.output().count("hosting crawlers") == 1
+
+
+def test_a_job_that_fetches_no_page_fails(
+    app: Celery, start_worker: Callable[..., Worker], db_url: str
+) -> None:
+    """Failed: every download refused, no page. Celery records FAILURE; the exporter counts it."""
+    start_worker(pool="solo")
+    job = crawl("paths", [{"path": "refused"}], app=app)
+    result = job.wait(timeout=120)
+    assert result["state"] == "failed"
+    assert result["pages"] == 0
+    assert result["errors"] == {"DownloadConnectionRefusedError": 3}  # a try and 2 retries
+    job.result.get(timeout=30, propagate=False)
+    assert job.result.state == "FAILURE"
+    assert "fetched no page" in str(job.result.result)
+    ok = crawl("paths", [{"path": "missing"}], app=app).wait(timeout=120)
+    assert ok["state"] == "done"  # a 404 is a page: the job did not fail
+
+    metrics = scrape(redis.Redis.from_url(db_url), [project_of(app).keys("paths")])
+    assert total(metrics, "celery_crawl_jobs_finished_total", state="failed") == 1
+    assert total(metrics, "celery_crawl_jobs_finished_total", state="done") == 1

@@ -1,7 +1,7 @@
 -- Job bookkeeping: included by the queue scripts, never run alone.
 --
 -- A job is a hash JOB_PREFIX .. job_id in the spider's hash tag, with fields
--- state (running, done, cancelled), pending (requests enqueued and not yet
+-- state (running, done, failed, cancelled), pending (requests enqueued and not yet
 -- acked), leased (of those, the ones in flight), done (acked), per-job stats,
 -- and finished_at. A job is done when pending drops to 0 on an ack: the ack
 -- comes after the children of the acked request were counted in, so pending
@@ -9,10 +9,13 @@
 --
 -- A queue entry is: 1 byte job id length, the job id, the encoded request.
 --
+-- A job ends failed instead of done when not one page was fetched and errors
+-- were counted (field errors): the site was down, every download failed.
+--
 -- A job's phase (field phase) is queued (no request leased yet), running,
--- done or cancelled. The hash JOB_PREFIX .. '~states' counts jobs per phase,
+-- done, failed or cancelled. The hash JOB_PREFIX .. '~states' counts jobs per phase,
 -- so the exporter reads them in one command: queued and running are current
--- counts, done and cancelled only ever grow. The set JOB_PREFIX .. '~active'
+-- counts, done, failed and cancelled only ever grow. The set JOB_PREFIX .. '~active'
 -- holds the ids of the queued and running jobs.
 --
 -- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_phase,
@@ -25,6 +28,8 @@ local function entry_job(entry, offset)
     local length = string.byte(entry, offset) or 0
     return string.sub(entry, offset + 1, offset + length)
 end
+
+local FINAL = {done = true, failed = true, cancelled = true}
 
 local function job_exists(job)
     return job ~= '' and redis.call('EXISTS', JOB_PREFIX .. job) == 1
@@ -44,7 +49,7 @@ end
 local function job_phase(job, phase)
     local key = JOB_PREFIX .. job
     local old = redis.call('HGET', key, 'phase')
-    if old == phase or old == 'done' or old == 'cancelled' then return end
+    if old == phase or FINAL[old] then return end
     local states = JOB_PREFIX .. '~states'
     if old then redis.call('HINCRBY', states, old, -1) end
     redis.call('HINCRBY', states, phase, 1)
@@ -66,13 +71,20 @@ local function job_leased(job)
     end
 end
 
+-- How a running job ends: failed when no page came back and errors were counted.
+local function job_outcome(key)
+    local fields = redis.call('HMGET', key, 'pages', 'errors')
+    local pages, errors = tonumber(fields[1] or '0'), tonumber(fields[2] or '0')
+    return (pages == 0 and errors > 0) and 'failed' or 'done'
+end
+
 local function job_finish_if_done(job)
     local key = JOB_PREFIX .. job
     if tonumber(redis.call('HGET', key, 'pending') or '1') > 0 then return end
     local state = redis.call('HGET', key, 'state')
-    if state == 'done' then return end
+    if state == 'done' or state == 'failed' then return end
     local now = redis.call('TIME')
-    local final = state == 'running' and 'done' or state
+    local final = state == 'running' and job_outcome(key) or state
     redis.call('HSET', key, 'state', final, 'finished_at', now[1] + now[2] / 1000000)
     job_phase(job, final)
     for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
