@@ -180,7 +180,8 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
 ) -> None:
     binary = prometheus_tool("prometheus")
     keys = SpiderKeys.build("forum", prefix=prefix)
-    client.hset(keys.stats, mapping={"item_scraped_count": 7, "downloader/request_count": 9})
+    stats = {"item_scraped_count": 7, "downloader/response_status_count/200": 9}
+    client.hset(keys.stats, mapping=stats)
     exporter_port, port = free_port(), free_port()
     server, _ = serve(client, [keys], exporter_port, "127.0.0.1")
     rules = (ROOT / "monitoring/prometheus/rules.yml").resolve()
@@ -210,6 +211,8 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
         assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
         items = prometheus_api(port, "query", query="celery_crawl_items_total")["result"]
         assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]
+        for expr in dashboard_exprs():  # each panel's query is valid PromQL with data
+            assert prometheus_api(port, "query", query=expr)["result"], expr
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -233,13 +236,20 @@ def wait_for_evaluated_rules(port: int, deadline: float) -> list[dict[str, Any]]
     raise AssertionError("Prometheus did not scrape and evaluate the rules within 60 s")
 
 
+def dashboard() -> dict[str, Any]:
+    return json.loads((ROOT / "monitoring/grafana/dashboards/celery_crawl.json").read_text())  # type: ignore[no-any-return]
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for panel in dashboard()["panels"] for t in panel["targets"]]
+
+
 def test_the_dashboard_names_only_exported_metrics(client: redis.Redis, prefix: str) -> None:
-    dashboard = json.loads((ROOT / "monitoring/grafana/dashboards/celery_crawl.json").read_text())
     names = exporter_names(client, prefix)
-    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    exprs = dashboard_exprs()
     used = {name for expr in exprs for name in re.findall(r"celery_crawl_[a-z_]+", expr)}
     assert used and used <= names
-    titles = {panel["title"] for panel in dashboard["panels"]}
+    titles = {panel["title"] for panel in dashboard()["panels"]}
     assert {"Queue length", "Pages/s", "Items/s", "Responses by status"} <= titles
 
 
