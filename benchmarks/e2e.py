@@ -14,7 +14,9 @@ it writes feeds too.
 
 Pages/s is counted at the site, from its first request to its last. Pickup
 latency is from submitting a job to an idle system until the site sees its
-first request.
+first request. For the two Redis systems, the Redis server's own CPU time and
+command count over the crawl (``INFO``) are reported per 1,000 pages: the
+cost that sizes a shard.
 
     python -m benchmarks.e2e [--processes 1 2] [--rounds 3] [--forums 8]
                              [--anchor-items redis|feed]
@@ -48,6 +50,28 @@ LOGS = Path(os.environ.get("BENCH_LOGS", "/tmp")) / "celery_crawl-e2e"
 class Run:
     pages_per_s: float
     pickup_ms: list[float] = field(default_factory=list)
+    server: ServerCost | None = None
+
+
+@dataclass(frozen=True)
+class ServerCost:
+    """The Redis server's CPU seconds and commands, from INFO."""
+
+    cpu_s: float
+    commands: int
+
+    @classmethod
+    def read(cls, client: redis.Redis) -> ServerCost:
+        info: dict[str, Any] = client.info()  # type: ignore[assignment]
+        cpu = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        return cls(cpu, int(info["total_commands_processed"]))
+
+    def since(self, before: ServerCost, pages: int) -> ServerCost:
+        """Per 1,000 pages: CPU milliseconds and commands."""
+        per = 1000 / pages
+        return ServerCost(
+            (self.cpu_s - before.cpu_s) * 1000 * per, round((self.commands - before.commands) * per)
+        )
 
 
 def items_written(name: str) -> int:
@@ -176,13 +200,16 @@ def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int)
             procs.start(command, env, f"celery_crawl-{number}")
         try:
             procs.wait_logged("hosting crawlers")
+            client = redis.Redis.from_url(url)
+            before = ServerCost.read(client)
             jobs = [crawl("forum", [{"forum_id": f}], app=app) for f in config.forum_ids()]
             expected = config.expected()
             rate = throughput(site, expected.pages + expected.not_found)
             for job in jobs:
                 job.wait(timeout=60)
+            cost = ServerCost.read(client).since(before, site.site.requests_served)
             submit = lambda: crawl("forum", [{"forum_id": "00001"}], app=app)  # noqa: E731
-            return Run(rate, pickup(site, submit, samples))
+            return Run(rate, pickup(site, submit, samples), cost)
         finally:
             procs.stop()
             check_items("celery_crawl", config.expected().posts + config.expected().comments)
@@ -212,10 +239,12 @@ def run_scrapy_redis(url: str, config: SiteConfig, processes: int, samples: int)
         try:
             procs.wait_logged("Spider opened")
             key = f"{prefix}:forum:start_urls"
+            before = ServerCost.read(client)
             client.lpush(key, *config.forum_ids())
             expected = config.expected()
             rate = throughput(site, expected.pages + expected.not_found)
-            return Run(rate, pickup(site, lambda: client.lpush(key, "00001"), samples))
+            cost = ServerCost.read(client).since(before, site.site.requests_served)
+            return Run(rate, pickup(site, lambda: client.lpush(key, "00001"), samples), cost)
         finally:
             procs.stop()
             if ANCHOR_ITEMS["sink"] == "feed":
@@ -307,7 +336,7 @@ def report(results: dict[tuple[int, str], list[Run]], args: Any, config: SiteCon
             samples = [ms for r in runs for ms in r.pickup_ms]
             pick = f"{statistics.median(samples):.0f} ms" if samples else "n/a"
             ratios = (f"{vs_redis:.2f}× / {vs_plain:.2f}×") if system == "celery_crawl" else ""
-            rows.append([processes, system, f"{rate:,.0f}", ratios, pick])
+            rows.append([processes, system, f"{rate:,.0f}", ratios, pick, *server_cost(runs)])
     expected = config.expected()
     print(
         f"\n{expected.pages + expected.not_found} pages, {expected.posts + expected.comments}"
@@ -321,10 +350,23 @@ def report(results: dict[tuple[int, str], list[Run]], args: Any, config: SiteCon
                 "pages/s",
                 "celery_crawl vs scrapy-redis / plain",
                 "pickup (median)",
+                "Redis CPU ms / 1k pages",
+                "Redis commands / 1k pages",
             ],
             rows,
         )
     )
+
+
+def server_cost(runs: list[Run]) -> list[str]:
+    """Median Redis CPU and commands per 1,000 pages; n/a for plain Scrapy."""
+    costs = [r.server for r in runs if r.server is not None]
+    if not costs:
+        return ["n/a", "n/a"]
+    return [
+        f"{median([c.cpu_s for c in costs]):.0f}",
+        f"{median([c.commands for c in costs]):,.0f}",
+    ]
 
 
 if __name__ == "__main__":
