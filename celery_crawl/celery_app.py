@@ -2,8 +2,9 @@
 
 ``create_app("tasks", "tasks.settings")`` gives a Celery app that:
 
-- uses ``REDIS_URL`` as broker and result backend unless configured otherwise,
-  with the JSON serializer only;
+- uses ``REDIS_URL`` as broker and result backend unless configured otherwise
+  (a sentinel URL in kombu's ``sentinel://`` form; a cluster URL needs an
+  explicit broker, see :func:`transport_conf`), with the JSON serializer only;
 - hosts the project's crawlers in every worker process (see
   :mod:`celery_crawl.hosting`), set up after the fork for prefork;
 - registers the task ``celery_crawl.crawl``: it creates the job if it does not
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -28,6 +30,7 @@ from celery import Celery, Task, signals
 from celery.exceptions import Reject
 
 from celery_crawl import connection
+from celery_crawl.errors import ConfigError
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.jobs import Job, JobTimeout
 from celery_crawl.keys import DEFAULT_PREFIX, job_spider, stopping_worker
@@ -63,8 +66,9 @@ def create_app(
     configuration (``broker_url`` and ``result_backend`` default to ``REDIS_URL``).
     """
     project = Project.from_module(scrapy_settings, settings)
-    url = project.settings.get("REDIS_URL") or "redis://localhost:6379/0"
-    app = Celery(main, broker=url, backend=url)
+    transport = transport_conf(connection.url_from_settings(project.settings), conf)
+    app = Celery(main, broker=transport.pop("broker_url"), backend=transport.pop("result_backend"))
+    app.conf.update(transport)
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -92,6 +96,43 @@ def create_app(
     } | dict(app.conf.beat_schedule or {})
     app.celery_crawl_project = project
     return app
+
+
+def transport_conf(url: str, conf: dict[str, Any]) -> dict[str, Any]:
+    """Celery's broker and result backend, from ``REDIS_URL`` where ``conf`` sets neither.
+
+    A plain URL serves as both. A sentinel URL becomes kombu's
+    ``sentinel://host:port;sentinel://...`` with the service as ``master_name``,
+    so Celery follows a failover too. Kombu has no Redis Cluster transport: a
+    cluster URL needs ``broker_url`` (or ``CELERY_BROKER_URL``), whose server
+    then also keeps the results unless ``result_backend`` says otherwise.
+    """
+    broker = conf.get("broker_url") or os.environ.get("CELERY_BROKER_URL")
+    backend = conf.get("result_backend") or os.environ.get("CELERY_RESULT_BACKEND")
+    if connection.is_cluster_url(url):
+        if not broker:
+            raise ConfigError(
+                f"REDIS_URL {connection.redact(url)!r} is a Redis Cluster, which Celery cannot "
+                "use as its broker: set broker_url (or CELERY_BROKER_URL) to a plain Redis"
+            )
+        return {"broker_url": broker, "result_backend": backend or broker}
+    derived: dict[str, Any] = {"broker_url": broker or url, "result_backend": backend or url}
+    if connection.is_sentinel_url(url):
+        kombu_url, options = kombu_sentinel(url)
+        if not broker:
+            derived.update(broker_url=kombu_url, broker_transport_options=options)
+        if not backend:
+            derived.update(result_backend=kombu_url, result_backend_transport_options=options)
+    return derived
+
+
+def kombu_sentinel(url: str) -> tuple[str, dict[str, Any]]:
+    """``redis+sentinel://h1:p1,h2:p2/service/db`` in kombu's form, and its transport options."""
+    parsed = connection.MultiHostUrl.parse(url, 26379)
+    service, db = connection.sentinel_service(parsed)
+    auth = f"{parsed.username or ''}:{parsed.password}@" if parsed.password else ""
+    hosts = ";".join(f"sentinel://{auth}{host}:{port}/{db}" for host, port in parsed.hosts)
+    return hosts, {"master_name": service}
 
 
 def spider_queues(project: Project) -> dict[str, str]:
