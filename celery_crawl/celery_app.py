@@ -3,8 +3,8 @@
 ``create_app("tasks", "tasks.settings")`` gives a Celery app that:
 
 - uses ``REDIS_URL`` as broker and result backend unless configured otherwise
-  (a sentinel URL in kombu's ``sentinel://`` form; a cluster URL needs an
-  explicit broker, see :func:`transport_conf`), with the JSON serializer only;
+  (a cluster or sentinel URL needs an explicit broker, see
+  :func:`transport_conf`), with the JSON serializer only;
 - hosts the project's crawlers in every worker process (see
   :mod:`celery_crawl.hosting`), set up after the fork for prefork;
 - registers the task ``celery_crawl.crawl``: it creates the job if it does not
@@ -67,8 +67,7 @@ def create_app(
     """
     project = Project.from_module(scrapy_settings, settings)
     transport = transport_conf(connection.url_from_settings(project.settings), conf)
-    app = Celery(main, broker=transport.pop("broker_url"), backend=transport.pop("result_backend"))
-    app.conf.update(transport)
+    app = Celery(main, broker=transport["broker_url"], backend=transport["result_backend"])
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -99,40 +98,24 @@ def create_app(
 
 
 def transport_conf(url: str, conf: dict[str, Any]) -> dict[str, Any]:
-    """Celery's broker and result backend, from ``REDIS_URL`` where ``conf`` sets neither.
+    """Celery's broker and result backend: ``conf``'s, else ``REDIS_URL`` when it is one server.
 
-    A plain URL serves as both. A sentinel URL becomes kombu's
-    ``sentinel://host:port;sentinel://...`` with the service as ``master_name``,
-    so Celery follows a failover too. Kombu has no Redis Cluster transport: a
-    cluster URL needs ``broker_url`` (or ``CELERY_BROKER_URL``), whose server
-    then also keeps the results unless ``result_backend`` says otherwise.
+    Kombu has no Redis Cluster transport, and its ``sentinel://`` transport
+    stops the worker when the master dies (kombu 5.7): with a cluster or a
+    sentinel ``REDIS_URL``, ``broker_url`` (or ``CELERY_BROKER_URL``) must be
+    given, and its server also keeps the results unless ``result_backend`` says
+    otherwise. The crawl state never goes through the broker.
     """
     broker = conf.get("broker_url") or os.environ.get("CELERY_BROKER_URL")
     backend = conf.get("result_backend") or os.environ.get("CELERY_RESULT_BACKEND")
-    if connection.is_cluster_url(url):
-        if not broker:
-            raise ConfigError(
-                f"REDIS_URL {connection.redact(url)!r} is a Redis Cluster, which Celery cannot "
-                "use as its broker: set broker_url (or CELERY_BROKER_URL) to a plain Redis"
-            )
-        return {"broker_url": broker, "result_backend": backend or broker}
-    derived: dict[str, Any] = {"broker_url": broker or url, "result_backend": backend or url}
-    if connection.is_sentinel_url(url):
-        kombu_url, options = kombu_sentinel(url)
-        if not broker:
-            derived.update(broker_url=kombu_url, broker_transport_options=options)
-        if not backend:
-            derived.update(result_backend=kombu_url, result_backend_transport_options=options)
-    return derived
-
-
-def kombu_sentinel(url: str) -> tuple[str, dict[str, Any]]:
-    """``redis+sentinel://h1:p1,h2:p2/service/db`` in kombu's form, and its transport options."""
-    parsed = connection.MultiHostUrl.parse(url, 26379)
-    service, db = connection.sentinel_service(parsed)
-    auth = f"{parsed.username or ''}:{parsed.password}@" if parsed.password else ""
-    hosts = ";".join(f"sentinel://{auth}{host}:{port}/{db}" for host, port in parsed.hosts)
-    return hosts, {"master_name": service}
+    if not (connection.is_cluster_url(url) or connection.is_sentinel_url(url)):
+        return {"broker_url": broker or url, "result_backend": backend or url}
+    if not broker:
+        raise ConfigError(
+            f"REDIS_URL {connection.redact(url)!r} is a Redis Cluster or Sentinel set, which "
+            "Celery's broker cannot use: set broker_url (or CELERY_BROKER_URL) to a plain Redis"
+        )
+    return {"broker_url": broker, "result_backend": backend or broker}
 
 
 def spider_queues(project: Project) -> dict[str, str]:

@@ -30,7 +30,7 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelConnectionPool
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from celery_crawl.errors import ConfigError, RedisUnavailable
 
@@ -160,12 +160,29 @@ def cluster_client(url: MultiHostUrl, params: dict[str, Any]) -> RedisCluster:
     return RedisCluster(startup_nodes=nodes, **kwargs)
 
 
+class MasterFollowingConnection(SentinelManagedConnection):
+    """Asks the sentinels for the master on every connect, reconnects included.
+
+    redis-py 8 reconnects a broken connection (a retried command, a blocked
+    BLPOP) through ``connect_check_health``, to the address it had before: the
+    dead master's, until the retries run out.
+    """
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if not self._sock and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health, retry_socket_connect)
+
+
 def sentinel_client(url: MultiHostUrl, params: dict[str, Any]) -> redis.Redis:
     service, db = sentinel_service(url)
     timeouts = {k: v for k, v in params.items() if k.startswith("socket_")}
     sentinels = Sentinel(url.hosts, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
     retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), retries=FAILOVER_RETRIES)
     kwargs = {**params, **url.auth(), "db": db, "retry": retry}
+    kwargs["connection_class"] = MasterFollowingConnection
     master = sentinels.master_for(service, **kwargs)  # type: ignore[no-untyped-call]
     return cast(redis.Redis, master)
 

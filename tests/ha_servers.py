@@ -13,7 +13,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -88,6 +88,10 @@ class Server:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
+    def pause(self, paused: bool = True) -> None:
+        """SIGSTOP (or SIGCONT): a server that hangs without closing its connections."""
+        os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
     def log(self) -> str:
         path = self.directory / "server.log"
         return path.read_text() if path.exists() else ""
@@ -95,6 +99,8 @@ class Server:
 
 def stop_all(servers: list[Server]) -> None:
     for server in servers:
+        if server.proc.poll() is None:
+            server.pause(False)  # a stopped process takes SIGKILL too; be tidy anyway
         server.kill()
 
 
@@ -150,21 +156,22 @@ def cluster_url(nodes: list[Server]) -> str:
 
 
 class SentinelSet:
-    """A master and its replica, watched by three sentinels (quorum 2)."""
+    """A master and its replica, watched by three sentinels (quorum 2), or by none."""
 
-    def __init__(self, directory: Path, master_config: Sequence[str] = ()) -> None:
+    def __init__(self, directory: Path, sentinels: int = 3) -> None:
         self.servers: list[Server] = []
         try:
-            data = ["appendonly yes", "appendfsync everysec", *master_config]
+            data = ["appendonly yes", "appendfsync everysec"]
             self.master = self._add(Server(directory / "master", free_port(), data))
             replica = [*data, f"replicaof 127.0.0.1 {self.master.port}"]
             self.replica = self._add(Server(directory / "replica", free_port(), replica))
             wait_for(self.replica_in_sync, 30, "the replica is in sync")
             self.sentinels = [
                 self._add(Server(directory / f"sentinel{i}", free_port(), self._watch(), True))
-                for i in range(3)
+                for i in range(sentinels)
             ]
-            wait_for(self.sentinels_agree, 30, "sentinels know each other and the replica")
+            if sentinels:
+                wait_for(self.sentinels_agree, 30, "sentinels know each other and the replica")
         except BaseException:
             stop_all(self.servers)
             raise
@@ -219,5 +226,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Server]]:
 @pytest.fixture
 def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
     servers = SentinelSet(tmp_path / "sentinel")
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[SentinelSet]:
+    """A master and a replica, no sentinels."""
+    servers = SentinelSet(tmp_path / "replicated", sentinels=0)
     yield servers
     servers.stop()
