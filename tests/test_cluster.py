@@ -24,6 +24,8 @@ from celery_crawl.keys import SpiderKeys
 from celery_crawl.producer import Producer
 from celery_crawl.queue import Entry, PriorityQueue
 
+pytestmark = pytest.mark.slow  # a cluster of three server processes
+
 
 @pytest.fixture
 def cluster_client(cluster: list[Server]) -> RedisCluster:
@@ -133,7 +135,6 @@ def test_a_cluster_url_needs_an_explicit_broker(
     assert app.conf.broker_url == app.conf.result_backend == "redis://127.0.0.1:1/3"
 
 
-@pytest.mark.slow
 def test_a_worker_crawls_with_its_state_on_the_cluster(
     cluster: list[Server],
     cluster_client: RedisCluster,

@@ -43,6 +43,7 @@ def test_sentinel_urls_and_the_explicit_broker_they_need(monkeypatch: pytest.Mon
             connection.get_redis(bad)
 
 
+@pytest.mark.slow
 def test_a_client_follows_a_failover(sentinel_set: SentinelSet) -> None:
     client = connection.get_redis(sentinel_set.url)
     client.set("before", 1)
@@ -69,6 +70,7 @@ def blpop_or_error(client: redis.Redis) -> Any:
         return exc
 
 
+@pytest.mark.slow
 def test_acks_wait_for_a_replica_in_the_same_round_trip(
     replicated: SentinelSet, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -148,3 +150,11 @@ def item_ids(directory: Path) -> dict[str, int]:
             item = json.loads(line)
             seen.add((item["type"], str(item.get("comment_id") or item["post_id"])))
     return {kind: sum(1 for k, _ in seen if k == kind) for kind in ("post", "comment")}
+
+
+def test_the_scheduler_takes_the_ack_replica_settings(make_crawler: Any) -> None:
+    from celery_crawl.scheduler import Scheduler
+
+    crawler = make_crawler(CELERY_CRAWL_ACK_REPLICAS=1, CELERY_CRAWL_ACK_TIMEOUT=0.25)
+    queue = Scheduler.from_crawler(crawler).queue
+    assert (queue.ack_replicas, queue.ack_timeout) == (1, 0.25)
