@@ -2,8 +2,9 @@
 
 ``create_app("tasks", "tasks.settings")`` gives a Celery app that:
 
-- uses ``REDIS_URL`` as broker and result backend unless configured otherwise,
-  with the JSON serializer only;
+- uses ``REDIS_URL`` as broker and result backend unless configured otherwise
+  (a cluster or sentinel URL needs an explicit broker, see
+  :func:`transport_conf`), with the JSON serializer only;
 - hosts the project's crawlers in every worker process (see
   :mod:`celery_crawl.hosting`), set up after the fork for prefork;
 - registers the task ``celery_crawl.crawl``: it creates the job if it does not
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -28,6 +30,7 @@ from celery import Celery, Task, signals
 from celery.exceptions import Reject
 
 from celery_crawl import connection
+from celery_crawl.errors import ConfigError
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.jobs import Job, JobFailed, JobTimeout
 from celery_crawl.keys import DEFAULT_PREFIX, job_spider, stopping_worker
@@ -63,8 +66,8 @@ def create_app(
     configuration (``broker_url`` and ``result_backend`` default to ``REDIS_URL``).
     """
     project = Project.from_module(scrapy_settings, settings)
-    url = project.settings.get("REDIS_URL") or "redis://localhost:6379/0"
-    app = Celery(main, broker=url, backend=url)
+    transport = transport_conf(connection.url_from_settings(project.settings), conf)
+    app = Celery(main, broker=transport["broker_url"], backend=transport["result_backend"])
     app.conf.update(
         task_serializer="json",
         result_serializer="json",
@@ -92,6 +95,27 @@ def create_app(
     } | dict(app.conf.beat_schedule or {})
     app.celery_crawl_project = project
     return app
+
+
+def transport_conf(url: str, conf: dict[str, Any]) -> dict[str, Any]:
+    """Celery's broker and result backend: ``conf``'s, else ``REDIS_URL`` when it is one server.
+
+    Kombu has no Redis Cluster transport, and its ``sentinel://`` transport
+    stops the worker when the master dies (kombu 5.7): with a cluster or a
+    sentinel ``REDIS_URL``, ``broker_url`` (or ``CELERY_BROKER_URL``) must be
+    given, and its server also keeps the results unless ``result_backend`` says
+    otherwise. The crawl state never goes through the broker.
+    """
+    broker = conf.get("broker_url") or os.environ.get("CELERY_BROKER_URL")
+    backend = conf.get("result_backend") or os.environ.get("CELERY_RESULT_BACKEND")
+    if not (connection.is_cluster_url(url) or connection.is_sentinel_url(url)):
+        return {"broker_url": broker or url, "result_backend": backend or url}
+    if not broker:
+        raise ConfigError(
+            f"REDIS_URL {connection.redact(url)!r} is a Redis Cluster or Sentinel set, which "
+            "Celery's broker cannot use: set broker_url (or CELERY_BROKER_URL) to a plain Redis"
+        )
+    return {"broker_url": broker, "result_backend": backend or broker}
 
 
 def spider_queues(project: Project) -> dict[str, str]:

@@ -1,7 +1,17 @@
 """One Redis connection pool per process, shared by every component.
 
-Settings: ``REDIS_URL`` (``redis://``, ``rediss://`` or ``unix://``) and
-``REDIS_PARAMS`` (keyword arguments for ``redis.Redis``), as in scrapy-redis.
+Settings: ``REDIS_URL`` and ``REDIS_PARAMS`` (keyword arguments for the
+client), as in scrapy-redis. ``REDIS_URL`` is one of:
+
+- ``redis://``, ``rediss://`` or ``unix://``: one server (``redis.Redis``);
+- ``redis+cluster://host:port[,host:port...]``: a Redis Cluster, reached
+  through any of the listed nodes (``redis.cluster.RedisCluster``). Every key
+  of a spider group carries its hash tag, so each Lua script stays in one slot;
+- ``redis+sentinel://host:port[,host:port...]/service[/db]``: the master of
+  ``service`` as the sentinels name it (``Sentinel.master_for``). A command
+  that fails on a dead master is retried long enough for the sentinels to
+  promote a replica, and the retry asks them for the new master.
+
 Transient connection errors are retried with jittered exponential backoff;
 what still fails surfaces as :class:`~celery_crawl.errors.RedisUnavailable`.
 """
@@ -12,12 +22,15 @@ import contextlib
 import os
 import threading
 from collections.abc import Iterator
-from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from dataclasses import dataclass
+from typing import Any, cast
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.cluster import ClusterNode, RedisCluster
 from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from celery_crawl.errors import ConfigError, RedisUnavailable
 
@@ -27,19 +40,77 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "socket_timeout": 30,
     "health_check_interval": 30,
 }
-_SCHEMES = ("redis", "rediss", "unix")
+CLUSTER_SCHEME = "redis+cluster"
+SENTINEL_SCHEME = "redis+sentinel"
+_SCHEMES = ("redis", "rediss", "unix", CLUSTER_SCHEME, SENTINEL_SCHEME)
+# a failover takes the sentinels' down-after time plus an election: retry for
+# about 20 s (0.1 s doubling to 2 s, 14 times) before a command gives up
+FAILOVER_RETRIES = 14
 
 _clients: dict[tuple[int, str, str], redis.Redis] = {}
 _lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class MultiHostUrl:
+    """A ``redis+cluster://`` or ``redis+sentinel://`` URL, taken apart."""
+
+    scheme: str
+    hosts: list[tuple[str, int]]
+    path: list[str]
+    username: str | None = None
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str, default_port: int) -> MultiHostUrl:
+        parts = urlsplit(url)
+        userinfo, _, hostlist = parts.netloc.rpartition("@")
+        user, _, password = userinfo.partition(":")
+        hosts = [host_port(item, default_port) for item in hostlist.split(",") if item]
+        if not hosts:
+            raise ConfigError(f"REDIS_URL {redact(url)!r} names no host")
+        return cls(
+            parts.scheme,
+            hosts,
+            [unquote(p) for p in parts.path.split("/") if p],
+            unquote(user) or None,
+            unquote(password) or None,
+        )
+
+    def auth(self) -> dict[str, Any]:
+        pairs = (("username", self.username), ("password", self.password))
+        return {name: value for name, value in pairs if value}
+
+
+def host_port(text: str, default_port: int) -> tuple[str, int]:
+    host, _, port = text.rpartition(":") if ":" in text else (text, "", "")
+    try:
+        return host, int(port or default_port)
+    except ValueError:
+        raise ConfigError(f"bad host:port {text!r} in REDIS_URL") from None
+
+
 def redact(url: str) -> str:
     """The URL with any password replaced, fit for error messages and logs."""
     parts = urlsplit(url)
-    if parts.password is None:
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    user, colon, password = userinfo.partition(":")
+    if not password:
         return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return urlunsplit(parts._replace(netloc=netloc))
+    return urlunsplit(parts._replace(netloc=f"{user}{colon}***{at}{hosts}"))
+
+
+def is_cluster_url(url: str) -> bool:
+    return urlsplit(url).scheme == CLUSTER_SCHEME
+
+
+def is_sentinel_url(url: str) -> bool:
+    return urlsplit(url).scheme == SENTINEL_SCHEME
+
+
+def is_cluster(client: Any) -> bool:
+    """Whether ``client`` talks to a Redis Cluster (no scripts in pipelines, no WAIT)."""
+    return isinstance(client, RedisCluster)
 
 
 def url_from_settings(settings: Any) -> str:
@@ -53,17 +124,76 @@ def url_from_settings(settings: Any) -> str:
 
 
 def get_redis(url: str = DEFAULT_URL, params: dict[str, Any] | None = None) -> redis.Redis:
-    """The process's client for ``url``; created once, then shared."""
+    """The process's client for ``url``; created once, then shared.
+
+    A ``RedisCluster`` is typed as ``redis.Redis`` here: it has the same
+    commands, and every component takes either.
+    """
     merged = {**DEFAULT_PARAMS, **(params or {})}
     merged.pop("redis_cls", None)  # scrapy-redis import-by-name hook: not supported
     cache_key = (os.getpid(), url, repr(sorted(merged.items())))
     with _lock:
         client = _clients.get(cache_key)
         if client is None:
-            retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries=5)
-            client = redis.Redis.from_url(url, retry=retry, **merged)
+            client = cast(redis.Redis, make_client(url, merged))
             _clients[cache_key] = client
     return client
+
+
+def make_client(url: str, params: dict[str, Any]) -> redis.Redis | RedisCluster:
+    """A new client of the kind ``url`` names (see the module docstring)."""
+    if is_cluster_url(url):
+        return cluster_client(MultiHostUrl.parse(url, 6379), params)
+    if is_sentinel_url(url):
+        return sentinel_client(MultiHostUrl.parse(url, 26379), params)
+    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries=5)
+    return redis.Redis.from_url(url, retry=retry, **params)
+
+
+def cluster_client(url: MultiHostUrl, params: dict[str, Any]) -> RedisCluster:
+    if url.path not in ([], ["0"]):
+        raise ConfigError("a Redis Cluster has only database 0: drop the path of REDIS_URL")
+    params = {k: v for k, v in params.items() if k != "health_check_interval"}
+    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries=5)
+    nodes = [ClusterNode(host, port) for host, port in url.hosts]  # type: ignore[no-untyped-call]
+    kwargs = {**params, **url.auth(), "retry": retry}
+    return RedisCluster(startup_nodes=nodes, **kwargs)
+
+
+class MasterFollowingConnection(SentinelManagedConnection):
+    """Asks the sentinels for the master on every connect, reconnects included.
+
+    redis-py 8 reconnects a broken connection (a retried command, a blocked
+    BLPOP) through ``connect_check_health``, to the address it had before: the
+    dead master's, until the retries run out.
+    """
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        if not self._sock and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health, retry_socket_connect)
+
+
+def sentinel_client(url: MultiHostUrl, params: dict[str, Any]) -> redis.Redis:
+    service, db = sentinel_service(url)
+    timeouts = {k: v for k, v in params.items() if k.startswith("socket_")}
+    sentinels = Sentinel(url.hosts, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+    retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), retries=FAILOVER_RETRIES)
+    kwargs = {**params, **url.auth(), "db": db, "retry": retry}
+    kwargs["connection_class"] = MasterFollowingConnection
+    master = sentinels.master_for(service, **kwargs)  # type: ignore[no-untyped-call]
+    return cast(redis.Redis, master)
+
+
+def sentinel_service(url: MultiHostUrl) -> tuple[str, int]:
+    """The service name and database of a ``redis+sentinel://`` URL."""
+    if not url.path or len(url.path) > 2 or not (url.path[1:] or ["0"])[0].isdigit():
+        raise ConfigError(
+            "REDIS_URL must read redis+sentinel://host:port[,host:port...]/service[/db]"
+        )
+    return url.path[0], int(url.path[1]) if len(url.path) > 1 else 0
 
 
 def from_settings(settings: Any) -> redis.Redis:
@@ -86,8 +216,14 @@ def check(client: redis.Redis) -> None:
         client.ping()
 
 
-def describe(client: redis.Redis) -> str:
-    kwargs = client.connection_pool.connection_kwargs
+def describe(client: redis.Redis | RedisCluster) -> str:
+    if isinstance(client, RedisCluster):
+        nodes = client.nodes_manager.startup_nodes.values()
+        return "cluster " + ",".join(f"{n.host}:{n.port}" for n in nodes)
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        return f"sentinel service {pool.service_name!r}"
+    kwargs = pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"

@@ -21,7 +21,7 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from celery_crawl import scripts
+from celery_crawl import connection, scripts
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.middleware import LAST_RESPONSE
 
@@ -68,20 +68,32 @@ def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
     """One pipelined round trip: four or five commands per spider, none of them O(queue).
 
     A group's job counts are read once, with the spider named after the group.
+    On a Redis Cluster, whose pipelines take no scripts, the queue lengths are
+    read first, one call per spider, each on the spider's node.
     """
     size = scripts.script(client, "queue_size")
+    cluster = connection.is_cluster(client)
+    sizes = [size(keys=[keys.queue]) for keys in spiders] if cluster else []
     with client.pipeline(transaction=False) as pipe:
         for keys in spiders:
-            size(keys=[keys.queue], args=[], client=pipe)
+            if not cluster:
+                size(keys=[keys.queue], args=[], client=pipe)
             pipe.zcard(keys.inflight)
             pipe.get(keys.dupefilter_count)
             pipe.hgetall(keys.stats)
             if keys.group == keys.spider:
                 pipe.hgetall(keys.job_states)
-        replies = iter(pipe.execute())
+        replies = pipe.execute()
+    return parse_readings(spiders, iter(replies), iter(sizes) if cluster else None)
+
+
+def parse_readings(
+    spiders: Sequence[SpiderKeys], replies: Iterator[Any], sizes: Iterator[Any] | None
+) -> list[Reading]:
     readings = []
     for keys in spiders:
-        queued, in_flight, count, stats = (next(replies) for _ in range(4))
+        queued = next(replies if sizes is None else sizes)
+        in_flight, count, stats = (next(replies) for _ in range(3))
         jobs = next(replies) if keys.group == keys.spider else None
         readings.append(
             Reading(

@@ -15,11 +15,15 @@ payloads never merge, and self-contained, so an expired lease goes back to the
 front of its level, and an ack finds its job, without another lookup. Lists cost a few bytes
 per entry where a sorted set of payloads costs about 80.
 
-Every change is one Lua script or one command.
+Every change is one Lua script or one command. With ``ack_replicas`` set
+(``CELERY_CRAWL_ACK_REPLICAS``), a script that acks is pipelined with
+``WAIT ack_replicas timeout`` on the same connection: still one round trip,
+and the scheduler moves on only once the replicas hold the ack, or the timeout passed.
 """
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 from collections.abc import Sequence
@@ -27,9 +31,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import redis
+from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
-from celery_crawl import scripts
+from celery_crawl import connection, scripts
+from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
+
+logger = logging.getLogger(__name__)
 
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
 
@@ -82,11 +91,18 @@ class Base:
         keys: SpiderKeys,
         lease_seconds: float = 300.0,
         dedup_lua: str = "dedup_exact",
+        *,
+        ack_replicas: int = 0,
+        ack_timeout: float = 1.0,
     ) -> None:
         self.client = client
         self.keys = keys
         self.lease_seconds = lease_seconds
         self.dedup_lua = dedup_lua
+        self.ack_replicas = ack_replicas
+        self.ack_timeout = ack_timeout
+        if ack_replicas and connection.is_cluster(client):
+            raise ConfigError("CELERY_CRAWL_ACK_REPLICAS is not supported on a Redis Cluster")
 
     def push_many(
         self,
@@ -109,7 +125,8 @@ class Base:
         for stat in job_stats:
             args += stat
         args += acks
-        flags = self._script("enqueue", dedup=self.dedup_lua)(keys=self._push_keys(), args=args)
+        script, keys = self._script("enqueue", dedup=self.dedup_lua), self._push_keys()
+        flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
         return [bool(flag) for flag in flags]
 
     def start_job(
@@ -168,7 +185,37 @@ class Base:
         if not members:
             return 0
         keys = [self.keys.inflight, self.keys.job_prefix]
-        return int(self._script("ack")(keys=keys, args=list(members)))
+        return int(self._acking(self._script("ack"), keys, list(members)))
+
+    def _acking(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """Run a script that acks; with ``ack_replicas``, WAIT for them in the same round trip."""
+        if not self.ack_replicas:
+            return script(keys=keys, args=args)
+        reply, replicas = self._script_then_wait(script, keys, args)
+        if replicas < self.ack_replicas:
+            logger.warning(
+                "acks reached %d of %d replicas within %s s",
+                replicas,
+                self.ack_replicas,
+                self.ack_timeout,
+            )
+        return reply
+
+    def _script_then_wait(
+        self, script: Script, keys: list[str], args: list[Any]
+    ) -> tuple[Any, int]:
+        """EVALSHA and WAIT pipelined on one connection; loads the script if the server lacks it."""
+        for _ in range(2):
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.evalsha(script.sha, len(keys), *keys, *args)
+                pipe.wait(self.ack_replicas, int(self.ack_timeout * 1000))
+                reply, replicas = pipe.execute(raise_on_error=False)
+            if not isinstance(reply, NoScriptError):
+                break
+            script.sha = str(self.client.script_load(script.script))
+        if isinstance(reply, Exception):
+            raise reply
+        return reply, int(replicas)
 
     def extend(self, members: Sequence[bytes], seconds: float | None = None) -> int:
         """Renew leases still held, ``seconds`` (default: the lease time) from now."""

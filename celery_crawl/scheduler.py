@@ -115,6 +115,8 @@ class Scheduler(BaseScheduler):
             dupefilter.keys,
             lease_seconds=settings.getfloat("SCHEDULER_LEASE_SECONDS", 300.0),
             dedup_lua=dupefilter.lua,
+            ack_replicas=settings.getint("CELERY_CRAWL_ACK_REPLICAS", 0),
+            ack_timeout=settings.getfloat("CELERY_CRAWL_ACK_TIMEOUT", 1.0),
         )
         return cls(
             queue,

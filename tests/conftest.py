@@ -16,7 +16,7 @@ from scrapy.utils.test import get_crawler
 from celery_crawl import embedded
 from celery_crawl.connection import get_redis
 
-pytest_plugins = ["worker_fixtures"]
+pytest_plugins = ["worker_fixtures", "ha_servers"]
 
 
 @pytest.fixture(scope="session")

