@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import redis
 
 from celery_crawl import scripts
+from celery_crawl.dupefilter import EXACT_DEDUP, DedupScript
 from celery_crawl.keys import SpiderKeys
 
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
@@ -81,12 +82,12 @@ class Base:
         client: redis.Redis,
         keys: SpiderKeys,
         lease_seconds: float = 300.0,
-        dedup_lua: str = "dedup_exact",
+        dedup: DedupScript = EXACT_DEDUP,
     ) -> None:
         self.client = client
         self.keys = keys
         self.lease_seconds = lease_seconds
-        self.dedup_lua = dedup_lua
+        self.dedup = dedup
 
     def push_many(
         self,
@@ -109,7 +110,8 @@ class Base:
         for stat in job_stats:
             args += stat
         args += acks
-        flags = self._script("enqueue", dedup=self.dedup_lua)(keys=self._push_keys(), args=args)
+        args += self.dedup.params
+        flags = self._script("enqueue", dedup=self.dedup.lua)(keys=self._push_keys(), args=args)
         return [bool(flag) for flag in flags]
 
     def start_job(
@@ -121,7 +123,8 @@ class Base:
             args += entry.args(self.uses_priority)
         for pair in fields.items():
             args += pair
-        created, accepted = self._script("job_start", dedup=self.dedup_lua)(
+        args += self.dedup.params
+        created, accepted = self._script("job_start", dedup=self.dedup.lua)(
             keys=self._push_keys(), args=args
         )
         return bool(created), int(accepted)
