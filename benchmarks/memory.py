@@ -114,15 +114,20 @@ def measure_scrapy_redis(client: redis.Redis, key: str, count: int, probes: int)
 def expiring_series(
     df: ExpiringDupeFilter, window: float, windows: int, rate: int, tick: float = 0.05
 ) -> list[tuple[int, int, int, int]]:
-    """A steady stream for ``windows`` windows: (window, added, fingerprints held, bytes) each."""
+    """A steady stream for ``windows`` windows: (window, added, fingerprints held, bytes) each.
+
+    Paced by the wall clock: at any moment, ``rate`` fingerprints a second so far.
+    """
     rng, series, added = random.Random(1), [], 0
     started = time.monotonic()
-    for step in range(int(windows * window / tick)):
-        df.add_fingerprints([rng.randbytes(20) for _ in range(int(rate * tick))])
-        added += int(rate * tick)
-        time.sleep(max(0.0, started + (step + 1) * tick - time.monotonic()))
-        if (step + 1) % round(window / tick) == 0:
-            series.append((len(series) + 1, added, len(df), df.memory_usage()))
+    for number in range(1, windows + 1):
+        end = started + number * window
+        while (now := time.monotonic()) < end:
+            due = int(rate * (now - started)) - added
+            df.add_fingerprints([rng.randbytes(20) for _ in range(due)])
+            added += due
+            time.sleep(min(tick, max(0.0, end - time.monotonic())))
+        series.append((number, added, len(df), df.memory_usage()))
     df.clear()
     return series
 
@@ -146,8 +151,11 @@ def run(args: argparse.Namespace, client: redis.Redis, keys: SpiderKeys) -> list
     return rows
 
 
+STARTED = time.monotonic()
+
+
 def progress(label: str) -> None:
-    print(f"{label}...", file=sys.stderr, flush=True)
+    print(f"[{time.monotonic() - STARTED:5.0f} s] {label}...", file=sys.stderr, flush=True)
 
 
 def report(rows: list[Row], capacity: int) -> None:
@@ -238,6 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{server.get('server_name', 'redis')} {version}\n")
     report(rows, args.capacity)
     report_series(series, args)
+    print(f"\n{time.monotonic() - STARTED:.0f} s in all")
 
 
 if __name__ == "__main__":

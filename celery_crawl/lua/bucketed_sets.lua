@@ -10,7 +10,9 @@
 -- COUNT: bucket b of generation g is the set B .. ':' .. g .. ':' .. b.
 -- Uses: nothing from the including script.
 -- Defines: sets_add(base, count_key, fp), sets_contains(base, count_key, fp),
--- sets_each_key(base, count_key, visit).
+-- sets_each_key(base, count_key, visit); and for callers that check one set
+-- many times in a script run, sets_generation(count_key) (the newest
+-- generation) and sets_member(base, fp, last) (is fp in generations 0..last).
 
 local SETS_BASE_BITS = 7
 local SETS_PER_BUCKET = 64

@@ -37,28 +37,42 @@ local function expiring_geometry(create)
     return window, width
 end
 
+local function expiring_base(t)
+    return DEDUP_KEY .. ':t:' .. string.format('%d', t)
+end
+
+-- The live time buckets before the current one that hold fingerprints, with
+-- their newest generation: no add changes them within a script run.
+local function expiring_older(oldest, current)
+    local older = {}
+    for t = oldest, current - 1 do
+        local base = expiring_base(t)
+        if redis.call('EXISTS', base .. ':count') == 1 then
+            older[#older + 1] = {base = base, last = sets_generation(base .. ':count')}
+        end
+    end
+    return older
+end
+
 local function expiring_state(create)
     if expiring_cache then return expiring_cache end
     local window, width = expiring_geometry(create)
     local time = redis.call('TIME')
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
     local current = math.floor(now / width)
+    local oldest = math.floor((now - window) / width)
     expiring_cache = {
         current = current,
-        oldest = math.floor((now - window) / width),
+        oldest = oldest,
+        older = expiring_older(oldest, current),
         expire_at = (current + 1) * width + window,
     }
     return expiring_cache
 end
 
-local function expiring_base(t)
-    return DEDUP_KEY .. ':t:' .. string.format('%d', t)
-end
-
-local function expiring_seen_before(state, fp, last)
-    for t = state.oldest, last do
-        local base = expiring_base(t)
-        if sets_contains(base, base .. ':count', fp) then return true end
+local function expiring_in_older(state, fp)
+    for _, bucket in ipairs(state.older) do
+        if sets_member(bucket.base, fp, bucket.last) then return true end
     end
     return false
 end
@@ -66,7 +80,7 @@ end
 -- Returns true when fp was new (and records it), false when seen within the window.
 local function dedup_add(fp)
     local state = expiring_state(true)
-    if expiring_seen_before(state, fp, state.current - 1) then return false end
+    if expiring_in_older(state, fp) then return false end
     local base = expiring_base(state.current)
     local key = sets_add(base, base .. ':count', fp)
     if not key then return false end
@@ -77,7 +91,8 @@ end
 
 local function dedup_seen(fp)
     local state = expiring_state(false)
-    return expiring_seen_before(state, fp, state.current)
+    local base = expiring_base(state.current)
+    return expiring_in_older(state, fp) or sets_contains(base, base .. ':count', fp)
 end
 
 -- Sum of visit(key) over every key of the live time buckets, and the hash.
