@@ -150,6 +150,8 @@ class RFPDupeFilter:
         self.debug = debug
         self.stats = stats
         self.params = params if params is not None else self.params_class()
+        if not isinstance(self.params, self.params_class):
+            raise ConfigError(f"{type(self).__name__} takes {self.params_class.__name__}")
         self.script = DedupScript(self.lua, self.params.args())
         self._logged_first = False
 

@@ -276,6 +276,8 @@ def test_bloom_parameters_are_checked() -> None:
         BloomParams(max_bits=2**33)
     with pytest.raises(ConfigError):
         ExpiringParams(window_ms=0)
+    with pytest.raises(ConfigError, match="ExpiringParams"):
+        ExpiringDupeFilter(redis.Redis(), SpiderKeys.build("s"), None, params=BloomParams())
 
 
 # -- expiring filter ------------------------------------------------------------
