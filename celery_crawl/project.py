@@ -109,8 +109,8 @@ class Project:
     def queue(self, spider: str) -> Base:
         """The spider's queue, of the class and with the dedup its scheduler uses."""
         settings = Crawler(self.spider_class(spider), self.settings).settings  # + custom_settings
-        dedup = dupefilter_class(settings).lua
-        return queue_class(settings)(self.client, self.keys(spider), dedup_lua=dedup)
+        dedup = dupefilter_class(settings).script_from_settings(settings)
+        return queue_class(settings)(self.client, self.keys(spider), dedup=dedup)
 
     def seed_entries(
         self, spider: str, seeds: Sequence[Any], job_id: str, priority: int

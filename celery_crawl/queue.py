@@ -35,6 +35,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from celery_crawl import connection, scripts
+from celery_crawl.dupefilter import EXACT_DEDUP, DedupScript
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
 
@@ -90,7 +91,7 @@ class Base:
         client: redis.Redis,
         keys: SpiderKeys,
         lease_seconds: float = 300.0,
-        dedup_lua: str = "dedup_exact",
+        dedup: DedupScript = EXACT_DEDUP,
         *,
         ack_replicas: int = 0,
         ack_timeout: float = 1.0,
@@ -98,7 +99,7 @@ class Base:
         self.client = client
         self.keys = keys
         self.lease_seconds = lease_seconds
-        self.dedup_lua = dedup_lua
+        self.dedup = dedup
         self.ack_replicas = ack_replicas
         self.ack_timeout = ack_timeout
         if ack_replicas and connection.is_cluster(client):
@@ -125,7 +126,8 @@ class Base:
         for stat in job_stats:
             args += stat
         args += acks
-        script, keys = self._script("enqueue", dedup=self.dedup_lua), self._push_keys()
+        args += self.dedup.params
+        script, keys = self._script("enqueue", dedup=self.dedup.lua), self._push_keys()
         flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
         return [bool(flag) for flag in flags]
 
@@ -138,7 +140,8 @@ class Base:
             args += entry.args(self.uses_priority)
         for pair in fields.items():
             args += pair
-        created, accepted = self._script("job_start", dedup=self.dedup_lua)(
+        args += self.dedup.params
+        created, accepted = self._script("job_start", dedup=self.dedup.lua)(
             keys=self._push_keys(), args=args
         )
         return bool(created), int(accepted)

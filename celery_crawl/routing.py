@@ -61,7 +61,7 @@ class Router:
                 self.own.client,
                 keys,
                 lease_seconds=self.own.lease_seconds,
-                dedup_lua=self.own.dedup_lua,
+                dedup=self.own.dedup,
             )
             self._queues[spider] = queue
         return queue

@@ -114,7 +114,7 @@ class Scheduler(BaseScheduler):
             client,
             dupefilter.keys,
             lease_seconds=settings.getfloat("SCHEDULER_LEASE_SECONDS", 300.0),
-            dedup_lua=dupefilter.lua,
+            dedup=dupefilter.script,
             ack_replicas=settings.getint("CELERY_CRAWL_ACK_REPLICAS", 0),
             ack_timeout=settings.getfloat("CELERY_CRAWL_ACK_TIMEOUT", 1.0),
         )
@@ -142,6 +142,7 @@ class Scheduler(BaseScheduler):
         connection.check(self.queue.client)
         if self.flush_on_start:
             self.clear()
+        self.df.open()
         self.queue.requeue_expired()
         engine = self._engine()
         if engine is not None:

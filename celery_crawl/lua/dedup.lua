@@ -2,20 +2,35 @@
 --
 -- KEYS[1]  dupefilter key
 -- KEYS[2]  dupefilter count
--- ARGV[1]  'add': ARGV[2..] are fingerprints; returns a flag per fingerprint, 1 = new
+-- ARGV[1]  command:
+--          'add': records the fingerprints; returns a flag per fingerprint, 1 = new
+--          'seen': records nothing; returns a flag per fingerprint, 1 = seen before
+--          'count': returns the number of fingerprints (an estimate for a bloom filter)
+--          'config': creates the filter's stored parameters if missing; returns them
+--                    as a flat list of name, value (empty for the exact filter)
 --          'clear': deletes every key of the filter; returns the number deleted
 --          'memory': returns MEMORY USAGE summed over the filter's keys
+-- ARGV[2]  number of fingerprints n (0 for the commands that take none)
+-- ARGV[3 .. 2 + n]  fingerprints
+-- then     the dupefilter's parameters (DEDUP_ARGV: see the dupefilter's file)
 
 local DEDUP_KEY, COUNT_KEY = KEYS[1], KEYS[2]
+local n = tonumber(ARGV[2])
+local DEDUP_ARGV = 3 + n
 --!include dedup
 
-if ARGV[1] == 'add' then
+local function each_fingerprint(check)
     local flags = {}
-    for i = 2, #ARGV do flags[i - 1] = dedup_add(ARGV[i]) and 1 or 0 end
+    for i = 1, n do flags[i] = check(ARGV[2 + i]) and 1 or 0 end
     return flags
-elseif ARGV[1] == 'clear' then
-    return dedup_clear()
-elseif ARGV[1] == 'memory' then
-    return dedup_memory()
 end
-return redis.error_reply('unknown dedup command ' .. tostring(ARGV[1]))
+
+local command = ARGV[1]
+if command == 'add' then return each_fingerprint(dedup_add)
+elseif command == 'seen' then return each_fingerprint(dedup_seen)
+elseif command == 'count' then return dedup_count()
+elseif command == 'config' then return dedup_config()
+elseif command == 'clear' then return dedup_clear()
+elseif command == 'memory' then return dedup_memory()
+end
+return redis.error_reply('unknown dedup command ' .. tostring(command))

@@ -15,17 +15,19 @@
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none), payload
 -- then s groups: job id, field, delta
 -- then m lease members to ack
+-- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its file)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
 --
 -- The level list of priority p is KEYS[1] .. ':' .. p, in the same hash tag.
 -- The include lines are replaced by lua/jobs.lua and the dupefilter's file.
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
+local n, s, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local DEDUP_ARGV = 4 + 4 * n + 3 * s + m
 --!include dedup
 --!include jobs
 --!include push
 
-local n, s, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local accepted = push_requests(KEYS[1], KEYS[2], ARGV, 4, n)
 
 local base = 4 + 4 * n

@@ -7,14 +7,16 @@
 -- ARGV[3]  number of job fields f
 -- then n groups: priority, fingerprint, job id, payload (as in enqueue.lua)
 -- then f pairs: field, value (spider, seeds, priority, ...)
+-- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its file)
 -- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
+local job, n, f = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local DEDUP_ARGV = 4 + 4 * n + 2 * f
 --!include dedup
 --!include jobs
 --!include push
 
-local job, n, f = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local key = JOB_PREFIX .. job
 if redis.call('EXISTS', key) == 1 then return {0, 0} end
 

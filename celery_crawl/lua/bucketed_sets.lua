@@ -1,0 +1,70 @@
+-- Exact fingerprint sets, bucketed: included, never run alone.
+--
+-- Fingerprints (binary digests) are spread over small sets that Redis keeps
+-- listpack-encoded, about 22 bytes a fingerprint instead of about 42 in one
+-- big set. Generation g has 2^(7+g) buckets and holds up to 64 * 2^(7+g)
+-- fingerprints; a new generation opens when the older ones are full, so a
+-- check looks at one bucket per generation (log2 of the size).
+--
+-- A set of fingerprints lives under a base key B with its exact count at
+-- COUNT: bucket b of generation g is the set B .. ':' .. g .. ':' .. b.
+-- Uses: nothing from the including script.
+-- Defines: sets_add(base, count_key, fp), sets_contains(base, count_key, fp),
+-- sets_each_key(base, count_key, visit); and for callers that check one set
+-- many times in a script run, sets_generation(count_key) (the newest
+-- generation) and sets_member(base, fp, last) (is fp in generations 0..last).
+
+local SETS_BASE_BITS = 7
+local SETS_PER_BUCKET = 64
+
+local function sets_generation(count_key)
+    local count = tonumber(redis.call('GET', count_key) or '0')
+    local generation, capacity = 0, SETS_PER_BUCKET * 2 ^ SETS_BASE_BITS
+    while count >= capacity do
+        generation = generation + 1
+        capacity = capacity + SETS_PER_BUCKET * 2 ^ (SETS_BASE_BITS + generation)
+    end
+    return generation
+end
+
+local function sets_bucket(base, fp, generation)
+    local b1, b2, b3 = string.byte(fp, 1, 3)
+    local top24 = (b1 or 0) * 65536 + (b2 or 0) * 256 + (b3 or 0)
+    local bucket = math.floor(top24 / 2 ^ (24 - SETS_BASE_BITS - generation))
+    return base .. ':' .. generation .. ':' .. bucket
+end
+
+local function sets_member(base, fp, last)
+    for generation = 0, last do
+        if redis.call('SISMEMBER', sets_bucket(base, fp, generation), fp) == 1 then
+            return true
+        end
+    end
+    return false
+end
+
+-- Records fp when it is new and returns the set it went into; nil when seen.
+local function sets_add(base, count_key, fp)
+    local current = sets_generation(count_key)
+    if sets_member(base, fp, current - 1) then return nil end
+    local key = sets_bucket(base, fp, current)
+    if redis.call('SADD', key, fp) == 0 then return nil end
+    redis.call('INCR', count_key)
+    return key
+end
+
+local function sets_contains(base, count_key, fp)
+    return sets_member(base, fp, sets_generation(count_key))
+end
+
+-- Sum of visit(key) over the count key and every bucket the sets may use.
+local function sets_each_key(base, count_key, visit)
+    local last = sets_generation(count_key)
+    local total = visit(count_key)
+    for generation = 0, last do
+        for bucket = 0, 2 ^ (SETS_BASE_BITS + generation) - 1 do
+            total = total + visit(base .. ':' .. generation .. ':' .. bucket)
+        end
+    end
+    return total
+end

@@ -1,0 +1,129 @@
+-- Expiring exact dedup, for incremental crawls: included by the scripts that
+-- enqueue, never run alone.
+--
+-- A fingerprint is remembered for at least the window after it was added, and
+-- forgotten by the window plus one bucket width. Time, on the Redis server's
+-- clock (TIME, so every worker shares one clock), is cut into buckets of width
+-- w = ceil(window / buckets); time bucket t holds the fingerprints first added
+-- during it. Layout under the dupefilter key D (one hash tag):
+-- - D:expiring      hash: window_ms, width_ms and buckets, stored when the filter
+--                   is created; afterwards the stored ones win;
+-- - D:t:<t>:...     an exact bucketed set (lua/bucketed_sets.lua) per time
+--                   bucket t, with its count at D:t:<t>:count.
+-- Every key of time bucket t expires at (t + 1) * w + window (PEXPIREAT), the
+-- moment it stops being checked: memory is reclaimed whole, without a scan, and
+-- a check looks only at the buckets still alive, t >= floor((now - window) / w).
+-- A duplicate does not renew its fingerprint: the window counts from the add.
+--
+-- Uses: DEDUP_KEY, and two parameters from ARGV[DEDUP_ARGV] on: window_ms,
+-- buckets. COUNT_KEY is not used: the count is the sum of the live buckets'.
+-- Defines: dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
+-- dedup_clear(), dedup_memory().
+--!include bucketed_sets
+
+local EXPIRING_KEY = DEDUP_KEY .. ':expiring'
+local expiring_cache = nil -- window, width and time buckets, read once per script run
+
+local function expiring_geometry(create)
+    local stored = redis.call('HMGET', EXPIRING_KEY, 'window_ms', 'width_ms')
+    local window, width = tonumber(stored[1]), tonumber(stored[2])
+    if window and width then return window, width end
+    local buckets = tonumber(ARGV[DEDUP_ARGV + 1])
+    window = tonumber(ARGV[DEDUP_ARGV])
+    width = math.ceil(window / buckets)
+    if create then
+        redis.call('HSET', EXPIRING_KEY, 'window_ms', window, 'width_ms', width, 'buckets', buckets)
+    end
+    return window, width
+end
+
+local function expiring_base(t)
+    return DEDUP_KEY .. ':t:' .. string.format('%d', t)
+end
+
+-- The live time buckets before the current one that hold fingerprints, with
+-- their newest generation: no add changes them within a script run.
+local function expiring_older(oldest, current)
+    local older = {}
+    for t = oldest, current - 1 do
+        local base = expiring_base(t)
+        if redis.call('EXISTS', base .. ':count') == 1 then
+            older[#older + 1] = {base = base, last = sets_generation(base .. ':count')}
+        end
+    end
+    return older
+end
+
+local function expiring_state(create)
+    if expiring_cache then return expiring_cache end
+    local window, width = expiring_geometry(create)
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    local current = math.floor(now / width)
+    local oldest = math.floor((now - window) / width)
+    expiring_cache = {
+        current = current,
+        oldest = oldest,
+        older = expiring_older(oldest, current),
+        expire_at = (current + 1) * width + window,
+    }
+    return expiring_cache
+end
+
+local function expiring_in_older(state, fp)
+    for _, bucket in ipairs(state.older) do
+        if sets_member(bucket.base, fp, bucket.last) then return true end
+    end
+    return false
+end
+
+-- Returns true when fp was new (and records it), false when seen within the window.
+local function dedup_add(fp)
+    local state = expiring_state(true)
+    if expiring_in_older(state, fp) then return false end
+    local base = expiring_base(state.current)
+    local key = sets_add(base, base .. ':count', fp)
+    if not key then return false end
+    redis.call('PEXPIREAT', key, string.format('%d', state.expire_at))
+    redis.call('PEXPIREAT', base .. ':count', string.format('%d', state.expire_at))
+    return true
+end
+
+local function dedup_seen(fp)
+    local state = expiring_state(false)
+    local base = expiring_base(state.current)
+    return expiring_in_older(state, fp) or sets_contains(base, base .. ':count', fp)
+end
+
+-- Sum of visit(key) over every key of the live time buckets, and the hash.
+local function expiring_each_key(visit)
+    local state, total = expiring_state(false), 0
+    for t = state.oldest, state.current do
+        local base = expiring_base(t)
+        total = total + sets_each_key(base, base .. ':count', visit)
+    end
+    return total + visit(EXPIRING_KEY)
+end
+
+local function dedup_count()
+    local state, total = expiring_state(false), 0
+    for t = state.oldest, state.current do
+        total = total + tonumber(redis.call('GET', expiring_base(t) .. ':count') or '0')
+    end
+    return total
+end
+
+local function dedup_config()
+    expiring_state(true)
+    return redis.call('HGETALL', EXPIRING_KEY)
+end
+
+local function dedup_clear()
+    return expiring_each_key(function(key) return redis.call('DEL', key) end)
+end
+
+local function dedup_memory()
+    return expiring_each_key(function(key)
+        return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0
+    end)
+end
