@@ -7,7 +7,7 @@ one atomic step; ``request_seen`` runs the same check alone, for use outside
 a scheduler. The layouts are described in the Lua files:
 
 - ``RFPDupeFilter`` (``lua/dedup_exact.lua``): binary digests in bucketed sets;
-  never wrong, about 22 bytes a fingerprint.
+  never wrong, about 23 bytes a fingerprint.
 - ``BloomDupeFilter`` (``lua/dedup_bloom.lua``): a scalable bloom filter on
   plain bitmaps, under 2 bytes a fingerprint; a false positive drops a
   request that was never crawled, at a rate below ``error_rate``.

@@ -1,7 +1,7 @@
 -- Exact fingerprint sets, bucketed: included, never run alone.
 --
 -- Fingerprints (binary digests) are spread over small sets that Redis keeps
--- listpack-encoded, about 22 bytes a fingerprint instead of about 42 in one
+-- listpack-encoded, about 23 bytes a fingerprint instead of about 42 in one
 -- big set. Generation g has 2^(7+g) buckets and holds up to 64 * 2^(7+g)
 -- fingerprints; a new generation opens when the older ones are full, so a
 -- check looks at one bucket per generation (log2 of the size).
