@@ -3,9 +3,10 @@
 ``celery-crawl exporter --port 9410`` serves ``/metrics``. Everything is in
 Redis, so one exporter serves the whole cluster. A scrape sends a fixed
 handful of commands per spider in one pipelined round trip, whatever the
-number of queued requests or fingerprints: the queue length is one short
-script over its priority levels, the dedup size a counter, the stats and the
-job counts one hash each. No ``KEYS``, no scans.
+number of queued requests or fingerprints: one short script gives the queue
+length (over its priority levels) and the dedup size (a counter, or the live
+time buckets' counters of an expiring filter); the stats and the job counts
+are one hash each. No ``KEYS``, no scans.
 
 Every metric is named ``celery_crawl_*`` and labelled with ``spider``.
 """
@@ -65,21 +66,21 @@ class Reading:
 
 
 def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
-    """One pipelined round trip: four or five commands per spider, none of them O(queue).
+    """One pipelined round trip: three or four commands per spider, none of them O(queue).
 
-    A group's job counts are read once, with the spider named after the group.
-    On a Redis Cluster, whose pipelines take no scripts, the queue lengths are
-    read first, one call per spider, each on the spider's node.
+    ``lua/spider_size.lua`` gives a spider's queue length and dedup size. A
+    group's job counts are read once, with the spider named after the group.
+    On a Redis Cluster, whose pipelines take no scripts, the sizes are read
+    first, one call per spider, each on the spider's node.
     """
-    size = scripts.script(client, "queue_size")
+    size = scripts.script(client, "spider_size")
     cluster = connection.is_cluster(client)
-    sizes = [size(keys=[keys.queue]) for keys in spiders] if cluster else []
+    sizes = [size(keys=size_keys(keys)) for keys in spiders] if cluster else []
     with client.pipeline(transaction=False) as pipe:
         for keys in spiders:
             if not cluster:
-                size(keys=[keys.queue], args=[], client=pipe)
+                size(keys=size_keys(keys), args=[], client=pipe)
             pipe.zcard(keys.inflight)
-            pipe.get(keys.dupefilter_count)
             pipe.hgetall(keys.stats)
             if keys.group == keys.spider:
                 pipe.hgetall(keys.job_states)
@@ -87,20 +88,24 @@ def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
     return parse_readings(spiders, iter(replies), iter(sizes) if cluster else None)
 
 
+def size_keys(keys: SpiderKeys) -> list[str]:
+    return [keys.queue, keys.dupefilter, keys.dupefilter_count]
+
+
 def parse_readings(
     spiders: Sequence[SpiderKeys], replies: Iterator[Any], sizes: Iterator[Any] | None
 ) -> list[Reading]:
     readings = []
     for keys in spiders:
-        queued = next(replies if sizes is None else sizes)
-        in_flight, count, stats = (next(replies) for _ in range(3))
+        queued, count = next(replies if sizes is None else sizes)
+        in_flight, stats = next(replies), next(replies)
         jobs = next(replies) if keys.group == keys.spider else None
         readings.append(
             Reading(
                 keys,
                 int(queued),
                 int(in_flight),
-                int(count or 0),
+                int(count),
                 {k.decode(): v.decode() for k, v in stats.items()},
                 None if jobs is None else {k.decode(): int(v) for k, v in jobs.items()},
             )

@@ -72,12 +72,15 @@ class Entry:
     fingerprint: bytes | None = None
     job: str = ""
 
-    def args(self, uses_priority: bool) -> list[Any]:
-        """The four script arguments of this entry (see ``lua/push.lua``)."""
+    def args(self, uses_priority: bool, lane: int = 0) -> list[Any]:
+        """The five script arguments of this entry (see ``lua/push.lua``).
+
+        ``lane`` 0 is the script's own queue; ``lane`` j > 0 the j-th routed queue.
+        """
         if len(self.job.encode()) > 255:
             raise ValueError(f"job id longer than 255 bytes: {self.job[:40]}...")
         priority = self.priority if uses_priority else 0
-        return [priority, self.fingerprint or b"", self.job, self.payload]
+        return [priority, self.fingerprint or b"", self.job, self.payload, lane]
 
 
 class Base:
@@ -110,24 +113,32 @@ class Base:
         entries: Sequence[Entry],
         acks: Sequence[bytes] = (),
         job_stats: Sequence[tuple[str, str, int]] = (),
+        routed: Sequence[tuple[Base, Sequence[Entry]]] = (),
     ) -> list[bool]:
         """Enqueue ``entries``, add ``job_stats``, then ack ``acks``: one atomic round trip.
 
-        Returns a flag per entry: False when the dedup filter had seen it, or
-        its job no longer runs. Acking the parent in the same step as its
-        children means a crash never leaves a finished parent whose children
-        were not enqueued, and a job is never seen done while one is missing.
+        ``routed`` holds requests for the queues of other spiders of the same
+        group (same hash tag, same dupefilter class): they go in the same step.
+        Returns a flag per entry, ``entries`` first and then each routed batch
+        in order: False when the dedup filter had seen it, or its job no longer
+        runs. Acking the parent in the same step as its children means a crash
+        never leaves a finished parent whose children were not enqueued, and a
+        job is never seen done while one is missing.
         """
-        if not entries and not acks and not job_stats:
+        batches = [entries, *(batch for _, batch in routed)]
+        count = sum(len(batch) for batch in batches)
+        if not count and not acks and not job_stats:
             return []
-        args: list[Any] = [len(entries), len(job_stats), len(acks)]
-        for entry in entries:
-            args += entry.args(self.uses_priority)
+        args: list[Any] = [count, len(job_stats), len(acks)]
+        for lane, batch in enumerate(batches):
+            for entry in batch:
+                args += entry.args(self.uses_priority, lane)
         for stat in job_stats:
             args += stat
         args += acks
         args += self.dedup.params
-        script, keys = self._script("enqueue", dedup=self.dedup.lua), self._push_keys()
+        keys = self._push_keys() + [key for queue, _ in routed for key in queue._lane_keys()]
+        script = self._script("enqueue", dedup=self.dedup.lua)
         flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
         return [bool(flag) for flag in flags]
 
@@ -147,14 +158,12 @@ class Base:
         return bool(created), int(accepted)
 
     def _push_keys(self) -> list[str]:
-        return [
-            self.keys.queue,
-            self.keys.signal,
-            self.keys.dupefilter,
-            self.keys.dupefilter_count,
-            self.keys.inflight,
-            self.keys.job_prefix,
-        ]
+        return [*self._lane_keys(), self.keys.inflight, self.keys.job_prefix]
+
+    def _lane_keys(self) -> list[str]:
+        """This queue as a lane of an enqueue script (see ``lua/enqueue.lua``)."""
+        keys = self.keys
+        return [keys.queue, keys.signal, keys.dupefilter, keys.dupefilter_count]
 
     def _script(self, name: str, **includes: str) -> Any:
         return scripts.script(self.client, name, **includes)

@@ -8,8 +8,9 @@ A request's path through it:
    (``flush``).
 2. ``flush`` runs ``lua/enqueue.lua`` once: dedup check, enqueue, and the ack
    of the requests whose processing finished since the last flush. Requests
-   routed to another spider of the group (``celery_crawl.routing``) are pushed
-   into that spider's queue first, so children always precede their parent's ack.
+   routed to another spider of the group (``celery_crawl.routing``) go into
+   that spider's queue in the same call, so children and their parent's ack
+   are one atomic step whichever queue the children are for.
 3. ``next_request`` leases a few requests at a time (``SCHEDULER_PREFETCH``)
    and hands them to the engine one by one.
 4. When the engine is done with a request (response parsed and every child
@@ -274,9 +275,10 @@ class Scheduler(BaseScheduler):
             return
         pending, acks = self._pending, self._acks
         self._pending, self._acks = [], []
+        pending = sorted(pending, key=lambda p: p.target or "")  # own first, then by target
         try:
-            pending = self._push_routed(pending)
-            flags = self.queue.push_many([p.entry for p in pending], acks, job_stats)
+            own, routed = self._batches(pending)
+            flags = self.queue.push_many(own, acks, job_stats, routed)
         except redis.ConnectionError:
             # Redis is away (restarting?): keep everything for the next flush
             self._pending, self._acks = pending + self._pending, acks + self._acks
@@ -288,18 +290,19 @@ class Scheduler(BaseScheduler):
             return
         self._accepted(pending, flags)
 
-    def _push_routed(self, pending: list[Pending]) -> list[Pending]:
-        """Push the requests for other spiders, queue by queue; returns the spider's own.
-
-        On a connection error, ``pending`` keeps what was not pushed yet.
-        """
-        for target in dict.fromkeys(p.target for p in pending if p.target):
-            assert self.router is not None  # enqueue_request admitted only routable targets
-            batch = [p for p in pending if p.target == target]
-            flags = self.router.queue(target).push_many([p.entry for p in batch])
-            pending[:] = [p for p in pending if p.target != target]
-            self._accepted(batch, flags)
-        return pending
+    def _batches(
+        self, pending: list[Pending]
+    ) -> tuple[list[Entry], list[tuple[Base, list[Entry]]]]:
+        """The spider's own entries, and the routed ones per target queue (``pending`` sorted)."""
+        own = [p.entry for p in pending if not p.target]
+        routed: dict[str, list[Entry]] = {}
+        for p in pending:
+            if p.target:
+                routed.setdefault(p.target, []).append(p.entry)
+        if not routed:
+            return own, []
+        assert self.router is not None  # enqueue_request admitted only routable targets
+        return own, [(self.router.queue(target), batch) for target, batch in routed.items()]
 
     def _accepted(self, pushed: list[Pending], flags: list[bool]) -> None:
         for item, accepted in zip(pushed, flags, strict=True):

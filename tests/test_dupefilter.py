@@ -13,6 +13,7 @@ import redis
 from helpers import ForumSpider, RoundTrips
 from scrapy import Request
 
+from celery_crawl import exporter
 from celery_crawl.dupefilter import (
     BloomDupeFilter,
     BloomParams,
@@ -127,6 +128,15 @@ def test_contract_keys_share_the_spiders_hash_tag(
     assert keys
     assert all(key.startswith(f"{any_filter.keys.dupefilter}:".encode()) for key in keys)
     assert all(b"{forum}" in key for key in keys)
+
+
+def test_contract_the_exporter_reports_the_filters_size(
+    any_filter: RFPDupeFilter, client: redis.Redis
+) -> None:
+    assert exporter.read(client, [any_filter.keys])[0].fingerprints == 0
+    add_all(any_filter, digests(300, seed=21))
+    [reading] = exporter.read(client, [any_filter.keys])
+    assert reading.fingerprints == len(any_filter) == 300
 
 
 @pytest.mark.parametrize("cls", FILTER_CLASSES, ids=lambda cls: cls.__name__)

@@ -14,6 +14,7 @@ from scrapy.crawler import Crawler
 
 from celery_crawl.errors import ConfigError, RedisUnavailable
 from celery_crawl.queue import FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.routing import to_spider
 from celery_crawl.scheduler import Scheduler
 
 
@@ -94,6 +95,40 @@ def test_acks_finish_leases_after_the_children(make_crawler: Any) -> None:
     assert trips.commands == ["EVALSHA"]
     assert scheduler.queue.in_flight() == 0
     assert len(scheduler.queue) == 1
+
+
+@pytest.mark.parametrize("dedup", ["RFPDupeFilter", "BloomDupeFilter", "ExpiringDupeFilter"])
+def test_routed_children_and_the_parents_ack_are_one_atomic_call(
+    make_crawler: Any, dedup: str
+) -> None:
+    """Children for another spider of the group go in the parent's enqueue+ack script."""
+    crawler = make_crawler(
+        CELERY_CRAWL_SPIDER_GROUPS={"detail": "forum"},
+        DUPEFILTER_CLASS=f"celery_crawl.dupefilter.{dedup}",
+    )
+    scheduler = open_scheduler(crawler)
+    scheduler.enqueue_request(Request("http://127.0.0.1/list"))
+    scheduler.flush()
+    parent = scheduler.next_request()
+    assert parent is not None
+    detail = scheduler.router.queue("detail")  # type: ignore[union-attr]
+    for url in ["/post/1", "/post/2", "/post/1", "/list/2"]:
+        request = Request("http://127.0.0.1" + url)
+        scheduler.enqueue_request(to_spider(request, "detail" if "post" in url else None))
+    scheduler.ack(parent)
+    with RoundTrips(scheduler.queue.client) as trips:
+        scheduler.flush()
+    assert trips.commands == ["EVALSHA"]
+    assert scheduler.queue.in_flight() == 0
+    assert (len(scheduler.queue), len(detail)) == (1, 2)  # the duplicate post dropped
+    assert crawler.stats.get_value("dupefilter/filtered") == 1
+    assert crawler.stats.get_value("scheduler/enqueued/redis") == 4  # list, list/2, 2 posts
+    # each request was checked against its own spider's filter
+    assert len(scheduler.df) == 2
+    assert scheduler.df.seen_fingerprints(
+        [scheduler.df.fingerprint(Request("http://127.0.0.1/post/1"))]
+    ) == [False]
+    scheduler.close("finished")
 
 
 def test_persist_and_resume_across_two_schedulers(make_crawler: Any) -> None:

@@ -25,7 +25,8 @@
 -- capacity, error_rate, growth, tightening, max_bits. They are stored when the
 -- filter is created; afterwards the stored ones win.
 -- Defines: dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
--- dedup_clear(), dedup_memory().
+-- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
+-- points the functions at another spider's filter of the same kind.
 
 local BLOOM_KEY = DEDUP_KEY .. ':bloom'
 local BLOOM_PARAMS = {'capacity', 'error_rate', 'growth', 'tightening', 'max_bits'}
@@ -187,4 +188,9 @@ local function dedup_memory()
     return bloom_each_key(function(key)
         return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0
     end)
+end
+
+local function dedup_use(dedup_key, count_key)
+    DEDUP_KEY, COUNT_KEY = dedup_key, count_key
+    BLOOM_KEY, bloom_cache = dedup_key .. ':bloom', nil
 end

@@ -6,7 +6,8 @@
 -- Uses: DEDUP_KEY (the dupefilter key), COUNT_KEY (exact count of fingerprints);
 -- no parameters (DEDUP_ARGV is ignored).
 -- Defines: dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
--- dedup_clear(), dedup_memory().
+-- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
+-- points the functions at another spider's filter of the same kind.
 --!include bucketed_sets
 
 -- Returns true when fp was new (and records it), false when already seen.
@@ -34,4 +35,8 @@ local function dedup_memory()
     return sets_each_key(DEDUP_KEY, COUNT_KEY, function(key)
         return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0
     end)
+end
+
+local function dedup_use(dedup_key, count_key)
+    DEDUP_KEY, COUNT_KEY = dedup_key, count_key
 end

@@ -18,7 +18,8 @@
 -- Uses: DEDUP_KEY, and two parameters from ARGV[DEDUP_ARGV] on: window_ms,
 -- buckets. COUNT_KEY is not used: the count is the sum of the live buckets'.
 -- Defines: dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
--- dedup_clear(), dedup_memory().
+-- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
+-- points the functions at another spider's filter of the same kind.
 --!include bucketed_sets
 
 local EXPIRING_KEY = DEDUP_KEY .. ':expiring'
@@ -126,4 +127,9 @@ local function dedup_memory()
     return expiring_each_key(function(key)
         return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0
     end)
+end
+
+local function dedup_use(dedup_key, count_key)
+    DEDUP_KEY, COUNT_KEY = dedup_key, count_key
+    EXPIRING_KEY, expiring_cache = dedup_key .. ':expiring', nil
 end

@@ -9,28 +9,39 @@
 -- KEYS[4]  dupefilter count
 -- KEYS[5]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[6]  job key prefix: a job's hash is KEYS[6] .. job id
+-- KEYS[7..] four per other spider of the group whose queue takes requests
+--          (the vertical split): its queue levels, signal, dupefilter key and
+--          dupefilter count; lane j is KEYS[3 + 4j .. 6 + 4j], lane 0 the own
 -- ARGV[1]  number of requests n
 -- ARGV[2]  number of job stat changes s
 -- ARGV[3]  number of leases to ack m
--- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none), payload
+-- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
+--          payload, lane (0 = this spider's queue)
 -- then s groups: job id, field, delta
 -- then m lease members to ack
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its file)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
 --
--- The level list of priority p is KEYS[1] .. ':' .. p, in the same hash tag.
+-- The level list of priority p is KEYS[1] .. ':' .. p, in the same hash tag;
+-- every lane's keys are in it too, so children for another spider of the
+-- group and the parent's ack are still one atomic step.
 -- The include lines are replaced by lua/jobs.lua and the dupefilter's file.
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local DEDUP_ARGV = 4 + 4 * n + 3 * s + m
+local DEDUP_ARGV = 4 + 5 * n + 3 * s + m
 --!include dedup
 --!include jobs
 --!include push
 
-local accepted = push_requests(KEYS[1], KEYS[2], ARGV, 4, n)
+local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
+for j = 1, (#KEYS - 6) / 4 do
+    local at = 3 + 4 * j
+    lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
+end
+local accepted = push_requests(lanes, ARGV, 4, n)
 
-local base = 4 + 4 * n
+local base = 4 + 5 * n
 for i = 0, s - 1 do
     job_add(ARGV[base + 3 * i], ARGV[base + 3 * i + 1], ARGV[base + 3 * i + 2])
 end

@@ -1,29 +1,39 @@
 -- Pushing requests into the level lists: included, never run alone.
 --
--- Uses: dedup_add (dupefilter file), job_running and job_add (jobs.lua).
--- Defines: push_requests(levels, signal, args, first, n): reads n groups of
--- (priority, fingerprint, job id, payload) from args starting at index first;
--- returns a list of n flags, 1 = enqueued.
+-- Uses: dedup_add and dedup_use (dupefilter file), job_running and job_add
+-- (jobs.lua).
+-- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
+-- fingerprint, job id, payload, lane) from args starting at index first, and
+-- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
+-- queue of another spider of the group, each {levels, signal, dupefilter,
+-- dupefilter count}. Returns a list of n flags, 1 = enqueued.
 
 local SIGNAL_CAP = 64
 
-local function push_requests(levels, signal, args, first, n)
-    local accepted, added = {}, 0
+local function wake(signal, added)
+    for _ = 1, math.min(added, SIGNAL_CAP) do redis.call('RPUSH', signal, 1) end
+    redis.call('LTRIM', signal, -SIGNAL_CAP, -1)
+end
+
+local function push_requests(lanes, args, first, n)
+    local accepted, added, current = {}, {}, 0
     for i = 0, n - 1 do
-        local at = first + 4 * i
+        local at = first + 5 * i
         local priority, fp, job, payload = args[at], args[at + 1], args[at + 2], args[at + 3]
+        local lane = tonumber(args[at + 4])
+        local keys = lanes[lane]
+        if lane ~= current then dedup_use(keys[3], keys[4]) end
+        current = lane
         if job_running(job) and (fp == '' or dedup_add(fp)) then
-            redis.call('RPUSH', levels .. ':' .. priority, string.char(#job) .. job .. payload)
-            redis.call('ZADD', levels, 'NX', -tonumber(priority), priority)
+            redis.call('RPUSH', keys[1] .. ':' .. priority, string.char(#job) .. job .. payload)
+            redis.call('ZADD', keys[1], 'NX', -tonumber(priority), priority)
             job_add(job, 'pending', 1)
-            accepted[i + 1], added = 1, added + 1
+            accepted[i + 1], added[lane] = 1, (added[lane] or 0) + 1
         else
             accepted[i + 1] = 0
         end
     end
-    if added > 0 then
-        for _ = 1, math.min(added, SIGNAL_CAP) do redis.call('RPUSH', signal, 1) end
-        redis.call('LTRIM', signal, -SIGNAL_CAP, -1)
-    end
+    if current ~= 0 then dedup_use(lanes[0][3], lanes[0][4]) end
+    for lane, count in pairs(added) do wake(lanes[lane][2], count) end
     return accepted
 end
