@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import redis
 from celery import Celery, Task, signals
 from celery.exceptions import Reject
 
@@ -194,7 +193,7 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
     while True:
         try:
             result = job.wait(timeout=interval)
-        except redis.ConnectionError as exc:  # Redis restarting: keep watching
+        except connection.TRANSIENT_ERRORS as exc:  # Redis restarting: keep watching
             logger.warning("job %s: Redis unreachable (%s); still watching", job.id, exc)
             time.sleep(interval)
             continue

@@ -29,12 +29,21 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 from celery_crawl.errors import ConfigError, RedisUnavailable
 
 DEFAULT_URL = "redis://localhost:6379/0"
+# what a restart, a failover or a cluster resharding raise after the client's
+# own retries: the callers keep their buffers and try again later
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    ClusterDownError,
+    TryAgainError,
+)
 DEFAULT_PARAMS: dict[str, Any] = {
     "socket_connect_timeout": 5,
     "socket_timeout": 30,

@@ -30,7 +30,6 @@ from collections import deque
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, Self
 
-import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from twisted.python.failure import Failure
@@ -279,7 +278,7 @@ class Scheduler(BaseScheduler):
         try:
             own, routed = self._batches(pending)
             flags = self.queue.push_many(own, acks, job_stats, routed)
-        except redis.ConnectionError:
+        except connection.TRANSIENT_ERRORS:
             # Redis is away (restarting?): keep everything for the next flush
             self._pending, self._acks = pending + self._pending, acks + self._acks
             self.job_stats.restore(job_stats)
@@ -361,7 +360,7 @@ class Scheduler(BaseScheduler):
         try:
             self.flush()  # our own children first, so that they can be leased
             self._prefetched.extend(self.queue.lease(self.prefetch))
-        except redis.ConnectionError as exc:
+        except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, no request leased: %s", exc)
         return bool(self._prefetched)
 
@@ -397,7 +396,7 @@ class Scheduler(BaseScheduler):
             return True
         try:
             queued = len(self.queue)
-        except redis.ConnectionError:
+        except connection.TRANSIENT_ERRORS:
             return True  # cannot tell: stay open until Redis answers again
         if queued > 0:
             self._empty_since = None

@@ -155,7 +155,7 @@ class RedisStatsCollector(StatsCollector):
             scripts.script(self.client, "stats_update")(
                 keys=[self.keys.stats, self.keys.stats_types], args=args
             )
-        except redis.ConnectionError as exc:
+        except connection.TRANSIENT_ERRORS as exc:
             logger.warning("stats not flushed, will retry: %s", exc)
             return
         self._ops, self._increments = [], {}

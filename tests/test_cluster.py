@@ -170,3 +170,39 @@ def test_a_worker_crawls_with_its_state_on_the_cluster(
         node = redis.Redis(port=node_port(cluster_client, keys.stats))
         assert node.hget(keys.stats, "response_received_count") is not None
     assert redis.Redis.from_url(db_url).keys(f"{prefix}:*") == []  # no crawl state in the broker
+
+
+def test_a_hung_shard_keeps_the_schedulers_buffer_until_it_answers(
+    cluster: list[Server], make_crawler: Any
+) -> None:
+    """The spider's shard stops answering: a flush keeps its requests, and writes them later."""
+    from helpers import ForumSpider
+    from scrapy import Request
+
+    from celery_crawl.scheduler import Scheduler
+
+    crawler = make_crawler(
+        REDIS_URL=cluster_url(cluster),
+        REDIS_PARAMS={"socket_timeout": 0.5, "socket_connect_timeout": 0.5},
+        SCHEDULER_PERSIST=True,
+    )
+    scheduler = Scheduler.from_crawler(crawler)
+    scheduler.open(ForumSpider.from_crawler(crawler))
+    client = scheduler.queue.client
+    assert isinstance(client, RedisCluster)
+    owner = next(n for n in cluster if n.port == node_port(client, scheduler.queue.keys.queue))
+    for i in range(5):
+        scheduler.enqueue_request(Request(f"http://127.0.0.1/post/{i}"))
+    owner.pause()
+    try:
+        scheduler.flush()  # times out inside, keeps the buffer, raises nothing
+        assert len(scheduler._pending) == 5
+    finally:
+        owner.pause(False)
+    for _ in range(100):  # bounded: the retry is scheduled; here we flush by hand
+        scheduler.flush()
+        if not scheduler._pending:
+            break
+        time.sleep(0.1)
+    assert len(scheduler.queue) == 5
+    scheduler.clear()
