@@ -64,11 +64,6 @@ class JobStats:
         if job:
             self._deltas[(job, field)] += delta
 
-    def error(self, job: str, kind: str) -> None:
-        """An error of ``kind``; the total decides whether a pageless job failed."""
-        self.add(job, f"errors/{kind}")
-        self.add(job, "errors")
-
     def restore(self, deltas: list[tuple[str, str, int]]) -> None:
         """Put back deltas whose write failed."""
         for job, field, delta in deltas:
@@ -104,13 +99,13 @@ class JobStats:
 
     def on_item_error(self, item: Any, response: Any, spider: Any, failure: Any) -> None:
         self.add(job_of(response), "items", -1)
-        self.error(job_of(response), f"item/{failure.type.__name__}")
+        self.add(job_of(response), f"errors/item/{failure.type.__name__}")
 
     def on_spider_error(self, failure: Any, response: Any, spider: Any) -> None:
-        self.error(job_of(response), failure.type.__name__)
+        self.add(job_of(response), f"errors/{failure.type.__name__}")
 
     def on_job_error(self, request: Any, kind: str) -> None:
-        self.error(job_of(request), kind)
+        self.add(job_of(request), f"errors/{kind}")
 
 
 @dataclass(frozen=True)

@@ -385,7 +385,7 @@ class Scheduler(BaseScheduler):
             pipe.lpush(self.queue.keys.deadletter, json.dumps(record))
             pipe.ltrim(self.queue.keys.deadletter, 0, self.deadletter_max - 1)
             pipe.execute()
-        self.job_stats.error(lease.job, f"dead_letter/{error.kind}")
+        self.job_stats.add(lease.job, f"errors/dead_letter/{error.kind}")
         self._acks.append(lease.member)  # finished: its job must not wait for it
         self.flush()
         logger.warning("dead-lettered a queue entry (%s): %s", error.kind, error)

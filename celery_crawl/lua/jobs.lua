@@ -10,7 +10,7 @@
 -- A queue entry is: 1 byte job id length, the job id, the encoded request.
 --
 -- A job ends failed instead of done when not one page was fetched and errors
--- were counted (field errors): the site was down, every download failed.
+-- were counted (fields errors/<kind>): the site was down, every download failed.
 --
 -- A job's phase (field phase) is queued (no request leased yet), running,
 -- done, failed or cancelled. The hash JOB_PREFIX .. '~states' counts jobs per phase,
@@ -73,9 +73,14 @@ end
 
 -- How a running job ends: failed when no page came back and errors were counted.
 local function job_outcome(key)
-    local fields = redis.call('HMGET', key, 'pages', 'errors')
-    local pages, errors = tonumber(fields[1] or '0'), tonumber(fields[2] or '0')
-    return (pages == 0 and errors > 0) and 'failed' or 'done'
+    if tonumber(redis.call('HGET', key, 'pages') or '0') > 0 then return 'done' end
+    local fields = redis.call('HGETALL', key)
+    for i = 1, #fields, 2 do
+        if string.sub(fields[i], 1, 7) == 'errors/' and tonumber(fields[i + 1]) > 0 then
+            return 'failed'
+        end
+    end
+    return 'done'
 end
 
 local function job_finish_if_done(job)

@@ -3,9 +3,6 @@
 -- KEYS[1]  queue levels: sorted set of priority levels
 -- ARGV     none
 -- Returns  the number of queued requests
+--!include levels
 
-local total = 0
-for _, level in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    total = total + redis.call('LLEN', KEYS[1] .. ':' .. level)
-end
-return total
+return queue_length(KEYS[1])
