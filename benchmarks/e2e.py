@@ -14,24 +14,30 @@ it writes feeds too.
 
 Pages/s is counted at the site, from its first request to its last. Pickup
 latency is from submitting a job to an idle system until the site sees its
-first request. For the two Redis systems, the Redis server's own CPU time and
-command count over the crawl (``INFO``) are reported per 1,000 pages: the
-cost that sizes a shard.
+first request. The crawler processes' own CPU time over the same span
+(``/proc/PID/stat``) is reported per page: what the code costs, apart from
+time spent waiting. For the two Redis systems, the Redis server's own CPU
+time and command count over the crawl (``INFO``) are reported per 1,000
+pages: the cost that sizes a shard.
 
-    python -m benchmarks.e2e [--processes 1 2] [--rounds 3] [--forums 8]
-                             [--anchor-items redis|feed]
+``--busy-neighbours N`` runs N busy-loop processes beside the crawl, as a
+loaded machine would: it shows which ratios depend on the machine's state.
+
+    python -m benchmarks.e2e [--processes 1 2] [--rounds 5] [--forums 8]
+                             [--anchor-items redis|feed] [--busy-neighbours N]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,13 +50,23 @@ from celery_crawl.demo_site import SiteConfig, SiteThread, run_in_thread
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("celery_crawl", "scrapy-redis", "plain Scrapy")
 LOGS = Path(os.environ.get("BENCH_LOGS", "/tmp")) / "celery_crawl-e2e"
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 @dataclass
 class Run:
     pages_per_s: float
+    cpu_ms_per_page: float | None
     pickup_ms: list[float] = field(default_factory=list)
     server: ServerCost | None = None
+
+
+@dataclass(frozen=True)
+class Crawl:
+    """What the site saw of one crawl, and what it cost the crawler processes."""
+
+    pages_per_s: float
+    cpu_ms_per_page: float | None
 
 
 @dataclass(frozen=True)
@@ -123,6 +139,17 @@ class Processes:
 
         wait_for(logged, timeout, text)
 
+    def cpu_seconds(self) -> float | None:
+        """User plus system CPU time of the processes so far; None without ``/proc``."""
+        total = 0.0
+        for proc, _ in self.procs:
+            try:
+                fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                return None
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+        return total
+
     def stop(self) -> None:
         for proc, _ in self.procs:
             if proc.poll() is None:
@@ -134,14 +161,22 @@ class Processes:
                 proc.kill()
 
 
-def throughput(site: SiteThread, total: int, timeout: float = 300) -> float:
+def crawl(site: SiteThread, total: int, procs: Processes, timeout: float = 300) -> Crawl:
+    """Wait for ``total`` pages; pages/s and crawler CPU per page from the first request on."""
+    wait_for(lambda: site.site.first_request_time is not None, timeout, "the first request")
+    cpu_before = procs.cpu_seconds()
     wait_for(lambda: site.site.requests_served >= total, timeout, "the crawl to finish")
+    cpu_after = procs.cpu_seconds()
     first = site.site.first_request_time or 0.0
     last = max(site.site.last_request_at.values())
-    return site.site.requests_served / (last - first)
+    served = site.site.requests_served
+    cpu = None
+    if cpu_before is not None and cpu_after is not None:
+        cpu = (cpu_after - cpu_before) * 1000 / served
+    return Crawl(served / (last - first), cpu)
 
 
-def pickup(site: SiteThread, submit: Callable[[], None], samples: int) -> list[float]:
+def pickup(site: SiteThread, submit: Callable[[], object], samples: int) -> list[float]:
     path = "/list/00001/1"
     latencies = []
     for _ in range(samples):
@@ -177,7 +212,8 @@ def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int)
         os.environ.update(
             {k: env[k] for k in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL")}
         )
-        from celery_crawl.celery_app import crawl, create_app
+        from celery_crawl.celery_app import crawl as start
+        from celery_crawl.celery_app import create_app
 
         app = create_app("bench_app", "benchmarks.bench_settings")
         for number in range(processes):
@@ -202,14 +238,14 @@ def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int)
             procs.wait_logged("hosting crawlers")
             client = redis.Redis.from_url(url)
             before = ServerCost.read(client)
-            jobs = [crawl("forum", [{"forum_id": f}], app=app) for f in config.forum_ids()]
+            jobs = [start("forum", [{"forum_id": f}], app=app) for f in config.forum_ids()]
             expected = config.expected()
-            rate = throughput(site, expected.pages + expected.not_found)
+            done = crawl(site, expected.pages + expected.not_found, procs)
             for job in jobs:
                 job.wait(timeout=60)
             cost = ServerCost.read(client).since(before, site.site.requests_served)
-            submit = lambda: crawl("forum", [{"forum_id": "00001"}], app=app)  # noqa: E731
-            return Run(rate, pickup(site, submit, samples), cost)
+            submit = lambda: start("forum", [{"forum_id": "00001"}], app=app)  # noqa: E731
+            return Run(done.pages_per_s, done.cpu_ms_per_page, pickup(site, submit, samples), cost)
         finally:
             procs.stop()
             check_items("celery_crawl", config.expected().posts + config.expected().comments)
@@ -242,9 +278,10 @@ def run_scrapy_redis(url: str, config: SiteConfig, processes: int, samples: int)
             before = ServerCost.read(client)
             client.lpush(key, *config.forum_ids())
             expected = config.expected()
-            rate = throughput(site, expected.pages + expected.not_found)
+            done = crawl(site, expected.pages + expected.not_found, procs)
             cost = ServerCost.read(client).since(before, site.site.requests_served)
-            return Run(rate, pickup(site, lambda: client.lpush(key, "00001"), samples), cost)
+            pickups = pickup(site, lambda: client.lpush(key, "00001"), samples)
+            return Run(done.pages_per_s, done.cpu_ms_per_page, pickups, cost)
         finally:
             procs.stop()
             if ANCHOR_ITEMS["sink"] == "feed":
@@ -269,7 +306,8 @@ def run_plain(url: str, config: SiteConfig, processes: int, samples: int) -> Run
             procs.start(command, env_for(url, "", site.url), f"plain-{number}")
         expected = config.expected()
         try:
-            return Run(throughput(site, expected.pages + expected.not_found))
+            done = crawl(site, expected.pages + expected.not_found, procs)
+            return Run(done.pages_per_s, done.cpu_ms_per_page)
         finally:
             procs.stop()
             check_items("plain", config.expected().posts + config.expected().comments)
@@ -287,19 +325,22 @@ def main(argv: list[str] | None = None) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--forums", type=int, default=8)
     parser.add_argument("--pickup-samples", type=int, default=10)
     parser.add_argument("--redis-url")
     parser.add_argument("--anchor-items", choices=["redis", "feed"], default="redis")
     parser.add_argument("--comments-per-page", type=int, default=20, help="items per comment page")
+    parser.add_argument(
+        "--busy-neighbours", type=int, default=0, help="busy-loop processes beside the crawl"
+    )
     args = parser.parse_args(argv)
     ANCHOR_ITEMS["sink"] = args.anchor_items
     config = SiteConfig(
         forums=args.forums, posts_per_forum=100, comments_per_page=args.comments_per_page
     )
     results: dict[tuple[int, str], list[Run]] = {}
-    with redis_url(args.redis_url) as url:
+    with redis_url(args.redis_url) as url, busy_neighbours(args.busy_neighbours):
         for processes in args.processes:
             for round_no in range(args.rounds):
                 for system in SYSTEMS:  # take turns, so drift hits all alike
@@ -314,33 +355,46 @@ def main(argv: list[str] | None = None) -> None:
     report(results, args, config)
 
 
+@contextlib.contextmanager
+def busy_neighbours(count: int) -> Iterator[None]:
+    """``count`` processes that spin on a core each, until the benchmark ends."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    neighbours = [subprocess.Popen(spin) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for proc in neighbours:
+            proc.kill()
+            proc.wait()
+
+
+def ratios(results: dict[tuple[int, str], list[Run]], processes: int, other: str) -> list[float]:
+    """celery_crawl's pages/s over ``other``'s, round by round."""
+    ours, theirs = results[(processes, "celery_crawl")], results[(processes, other)]
+    return [o.pages_per_s / t.pages_per_s for o, t in zip(ours, theirs, strict=True)]
+
+
 def report(results: dict[tuple[int, str], list[Run]], args: Any, config: SiteConfig) -> None:
     rows = []
     for processes in args.processes:
-        ours = results[(processes, "celery_crawl")]
+        vs_redis = median(ratios(results, processes, "scrapy-redis"))
+        vs_plain = median(ratios(results, processes, "plain Scrapy"))
         for system in SYSTEMS:
             runs = results[(processes, system)]
             rate = median([r.pages_per_s for r in runs])
-            vs_redis = median(
-                [
-                    o.pages_per_s / r.pages_per_s
-                    for o, r in zip(ours, results[(processes, "scrapy-redis")], strict=True)
-                ]
-            )
-            vs_plain = median(
-                [
-                    o.pages_per_s / r.pages_per_s
-                    for o, r in zip(ours, results[(processes, "plain Scrapy")], strict=True)
-                ]
-            )
             samples = [ms for r in runs for ms in r.pickup_ms]
             pick = f"{statistics.median(samples):.0f} ms" if samples else "n/a"
-            ratios = (f"{vs_redis:.2f}× / {vs_plain:.2f}×") if system == "celery_crawl" else ""
-            rows.append([processes, system, f"{rate:,.0f}", ratios, pick, *server_cost(runs)])
+            ratio = (f"{vs_redis:.2f}× / {vs_plain:.2f}×") if system == "celery_crawl" else ""
+            cpu = [r.cpu_ms_per_page for r in runs if r.cpu_ms_per_page is not None]
+            cpu_text = f"{median(cpu):.2f}" if cpu else "n/a"
+            rows.append(
+                [processes, system, f"{rate:,.0f}", ratio, pick, cpu_text, *server_cost(runs)]
+            )
     expected = config.expected()
     print(
         f"\n{expected.pages + expected.not_found} pages, {expected.posts + expected.comments}"
-        f" items per crawl; concurrency 32 per process; median of {args.rounds} rounds\n"
+        f" items per crawl; concurrency 32 per process; median of {args.rounds} rounds"
+        f"{f'; {args.busy_neighbours} busy neighbours' if args.busy_neighbours else ''}\n"
     )
     print(
         table(
@@ -350,12 +404,18 @@ def report(results: dict[tuple[int, str], list[Run]], args: Any, config: SiteCon
                 "pages/s",
                 "celery_crawl vs scrapy-redis / plain",
                 "pickup (median)",
+                "crawler CPU ms / page",
                 "Redis CPU ms / 1k pages",
                 "Redis commands / 1k pages",
             ],
             rows,
         )
     )
+    for processes in args.processes:
+        for other in ("scrapy-redis", "plain Scrapy"):
+            each = ", ".join(f"{r:.2f}×" for r in ratios(results, processes, other))
+            print(f"\n{processes} proc, celery_crawl vs {other}, round by round: {each}", end="")
+    print()
 
 
 def server_cost(runs: list[Run]) -> list[str]:
