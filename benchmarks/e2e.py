@@ -6,6 +6,9 @@
   forum ids pushed to its start key;
 - plain Scrapy: the same spider with its in-memory scheduler, no Redis; with
   several processes, each crawls its share of the forums. This is the ceiling.
+- plain Scrapy, GC frozen: the same, with the startup heap frozen out of the
+  garbage collector once the spider is open, as a celery_crawl worker does
+  (``CELERY_CRAWL_GC_FREEZE``): the ceiling with the same memory tuning.
 
 Every system stores its items: celery_crawl and plain Scrapy write JSON-lines
 feeds, one file per process. scrapy-redis, by default, pushes them to Redis with
@@ -39,6 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,7 @@ from benchmarks.common import median, redis_url, table
 from celery_crawl.demo_site import SiteConfig, SiteThread, run_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = ("celery_crawl", "scrapy-redis", "plain Scrapy")
+SYSTEMS = ("celery_crawl", "scrapy-redis", "plain Scrapy", "plain Scrapy, GC frozen")
 LOGS = Path(os.environ.get("BENCH_LOGS", "/tmp")) / "celery_crawl-e2e"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -90,17 +94,23 @@ class ServerCost:
         )
 
 
-def items_written(name: str) -> int:
-    """Lines in the feed files of one system's processes (read after they stopped)."""
-    files = (LOGS / "items").glob(f"{name}-*.jsonl")
-    return sum(len(path.read_bytes().splitlines()) for path in files)
+class Feeds:
+    """The item feeds of one run of one system: a directory of its own, one file per process."""
 
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.directory = LOGS / "items" / f"{name}-{uuid.uuid4().hex[:8]}"
+        self.directory.mkdir(parents=True)
 
-def check_items(name: str, expected: int) -> None:
-    """Every system must really store its items, or the comparison is not fair."""
-    written = items_written(name)
-    if written < expected:
-        raise RuntimeError(f"{name} wrote {written} items, expected at least {expected}")
+    def path(self) -> str:
+        return str(self.directory / "%(pid)s.jsonl")
+
+    def check(self, expected: int) -> None:
+        """Every system must really store its items, or the comparison is not fair."""
+        files = self.directory.glob("*.jsonl")  # read after the processes stopped
+        written = sum(len(path.read_bytes().splitlines()) for path in files)
+        if written < expected:
+            raise RuntimeError(f"{self.name} wrote {written} items, expected at least {expected}")
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -188,27 +198,25 @@ def pickup(site: SiteThread, submit: Callable[[], object], samples: int) -> list
     return latencies
 
 
-def feed(name: str) -> str:
-    """A feed path of its own for each process of each run."""
-    return str(LOGS / "items" / f"{name}-%(pid)s-{uuid.uuid4().hex[:6]}.jsonl")
-
-
-def env_for(url: str, prefix: str, site: str) -> dict[str, str]:
-    return {
+def env_for(url: str, prefix: str, site: str, feeds: Feeds | None = None) -> dict[str, str]:
+    env = {
         **os.environ,
         "REDIS_URL": url,
         "CELERY_CRAWL_KEY_PREFIX": prefix,
         "FORUM_BASE_URL": site,
-        "FORUM_FEED": feed("celery_crawl"),
         "PYTHONPATH": str(ROOT),
     }
+    if feeds is not None:
+        env["FORUM_FEED"] = feeds.path()
+    return env
 
 
 def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int) -> Run:
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     procs = Processes()
+    feeds = Feeds("celery_crawl")
     with run_in_thread(config) as site:
-        env = env_for(url, prefix, site.url)
+        env = env_for(url, prefix, site.url, feeds)
         os.environ.update(
             {k: env[k] for k in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL")}
         )
@@ -248,7 +256,7 @@ def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int)
             return Run(done.pages_per_s, done.cpu_ms_per_page, pickup(site, submit, samples), cost)
         finally:
             procs.stop()
-            check_items("celery_crawl", config.expected().posts + config.expected().comments)
+            feeds.check(config.expected().posts + config.expected().comments)
 
 
 ANCHOR_ITEMS = {"sink": "redis"}
@@ -258,9 +266,10 @@ def run_scrapy_redis(url: str, config: SiteConfig, processes: int, samples: int)
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     procs = Processes()
     client = redis.Redis.from_url(url)
+    feeds = Feeds("scrapy-redis")
     with run_in_thread(config) as site:
         for number in range(processes):
-            items = "redis" if ANCHOR_ITEMS["sink"] == "redis" else feed("scrapy-redis")
+            items = "redis" if ANCHOR_ITEMS["sink"] == "redis" else feeds.path()
             command = [
                 sys.executable,
                 "-m",
@@ -285,12 +294,15 @@ def run_scrapy_redis(url: str, config: SiteConfig, processes: int, samples: int)
         finally:
             procs.stop()
             if ANCHOR_ITEMS["sink"] == "feed":
-                check_items("scrapy-redis", config.expected().posts + config.expected().comments)
+                feeds.check(config.expected().posts + config.expected().comments)
 
 
-def run_plain(url: str, config: SiteConfig, processes: int, samples: int) -> Run:
+def run_plain(
+    url: str, config: SiteConfig, processes: int, samples: int, mode: str = "plain"
+) -> Run:
     procs = Processes()
     forums = config.forum_ids()
+    feeds = Feeds(mode)
     with run_in_thread(config) as site:
         for number in range(processes):
             share = forums[number::processes]
@@ -298,25 +310,26 @@ def run_plain(url: str, config: SiteConfig, processes: int, samples: int) -> Run
                 sys.executable,
                 "-m",
                 "benchmarks.e2e_spiders",
-                "plain",
+                mode,
                 site.url,
-                feed("plain"),
+                feeds.path(),
                 *share,
             ]
-            procs.start(command, env_for(url, "", site.url), f"plain-{number}")
+            procs.start(command, env_for(url, "", site.url), f"{mode}-{number}")
         expected = config.expected()
         try:
             done = crawl(site, expected.pages + expected.not_found, procs)
             return Run(done.pages_per_s, done.cpu_ms_per_page)
         finally:
             procs.stop()
-            check_items("plain", config.expected().posts + config.expected().comments)
+            feeds.check(config.expected().posts + config.expected().comments)
 
 
 RUNNERS = {
     "celery_crawl": run_celery_crawl,
     "scrapy-redis": run_scrapy_redis,
     "plain Scrapy": run_plain,
+    "plain Scrapy, GC frozen": partial(run_plain, mode="plain-frozen"),
 }
 
 
@@ -377,14 +390,16 @@ def ratios(results: dict[tuple[int, str], list[Run]], processes: int, other: str
 def report(results: dict[tuple[int, str], list[Run]], args: Any, config: SiteConfig) -> None:
     rows = []
     for processes in args.processes:
-        vs_redis = median(ratios(results, processes, "scrapy-redis"))
-        vs_plain = median(ratios(results, processes, "plain Scrapy"))
         for system in SYSTEMS:
             runs = results[(processes, system)]
             rate = median([r.pages_per_s for r in runs])
             samples = [ms for r in runs for ms in r.pickup_ms]
             pick = f"{statistics.median(samples):.0f} ms" if samples else "n/a"
-            ratio = (f"{vs_redis:.2f}× / {vs_plain:.2f}×") if system == "celery_crawl" else ""
+            ratio = (
+                ""
+                if system == "celery_crawl"
+                else f"{median(ratios(results, processes, system)):.2f}×"
+            )
             cpu = [r.cpu_ms_per_page for r in runs if r.cpu_ms_per_page is not None]
             cpu_text = f"{median(cpu):.2f}" if cpu else "n/a"
             rows.append(
@@ -402,7 +417,7 @@ def report(results: dict[tuple[int, str], list[Run]], args: Any, config: SiteCon
                 "processes",
                 "system",
                 "pages/s",
-                "celery_crawl vs scrapy-redis / plain",
+                "celery_crawl ÷ system",
                 "pickup (median)",
                 "crawler CPU ms / page",
                 "Redis CPU ms / 1k pages",
@@ -411,11 +426,11 @@ def report(results: dict[tuple[int, str], list[Run]], args: Any, config: SiteCon
             rows,
         )
     )
-    for processes in args.processes:
-        for other in ("scrapy-redis", "plain Scrapy"):
-            each = ", ".join(f"{r:.2f}×" for r in ratios(results, processes, other))
-            print(f"\n{processes} proc, celery_crawl vs {other}, round by round: {each}", end="")
     print()
+    for processes in args.processes:
+        for other in SYSTEMS[1:]:
+            each = ", ".join(f"{r:.2f}×" for r in ratios(results, processes, other))
+            print(f"{processes} proc, celery_crawl ÷ {other}, round by round: {each}")
 
 
 def server_cost(runs: list[Run]) -> list[str]:

@@ -2,12 +2,15 @@
 
     python -m benchmarks.e2e_spiders redis SITE_URL ITEMS REDIS_URL KEY_PREFIX
     python -m benchmarks.e2e_spiders plain SITE_URL ITEMS FORUM_ID...
+    python -m benchmarks.e2e_spiders plain-frozen SITE_URL ITEMS FORUM_ID...
 
 ITEMS is a feed path, or ``redis`` for scrapy-redis's RedisPipeline (items
 pushed to a Redis list, as in scrapy-redis's example project).
 
-Both reuse ``tasks.spiders.forum.ForumSpider``'s parsing, so all three
-systems do the same work per page.
+They reuse ``tasks.spiders.forum.ForumSpider``'s parsing, so all the
+systems do the same work per page. ``plain-frozen`` freezes the startup heap
+out of the garbage collector once the spider is open, as a celery_crawl
+worker does once its crawlers are open.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.crawler import CrawlerProcess
 from scrapy_redis.spiders import RedisMixin
 
+from celery_crawl.hosting import freeze_startup_heap
 from tasks.spiders.forum import ForumSpider
 
 COMMON = {
@@ -83,8 +87,15 @@ def main(argv: list[str]) -> None:
         process.crawl(RedisForumSpider)
     else:
         process = CrawlerProcess(settings)
-        process.crawl(PlainForumSpider, forums=",".join(rest))
+        crawler = process.create_crawler(PlainForumSpider)
+        if system == "plain-frozen":
+            crawler.signals.connect(freeze, signal=signals.spider_opened)
+        process.crawl(crawler, forums=",".join(rest))
     process.start()
+
+
+def freeze(spider: Any) -> None:
+    spider.logger.info("%d startup objects frozen out of the GC", freeze_startup_heap())
 
 
 if __name__ == "__main__":
