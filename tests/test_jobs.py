@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from collections import Counter
@@ -47,6 +48,14 @@ def test_two_jobs_in_a_row_in_one_worker_process(
     assert_complete_forum_crawl(second)
     assert "ReactorNotRestartable" not in worker.output()
     assert worker.output().count("hosting crawlers") == 1  # one process, one reactor
+    assert len(frozen_heaps(worker)) == 1  # frozen once, after the crawlers opened
+
+
+def frozen_heaps(worker: Worker) -> list[int]:
+    """How many objects each of the worker's processes froze out of the GC (CrawlerHost.start)."""
+    counts = [int(n) for n in re.findall(r"(\d+) startup objects frozen", worker.output())]
+    assert all(n > 10_000 for n in counts)  # modules, the app, the crawlers: not a token freeze
+    return counts
 
 
 def test_crawl_wait_returns_the_statistics(
@@ -58,6 +67,7 @@ def test_crawl_wait_returns_the_statistics(
     assert_complete_forum_crawl(result)
     assert result["duration"] > 0
     assert job.result.get(timeout=30) == result  # the Celery task returns the same
+    assert len(frozen_heaps(worker)) == 2  # each prefork child froze its own heap
     assert worker.stop() == 0  # closes the feeds
     lines = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
     assert len(lines) == result["items"]
