@@ -82,7 +82,7 @@ class ServerCost:
 
     @classmethod
     def read(cls, client: redis.Redis) -> ServerCost:
-        info: dict[str, Any] = client.info()  # type: ignore[assignment]
+        info: dict[str, Any] = client.info()
         cpu = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
         return cls(cpu, int(info["total_commands_processed"]))
 
@@ -193,7 +193,11 @@ def pickup(site: SiteThread, submit: Callable[[], object], samples: int) -> list
         time.sleep(0.5)  # idle again
         started = time.monotonic()
         submit()
-        wait_for(lambda since=started: site.site.last_request_at.get(path, 0) > since, 30, "pickup")
+
+        def arrived(since: float = started) -> bool:
+            return site.site.last_request_at.get(path, 0) > since
+
+        wait_for(arrived, 30, "pickup")
         latencies.append((site.site.last_request_at[path] - started) * 1000)
     return latencies
 
@@ -325,7 +329,7 @@ def run_plain(
             feeds.check(config.expected().posts + config.expected().comments)
 
 
-RUNNERS = {
+RUNNERS: dict[str, Callable[[str, SiteConfig, int, int], Run]] = {
     "celery_crawl": run_celery_crawl,
     "scrapy-redis": run_scrapy_redis,
     "plain Scrapy": run_plain,
