@@ -209,6 +209,9 @@ class Scheduler(BaseScheduler):
             self.flush()
             requeued = self.queue.requeue_expired()
             self.queue.extend(self._held())
+        except connection.TRANSIENT_ERRORS as exc:
+            logger.warning("Redis unreachable, scheduler maintenance will retry: %s", exc)
+            return
         except Exception:
             logger.exception("scheduler maintenance failed; will retry")
             return
@@ -349,12 +352,14 @@ class Scheduler(BaseScheduler):
         waiting.addBoth(self._woken)
 
     def _woken(self, result: Any) -> None:
+        """Wake the engine: at once after a push, ``wake_timeout`` later if Redis is away."""
         self._waiting = False
-        slot = getattr(self._engine(), "_slot", None) if self._open else None
-        if slot is not None:
-            slot.nextcall.schedule()
-        if isinstance(result, Failure):
+        failed = isinstance(result, Failure)
+        if failed:
             logger.warning("waiting for work failed: %s", result.getErrorMessage())
+        slot = getattr(self._engine(), "_slot", None) if self._open else None
+        if slot is not None:  # after a failure, a delay: no tight loop against a dead server
+            slot.nextcall.schedule(self.wake_timeout if failed else 0)
 
     def _refill(self) -> bool:
         try:

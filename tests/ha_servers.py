@@ -107,25 +107,29 @@ def stop_all(servers: list[Server]) -> None:
 # -- a cluster of three masters ----------------------------------------------
 
 
-def start_cluster(directory: Path, masters: int = 3) -> list[Server]:
+def start_cluster(directory: Path, masters: int = 3, node_timeout_ms: int = 5000) -> list[Server]:
     """``masters`` nodes, the slots split evenly, joined, and ``cluster_state:ok``."""
-    config = [
-        "cluster-enabled yes",
-        "cluster-config-file nodes.conf",
-        "cluster-node-timeout 5000",
-        "save ''",
-        "appendonly no",
-    ]
     nodes: list[Server] = []
     try:
         for i in range(masters):
             port = free_port(bus=True)
-            nodes.append(Server(directory / f"node{i}", port, config))
+            nodes.append(Server(directory / f"node{i}", port, cluster_config(node_timeout_ms)))
         join_cluster(nodes)
     except BaseException:
         stop_all(nodes)
         raise
     return nodes
+
+
+def cluster_config(node_timeout_ms: int) -> list[str]:
+    return [
+        "cluster-enabled yes",
+        "cluster-config-file nodes.conf",
+        f"cluster-node-timeout {node_timeout_ms}",
+        "cluster-replica-validity-factor 0",  # a replica may always take over
+        "save ''",
+        "appendonly no",
+    ]
 
 
 def join_cluster(nodes: list[Server]) -> None:
@@ -139,7 +143,61 @@ def join_cluster(nodes: list[Server]) -> None:
         wait_for(lambda n=node: cluster_ready(n, len(nodes)), 30, f"cluster ok on {node.port}")
 
 
+class ReplicatedCluster:
+    """Three masters, each with a replica that takes over when its master dies."""
+
+    def __init__(self, directory: Path, node_timeout_ms: int = 1000) -> None:
+        self.masters = start_cluster(directory, node_timeout_ms=node_timeout_ms)
+        self.replicas: list[Server] = []
+        try:
+            for i, master in enumerate(self.masters):
+                port = free_port(bus=True)
+                config = cluster_config(node_timeout_ms)
+                replica = Server(directory / f"replica{i}", port, config)
+                self.replicas.append(replica)
+                replica.client.execute_command("CLUSTER MEET", "127.0.0.1", master.port)
+                wait_for(lambda r=replica, m=master: knows(r, m), 30, "the replica meets")
+                replica.client.execute_command("CLUSTER REPLICATE", node_id(master))
+            for replica in self.replicas:
+                wait_for(lambda r=replica: in_sync(r), 30, f"replica {replica.port} in sync")
+            for node in self.nodes:
+                wait_for(lambda n=node: cluster_ready(n, 6), 30, f"6 nodes known to {node.port}")
+        except BaseException:
+            stop_all(self.nodes)
+            raise
+
+    @property
+    def nodes(self) -> list[Server]:
+        return self.masters + self.replicas
+
+    def replica_of(self, master: Server) -> Server:
+        return self.replicas[self.masters.index(master)]
+
+    def promoted(self, replica: Server) -> bool:
+        """``replica`` is a master now, and the cluster serves every slot again."""
+        role = replica.client.info("replication").get("role")
+        return role == "master" and cluster_ready(replica, 6)  # the dead master stays known
+
+    def stop(self) -> None:
+        stop_all(self.nodes)
+
+
+def node_id(node: Server) -> str:
+    raw = node.client.execute_command("CLUSTER MYID")
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def knows(node: Server, other: Server) -> bool:
+    return node_id(other) in str(node.client.execute_command("CLUSTER NODES"))
+
+
+def in_sync(replica: Server) -> bool:
+    info = replica.client.info("replication")
+    return bool(info.get("role") == "slave" and info.get("master_link_status") == "up")
+
+
 def cluster_ready(node: Server, size: int) -> bool:
+    """The cluster as ``node`` sees it: every slot served, ``size`` nodes known."""
     fields = {k: str(v) for k, v in node.client.execute_command("CLUSTER INFO").items()}
     return (
         fields.get("cluster_state") == "ok"
@@ -234,5 +292,13 @@ def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
 def replicated(tmp_path: Path) -> Iterator[SentinelSet]:
     """A master and a replica, no sentinels."""
     servers = SentinelSet(tmp_path / "replicated", sentinels=0)
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture
+def replicated_cluster(tmp_path: Path) -> Iterator[ReplicatedCluster]:
+    """Three masters with a replica each; a dead master's replica takes over in seconds."""
+    servers = ReplicatedCluster(tmp_path / "replicated-cluster")
     yield servers
     servers.stop()

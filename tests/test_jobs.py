@@ -58,6 +58,18 @@ def frozen_heaps(worker: Worker) -> list[int]:
     return counts
 
 
+def test_the_gc_freeze_can_be_turned_off(app: Celery, env: dict[str, str], tmp_path: Path) -> None:
+    settings = {**env, "CELERY_CRAWL_GC_FREEZE": "false"}
+    worker = Worker("nofreeze", settings, tmp_path / "nofreeze.log", pool="solo")
+    try:
+        worker.wait_ready()
+        assert crawl("paths", [{"chain": "r", "length": 2}], app=app).wait(timeout=60)["pages"] == 2
+    finally:
+        worker.stop()
+    assert worker.output().count("hosting crawlers") == 1
+    assert frozen_heaps(worker) == []
+
+
 def test_crawl_wait_returns_the_statistics(
     app: Celery, start_worker: Callable[..., Worker], tmp_path: Path
 ) -> None:
