@@ -8,13 +8,12 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from failover import assert_nothing_lost, ha_app
 from ha_servers import ReplicatedCluster, Server, cluster_url, wait_for
 from redis.cluster import RedisCluster
 from test_jobs import assert_complete_forum_crawl, forum_seeds
-from test_sentinel import item_ids
 from worker_fixtures import FORUM
-from workers import Worker, worker_env
+from workers import Worker
 
 from celery_crawl import connection
 from celery_crawl.celery_app import crawl, create_app
@@ -146,14 +145,7 @@ def test_a_worker_crawls_with_its_state_on_the_cluster(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    env: dict[str, Any] = worker_env(
-        cluster_url(cluster), prefix, sites["FORUM_BASE_URL"], tmp_path
-    )
-    env |= {"PATHS_BASE_URL": sites["PATHS_BASE_URL"], "CELERY_BROKER_URL": db_url}
-    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
-        monkeypatch.setenv(name, env[name])
-    monkeypatch.setenv("CELERY_BROKER_URL", db_url)  # Celery's own variable: broker and results
-    app: Celery = create_app("worker_app", "worker_settings")
+    app, env = ha_app(cluster_url(cluster), db_url, sites, prefix, tmp_path, monkeypatch)
     worker = Worker("cluster", env, tmp_path / "worker.log")
     try:
         worker.wait_ready()
@@ -185,17 +177,14 @@ def test_the_crawl_survives_a_cluster_master_failover(
 ) -> None:
     """SIGKILL the master of the forum's slot mid-crawl: its replica takes over, nothing is lost."""
     url = cluster_url(replicated_cluster.masters)
-    env: dict[str, Any] = worker_env(url, prefix, sites["FORUM_BASE_URL"], tmp_path)
-    env |= {"PATHS_BASE_URL": sites["PATHS_BASE_URL"], "CELERY_BROKER_URL": db_url}
-    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
-        monkeypatch.setenv(name, env[name])
-    monkeypatch.setenv("CELERY_BROKER_URL", db_url)
-    app: Celery = create_app("worker_app", "worker_settings")
+    app, env = ha_app(url, db_url, sites, prefix, tmp_path, monkeypatch)
+    client = connection.get_redis(url)
+    assert isinstance(client, RedisCluster)
     worker = Worker("cluster-failover", env, tmp_path / "worker.log")
     try:
         worker.wait_ready()
         job = crawl("forum", [{"forum_id": f} for f in FORUM.forum_ids()], app=app)
-        port = node_port(connection.get_redis(url), job.keys.queue)  # type: ignore[arg-type]
+        port = node_port(client, job.keys.queue)
         owner = next(m for m in replicated_cluster.masters if m.port == port)
         wait_for(lambda: job.status().pages >= 40, 60, "the crawl is under way", step=0.02)
         owner.kill()
@@ -203,15 +192,10 @@ def test_the_crawl_survives_a_cluster_master_failover(
         replica = replicated_cluster.replica_of(owner)
         wait_for(lambda: replicated_cluster.promoted(replica), 30, "the replica took over")
         result = job.wait(timeout=240)
-        assert node_port(connection.get_redis(url), job.keys.queue) == replica.port  # type: ignore[arg-type]
+        assert node_port(client, job.keys.queue) == replica.port
     finally:
         assert worker.stop() == 0, worker.output()[-3000:]
-    assert result["state"] == "done"
-    expected = FORUM.expected()
-    served = forum_site.site.requests_by_path
-    assert fetched_before < set(served)
-    assert len(served) == expected.pages + expected.not_found  # every page, at least once
-    assert item_ids(tmp_path) == {"post": expected.posts, "comment": expected.comments}
+    assert_nothing_lost(result, forum_site.site.requests_by_path, fetched_before, tmp_path)
 
 
 def test_a_hung_shard_keeps_the_schedulers_buffer_until_it_answers(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -11,13 +10,13 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from failover import assert_nothing_lost, ha_app
 from ha_servers import SentinelSet, wait_for
 from worker_fixtures import FORUM
-from workers import Worker, worker_env
+from workers import Worker
 
 from celery_crawl import connection, scripts
-from celery_crawl.celery_app import crawl, create_app, transport_conf
+from celery_crawl.celery_app import crawl, transport_conf
 from celery_crawl.errors import ConfigError
 from celery_crawl.jobs import Job
 from celery_crawl.keys import SpiderKeys
@@ -114,13 +113,7 @@ def test_the_crawl_survives_a_master_failover(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    env: dict[str, Any] = worker_env(sentinel_set.url, prefix, sites["FORUM_BASE_URL"], tmp_path)
-    env["PATHS_BASE_URL"] = sites["PATHS_BASE_URL"]
-    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
-        monkeypatch.setenv(name, env[name])
-    env["CELERY_BROKER_URL"] = db_url  # a plain Redis: Celery's broker cannot follow a failover
-    monkeypatch.setenv("CELERY_BROKER_URL", db_url)
-    app: Celery = create_app("worker_app", "worker_settings")
+    app, env = ha_app(sentinel_set.url, db_url, sites, prefix, tmp_path, monkeypatch)
     worker = Worker("failover", env, tmp_path / "worker.log")
     try:
         worker.wait_ready()
@@ -134,22 +127,7 @@ def test_the_crawl_survives_a_master_failover(
         assert after.result.get(timeout=120)["pages"] == 3  # job tasks read the new master
     finally:
         assert worker.stop() == 0, worker.output()[-3000:]
-    assert result["state"] == "done"
-    expected = FORUM.expected()
-    served = forum_site.site.requests_by_path
-    assert fetched_before < set(served)
-    assert len(served) == expected.pages + expected.not_found  # every page, at least once
-    assert item_ids(tmp_path) == {"post": expected.posts, "comment": expected.comments}
-
-
-def item_ids(directory: Path) -> dict[str, int]:
-    """Distinct items per type in the feeds: re-crawled pages may repeat some, none may miss."""
-    seen: set[tuple[str, str]] = set()
-    for feed in directory.glob("*.jsonl"):
-        for line in feed.read_text().splitlines():
-            item = json.loads(line)
-            seen.add((item["type"], str(item.get("comment_id") or item["post_id"])))
-    return {kind: sum(1 for k, _ in seen if k == kind) for kind in ("post", "comment")}
+    assert_nothing_lost(result, forum_site.site.requests_by_path, fetched_before, tmp_path)
 
 
 def test_the_scheduler_takes_the_ack_replica_settings(make_crawler: Any) -> None:
