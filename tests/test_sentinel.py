@@ -43,8 +43,14 @@ def test_sentinel_urls_and_the_explicit_broker_they_need(monkeypatch: pytest.Mon
 
 
 @pytest.mark.slow
-def test_a_client_follows_a_failover(sentinel_set: SentinelSet) -> None:
-    client = connection.get_redis(sentinel_set.url)
+@pytest.mark.parametrize("secure", [False, True], ids=["plain", "tls"])
+def test_a_client_follows_a_failover(request: pytest.FixtureRequest, secure: bool) -> None:
+    """With ``rediss+sentinel://``, TLS to the sentinels and to each master in turn."""
+    sentinel_set: SentinelSet = request.getfixturevalue(
+        "tls_sentinel_set" if secure else "sentinel_set"
+    )
+    params = sentinel_set.tls.client_params() if sentinel_set.tls else {}
+    client = connection.get_redis(sentinel_set.url, params)
     client.set("before", 1)
     assert client.wait(1, 5000) == 1  # on the replica too
     assert connection.describe(client) == "sentinel service 'crawlmaster'"
