@@ -40,6 +40,9 @@ def root() -> None:
     """Distributed Scrapy crawls on Celery workers."""
 
 
+AppOption = Annotated[str, typer.Option("--app", "-A", envvar="CELERY_CRAWL_APP")]
+
+
 @cli.command()
 def crawl(
     spider: Annotated[str, typer.Argument(help="spider name")],
@@ -50,7 +53,7 @@ def crawl(
         bool, typer.Option("--wait", help="show progress until every job is done")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
-    app: Annotated[str, typer.Option("--app", "-A", envvar="CELERY_CRAWL_APP")] = "tasks",
+    app: AppOption = "tasks",
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 3600.0,
 ) -> None:
     """Start crawl jobs; with --wait, follow them until they are done."""
@@ -58,12 +61,11 @@ def crawl(
     from celery_crawl.celery_app import project_of
     from celery_crawl.project import parse_seed
 
-    sys.path.insert(0, os.getcwd())
+    celery_app = open_app(app)
     try:
-        celery_app = load_app(app)
         spidercls = project_of(celery_app).spider_class(spider)
         jobs = [start(spider, [parse_seed(spidercls, s)], priority, app=celery_app) for s in seeds]
-    except (CeleryCrawlError, ImportError, AttributeError) as exc:
+    except CeleryCrawlError as exc:  # unknown spider, bad seed, Redis unreachable
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if not wait:
@@ -102,9 +104,6 @@ def demo(
 
     sys.path.insert(0, os.getcwd())
     raise typer.Exit(run(forums=forums, once=once, items_dir=items))
-
-
-AppOption = Annotated[str, typer.Option("--app", "-A", envvar="CELERY_CRAWL_APP")]
 
 
 def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:
