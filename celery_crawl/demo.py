@@ -28,6 +28,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from celery_crawl import connection
 from celery_crawl.demo_site import SiteConfig, SiteThread, run_in_thread
 from celery_crawl.embedded import redis_url
 from celery_crawl.exporter import read
@@ -159,7 +160,7 @@ def run(forums: int = 3, once: bool = False, items_dir: str = "items") -> int:
     items.mkdir(exist_ok=True)
     with services(forums, logs, items) as (running, site, url, flower):
         console.print(f"Redis {url}\nforum site {site.url}\nFlower {flower}\nlogs {logs}")
-        client, progress = redis.Redis.from_url(url), Progress()
+        client, progress = connection.get_redis(url), Progress()
         keys = [SpiderKeys.build(name, group="forum") for name in ("forum", "forum_detail")]
         try:
             with Live(render({}), console=console, refresh_per_second=2) as live:
