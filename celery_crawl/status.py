@@ -8,25 +8,22 @@ running jobs with their progress; and the Celery workers online.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import redis
 from rich.console import Group
 from rich.table import Table
 
-from celery_crawl.exporter import read
+from celery_crawl.exporter import Reading, read
 from celery_crawl.jobs import parse_status
 from celery_crawl.keys import SpiderKeys
 
+Raw = dict[bytes, bytes]
 
-def rates(client: redis.Redis, keys: SpiderKeys, now: float) -> dict[str, float]:
+
+def rates(previous: Raw, current: Raw, now: float) -> dict[str, float]:
     """Pages and items per second over the last full minute plus the current one."""
-    minute = int(now // 60)
-    with client.pipeline(transaction=False) as pipe:
-        pipe.hgetall(keys.stats_rate(minute - 1))
-        pipe.hgetall(keys.stats_rate(minute))
-        previous, current = pipe.execute()
     seconds = 60 + now % 60
     total = {k: int(previous.get(k, 0)) + int(current.get(k, 0)) for k in {*previous, *current}}
     return {
@@ -35,39 +32,75 @@ def rates(client: redis.Redis, keys: SpiderKeys, now: float) -> dict[str, float]
     }
 
 
-def running_jobs(client: redis.Redis, keys: SpiderKeys) -> list[dict[str, Any]]:
-    ids = sorted(member.decode() for member in client.smembers(keys.active_jobs))  # type: ignore[union-attr]
-    with client.pipeline(transaction=False) as pipe:
-        for job in ids:
-            pipe.hgetall(keys.job(job))
-        raws = pipe.execute()
-    found = [(job, raw) for job, raw in zip(ids, raws, strict=True) if raw]
-    return [
-        {k: v for k, v in parse_status(job, keys.spider, raw).as_dict().items() if k in PROGRESS}
-        for job, raw in found
-    ]
-
-
 PROGRESS = ("job_id", "spider", "state", "queued", "in_flight", "done", "pages", "items")
 
 
 def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> dict[str, Any]:
-    """Everything the status screen shows, as plain data (``--json``)."""
+    """Everything the status screen shows, as plain data (``--json``).
+
+    Three pipelined round trips, whatever the number of spiders: the
+    exporter's reading (on a cluster, with a script call per spider before
+    it), then the per-minute counts and running job ids, then the running
+    jobs' hashes.
+    """
     now = time.time()
-    per_spider = []
-    for reading in read(client, spiders):
-        keys = reading.keys
-        per_spider.append(
-            {
-                "spider": keys.spider,
-                "queue": reading.queued,
-                "in_flight": reading.in_flight,
-                "dedup": reading.fingerprints,
-                **rates(client, keys, now),
-                "jobs": running_jobs(client, keys) if reading.jobs is not None else [],
-            }
-        )
+    readings = read(client, spiders)
+    counts = minute_counts(client, readings, now)
+    jobs = running_jobs(
+        client, [(r.keys, ids) for r, (_, ids) in zip(readings, counts, strict=True)]
+    )
+    per_spider = [
+        {
+            "spider": reading.keys.spider,
+            "queue": reading.queued,
+            "in_flight": reading.in_flight,
+            "dedup": reading.fingerprints,
+            **spider_rates,
+            "jobs": spider_jobs,
+        }
+        for reading, (spider_rates, _), spider_jobs in zip(readings, counts, jobs, strict=True)
+    ]
     return {"spiders": per_spider, "workers": workers(app)}
+
+
+def minute_counts(
+    client: redis.Redis, readings: Sequence[Reading], now: float
+) -> list[tuple[dict[str, float], list[str]]]:
+    """Per spider, in one round trip: its rates, and the ids of the running jobs it reports."""
+    minute = int(now // 60)
+    with client.pipeline(transaction=False) as pipe:
+        for reading in readings:
+            pipe.hgetall(reading.keys.stats_rate(minute - 1))
+            pipe.hgetall(reading.keys.stats_rate(minute))
+            pipe.smembers(reading.keys.active_jobs)
+        replies = iter(pipe.execute())
+    counts = []
+    for reading in readings:
+        previous, current, active = next(replies), next(replies), next(replies)
+        ids = sorted(m.decode() for m in active) if reading.jobs is not None else []  # group's own
+        counts.append((rates(previous, current, now), ids))
+    return counts
+
+
+def running_jobs(
+    client: redis.Redis, spiders: Sequence[tuple[SpiderKeys, list[str]]]
+) -> list[list[dict[str, Any]]]:
+    """Per spider, in one round trip: the progress of each job id given (gone ones left out)."""
+    with client.pipeline(transaction=False) as pipe:
+        for keys, ids in spiders:
+            for job in ids:
+                pipe.hgetall(keys.job(job))
+        raws: Iterator[Raw] = iter(pipe.execute())
+    jobs = []
+    for keys, ids in spiders:
+        found = [(job, raw) for job, raw in ((job, next(raws)) for job in ids) if raw]
+        jobs.append([progress(job, keys, raw) for job, raw in found])
+    return jobs
+
+
+def progress(job: str, keys: SpiderKeys, raw: Raw) -> dict[str, Any]:
+    status = parse_status(job, keys.spider, raw).as_dict()
+    return {k: v for k, v in status.items() if k in PROGRESS}
 
 
 def workers(app: Any, timeout: float = 1.0) -> list[str]:

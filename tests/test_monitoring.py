@@ -285,6 +285,29 @@ def test_status_json_shows_spiders_jobs_and_workers(
     assert worker.output().count("hosting crawlers") == 1
 
 
+def test_status_lists_each_running_job_once_with_its_progress(app: Celery) -> None:
+    """No worker: the jobs wait in their queues, running. A group's jobs show under the group."""
+    from celery_crawl.cli import spider_keys
+    from celery_crawl.status import snapshot
+
+    seeds = forum_seeds()
+    forum = crawl("forum", seeds, app=app)
+    paths = crawl("paths", [{"path": "ok"}, {"path": "slow"}], app=app)
+    client, spiders = spider_keys(app)
+    data = snapshot(client, spiders, app)
+    by_spider = {s["spider"]: s for s in data["spiders"]}
+    waiting = {"state": "running", "in_flight": 0, "done": 0, "pages": 0, "items": 0}
+    assert by_spider["forum"]["jobs"] == [
+        {"job_id": forum.id, "spider": "forum", "queued": len(seeds), **waiting}
+    ]
+    assert by_spider["paths"]["jobs"] == [
+        {"job_id": paths.id, "spider": "paths", "queued": 2, **waiting}
+    ]
+    assert by_spider["forum_detail"]["jobs"] == []  # the forum group's job, listed once
+    assert (by_spider["forum"]["queue"], by_spider["paths"]["queue"]) == (len(seeds), 2)
+    assert data["workers"] == []
+
+
 def test_a_job_that_fetches_no_page_fails(
     app: Celery, start_worker: Callable[..., Worker], db_url: str
 ) -> None:
