@@ -125,6 +125,23 @@ def test_dedup_stats_producer_and_exporter_on_the_cluster(
     assert len(dupefilter) == 0
 
 
+def test_status_pipelines_span_the_nodes_of_the_cluster(
+    cluster_client: RedisCluster, prefix: str
+) -> None:
+    """``celery-crawl status`` reads spiders on two nodes in one pipeline per step."""
+    from celery_crawl.status import minute_counts, running_jobs
+
+    forum, paths = (SpiderKeys.build(s, prefix=prefix) for s in ("forum", "paths"))
+    PriorityQueue(cluster_client, paths).start_job("j3", [Entry(b"r", job="j3")], {})
+    readings = read(cluster_client, [forum, paths])
+    counts = minute_counts(cluster_client, readings, time.time())
+    assert [ids for _, ids in counts] == [[], ["j3"]]
+    jobs = running_jobs(cluster_client, [(forum, []), (paths, ["j3"])])
+    assert [[job["job_id"] for job in spider] for spider in jobs] == [[], ["j3"]]
+    assert jobs[1][0]["queued"] == 1
+    Job("j3", "paths", cluster_client, paths).cancel()
+
+
 def test_a_cluster_url_needs_an_explicit_broker(
     cluster: list[Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
