@@ -206,8 +206,25 @@ class RFPDupeFilter:
         args: list[Any] = [command, len(fingerprints), *fingerprints, *self.script.params]
         return scripts.script(self.client, "dedup", dedup=self.lua)(keys=keys, args=args)
 
+    @property
+    def kind(self) -> str:
+        """``exact``, ``bloom`` or ``expiring``: what the filter records as its kind in Redis."""
+        return self.lua.removeprefix("dedup_")
+
     def open(self) -> None:
-        """Scrapy's dupefilter hook: warn when the stored filter has other parameters."""
+        """Scrapy's dupefilter hook: refuse another kind of filter's keys; warn on parameters.
+
+        The first process to open a spider's filter records its kind. A filter
+        of another kind would start empty beside the old keys and fetch again
+        what they remember, so it refuses to open until the old one is cleared.
+        """
+        claimed = self._run("claim")
+        if claimed is not None and claimed.decode() != self.kind:
+            raise ConfigError(
+                f"the dedup filter at {self.keys.dupefilter} is of kind {claimed.decode()!r},"
+                f" but DUPEFILTER_CLASS is {type(self).__name__} ({self.kind!r}): set it back,"
+                " or clear the old filter first (SCHEDULER_FLUSH_ON_START for one run)"
+            )
         if not self.script.params:
             return
         differences = self.params.differences(self.stored_params())

@@ -279,6 +279,29 @@ def test_bloom_mismatched_settings_keep_the_stored_filter_and_warn(
     assert all(seen_all(second, first_fps + second_fps))
 
 
+def test_a_filter_of_another_kind_refuses_the_spiders_keys(
+    client: redis.Redis, prefix: str
+) -> None:
+    """Switching DUPEFILTER_CLASS must not silently start an empty filter beside the old one."""
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    exact = RFPDupeFilter(client, keys, None)
+    exact.open()
+    exact.add_fingerprints(digests(10, seed=20))
+    exact.open()  # the same kind opens again
+    for other in (
+        BloomDupeFilter(client, keys, None),
+        ExpiringDupeFilter(client, keys, None, params=ExpiringParams(window_ms=60_000)),
+    ):
+        with pytest.raises(ConfigError, match=rf"of kind 'exact'.*{type(other).__name__}"):
+            other.open()
+    exact.clear()  # the kind goes with the filter
+    bloom_filter = BloomDupeFilter(client, keys, None)
+    bloom_filter.open()
+    with pytest.raises(ConfigError, match="of kind 'bloom'"):
+        exact.open()
+    bloom_filter.clear()
+
+
 def test_bloom_parameters_are_checked() -> None:
     with pytest.raises(ConfigError):
         BloomParams(error_rate=1.5)

@@ -8,7 +8,9 @@
 --          'count': returns the number of fingerprints (an estimate for a bloom filter)
 --          'config': creates the filter's stored parameters if missing; returns them
 --                    as a flat list of name, value (empty for the exact filter)
---          'clear': deletes every key of the filter; returns the number deleted
+--          'clear': deletes every key of the filter, its kind too; returns the number deleted
+--          'claim': records the filter's kind (DEDUP_KIND) at KEYS[1]:kind unless a kind
+--                   is there already; returns the kind that was there, or nil
 --          'memory': returns MEMORY USAGE summed over the filter's keys
 -- ARGV[2]  number of fingerprints n (0 for the commands that take none)
 -- ARGV[3 .. 2 + n]  fingerprints
@@ -30,7 +32,8 @@ if command == 'add' then return each_fingerprint(dedup_add)
 elseif command == 'seen' then return each_fingerprint(dedup_seen)
 elseif command == 'count' then return dedup_count()
 elseif command == 'config' then return dedup_config()
-elseif command == 'clear' then return dedup_clear()
+elseif command == 'clear' then return dedup_clear() + redis.call('DEL', DEDUP_KEY .. ':kind')
+elseif command == 'claim' then return redis.call('SET', DEDUP_KEY .. ':kind', DEDUP_KIND, 'NX', 'GET')
 elseif command == 'memory' then return dedup_memory()
 end
 return redis.error_reply('unknown dedup command ' .. tostring(command))

@@ -24,9 +24,10 @@
 -- Uses: DEDUP_KEY, COUNT_KEY, and five parameters from ARGV[DEDUP_ARGV] on:
 -- capacity, error_rate, growth, tightening, max_bits. They are stored when the
 -- filter is created; afterwards the stored ones win.
--- Defines: dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
+-- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
 -- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
 -- points the functions at another spider's filter of the same kind.
+local DEDUP_KIND = 'bloom' -- claimed in D:kind by the first process that opens the filter
 
 local BLOOM_KEY = DEDUP_KEY .. ':bloom'
 local BLOOM_PARAMS = {'capacity', 'error_rate', 'growth', 'tightening', 'max_bits'}

@@ -5,10 +5,12 @@
 --
 -- Uses: DEDUP_KEY (the dupefilter key), COUNT_KEY (exact count of fingerprints);
 -- no parameters (DEDUP_ARGV is ignored).
--- Defines: dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
+-- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
 -- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
 -- points the functions at another spider's filter of the same kind.
 --!include bucketed_sets
+
+local DEDUP_KIND = 'exact' -- claimed in D:kind by the first process that opens the filter
 
 -- Returns true when fp was new (and records it), false when already seen.
 local function dedup_add(fp)

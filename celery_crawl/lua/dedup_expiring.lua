@@ -17,10 +17,12 @@
 --
 -- Uses: DEDUP_KEY, and two parameters from ARGV[DEDUP_ARGV] on: window_ms,
 -- buckets. COUNT_KEY is not used: the count is the sum of the live buckets'.
--- Defines: dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
+-- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
 -- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
 -- points the functions at another spider's filter of the same kind.
 --!include bucketed_sets
+
+local DEDUP_KIND = 'expiring' -- claimed in D:kind by the first process that opens the filter
 
 local EXPIRING_KEY = DEDUP_KEY .. ':expiring'
 local expiring_cache = nil -- window, width and time buckets, read once per script run
