@@ -33,7 +33,10 @@ elseif command == 'seen' then return each_fingerprint(dedup_seen)
 elseif command == 'count' then return dedup_count()
 elseif command == 'config' then return dedup_config()
 elseif command == 'clear' then return dedup_clear() + redis.call('DEL', DEDUP_KEY .. ':kind')
-elseif command == 'claim' then return redis.call('SET', DEDUP_KEY .. ':kind', DEDUP_KIND, 'NX', 'GET')
+elseif command == 'claim' then
+    local claimed = redis.call('GET', DEDUP_KEY .. ':kind') -- not SET NX GET: Redis < 7 refuses it
+    if not claimed then redis.call('SET', DEDUP_KEY .. ':kind', DEDUP_KIND) end
+    return claimed
 elseif command == 'memory' then return dedup_memory()
 end
 return redis.error_reply('unknown dedup command ' .. tostring(command))
