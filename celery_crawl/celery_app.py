@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import time
 import uuid
 from collections.abc import Sequence
@@ -322,10 +323,30 @@ def _is_prefork(worker: Any) -> bool:
     return "prefork" in getattr(worker.pool_cls, "__module__", str(worker.pool_cls))
 
 
+def host_or_stop(app: Celery, child: bool) -> None:
+    """Host the crawlers; if they cannot open, stop the whole worker instead of idling on.
+
+    A worker without its crawlers would take job tasks and crawl nothing.
+    The solo and threads pools exit with ``EX_CONFIG`` (78). A prefork child
+    asks its parent for a warm shutdown and exits, so that the pool does not
+    respawn children that fail the same way; the parent exits 0, or 1 when it
+    finds first that its pool could not start.
+    """
+    try:
+        start_hosting(app)
+    except Exception as exc:
+        logger.critical("the crawlers could not open, so this worker stops: %s", exc)
+        if child:
+            os.kill(os.getppid(), signal.SIGTERM)
+        raise SystemExit(os.EX_CONFIG) from exc
+
+
 def _on_child_init(**_: Any) -> None:
+    """``worker_process_init``: in each prefork child, and once in the solo pool's process."""
+    from billiard.process import current_process
     from celery import current_app
 
-    start_hosting(current_app)
+    host_or_stop(current_app, child=current_process().name != "MainProcess")
 
 
 def _on_child_shutdown(**_: Any) -> None:
@@ -359,7 +380,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     project = project_of(worker.app)
     project.client.delete(stopping_worker(prefix_of(project), worker.hostname))
     if not _is_prefork(worker):
-        start_hosting(worker.app)
+        host_or_stop(worker.app, child=False)
 
 
 def cooperative_revoke(state: Any, task_id: Any, terminate: bool = False, **kwargs: Any) -> Any:

@@ -18,7 +18,7 @@ from paths_spider import EXPECTED_ITEMS, KINDS, PathsSite
 from worker_fixtures import FORUM
 from workers import Worker
 
-from celery_crawl.celery_app import crawl, create_app
+from celery_crawl.celery_app import crawl, create_app, project_of
 from celery_crawl.demo_site import SiteConfig, run_in_thread
 
 
@@ -68,6 +68,26 @@ def test_the_gc_freeze_can_be_turned_off(app: Celery, env: dict[str, str], tmp_p
         worker.stop()
     assert worker.output().count("hosting crawlers") == 1
     assert frozen_heaps(worker) == []
+
+
+@pytest.mark.parametrize("pool", ["solo", "prefork"])
+def test_a_worker_whose_crawlers_cannot_open_stops(
+    app: Celery, env: dict[str, str], db_url: str, tmp_path: Path, pool: str
+) -> None:
+    """Not a worker that takes job tasks and crawls nothing: it logs why, and exits."""
+    keys = project_of(app).keys("forum")
+    redis.Redis.from_url(db_url).set(keys.dupefilter + ":kind", "bloom")  # another class's filter
+    worker = Worker("broken", env, tmp_path / "broken.log", pool=pool)
+    try:
+        code = worker.proc.wait(60)
+    finally:
+        worker.stop()
+    # solo: EX_CONFIG. prefork: the warm shutdown the child asked for (0), unless the
+    # parent first finds that its pool could not start (1)
+    assert code == 78 if pool == "solo" else code in {0, 1}
+    output = worker.output()
+    assert "the crawlers could not open, so this worker stops" in output
+    assert "is of kind 'bloom', but DUPEFILTER_CLASS is RFPDupeFilter" in output
 
 
 def test_crawl_wait_returns_the_statistics(
