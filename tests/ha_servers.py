@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +24,7 @@ from typing import Any
 
 import pytest
 import redis
+from tests_support import debian_tool
 
 CLUSTER_SLOTS = 16384
 SERVICE = "crawlmaster"
@@ -124,13 +124,8 @@ class Tls:
 
 
 def debian_redis_server() -> Path:
-    """Debian's redis-server, built with TLS; .ci/run installs it, so CI never skips."""
-    path = shutil.which("redis-server")
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail("redis-server not installed: .ci/run must apt-get install redis-server")
-        pytest.skip("redis-server not installed (apt-get install redis-server)")
-    return Path(path)
+    """Debian's redis-server, built with TLS (unlike the wheel's Valkey)."""
+    return Path(debian_tool("redis-server", "redis-server"))
 
 
 class Server:
@@ -295,8 +290,9 @@ def cluster_ready(node: Server, size: int) -> bool:
     )
 
 
-def cluster_url(nodes: list[Server]) -> str:
-    return "redis+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)
+def cluster_url(nodes: list[Server], tls: bool = False) -> str:
+    scheme = "rediss+cluster" if tls else "redis+cluster"
+    return f"{scheme}://" + ",".join(f"127.0.0.1:{n.port}" for n in nodes)
 
 
 # -- a master, a replica and three sentinels ----------------------------------

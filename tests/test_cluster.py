@@ -225,7 +225,7 @@ def test_a_worker_crawls_with_its_state_on_a_tls_cluster(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``rediss+cluster://``: Debian's redis-server, TLS only, to clients and on the bus."""
-    url = "rediss+cluster://" + ",".join(f"127.0.0.1:{n.port}" for n in tls_cluster)
+    url = cluster_url(tls_cluster, tls=True)
     params = tls.client_params()
     app, env = ha_app(url, db_url, sites, prefix, tmp_path, monkeypatch, params)
     worker = Worker("tls-cluster", env, tmp_path / "worker.log")

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -15,13 +13,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 import yaml
 from celery import Celery
 from prometheus_client.parser import text_string_to_metric_families
 from test_jobs import assert_complete_forum_crawl, forum_seeds
-from tests_support import free_port
+from tests_support import debian_tool, free_port
 from workers import Worker
 
 from celery_crawl.celery_app import crawl, project_of
@@ -148,19 +145,9 @@ def test_alert_rules_are_valid_and_name_only_exported_metrics(
         assert alert["expr"].count("(") == alert["expr"].count(")")
 
 
-def prometheus_tool(name: str) -> str:
-    """Debian's ``prometheus`` package; .ci/run installs it, so CI never skips."""
-    path = shutil.which(name)
-    if path is None:
-        if os.environ.get("CI"):
-            pytest.fail(f"{name} not installed: .ci/run must apt-get install prometheus")
-        pytest.skip(f"{name} not installed (apt-get install prometheus)")
-    return path
-
-
 def test_promtool_checks_the_rules_and_their_unit_tests() -> None:
     """Each alert fires on the series meant to trigger it (monitoring/prometheus/rules_test.yml)."""
-    promtool = prometheus_tool("promtool")
+    promtool = debian_tool("promtool", "prometheus")
     folder = ROOT / "monitoring/prometheus"
     for args in (["check", "rules", "rules.yml"], ["test", "rules", "rules_test.yml"]):
         run = subprocess.run(
@@ -178,7 +165,7 @@ def prometheus_api(port: int, path: str, **query: str) -> Any:
 def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
     client: redis.Redis, prefix: str, tmp_path: Path
 ) -> None:
-    binary = prometheus_tool("prometheus")
+    binary = debian_tool("prometheus", "prometheus")
     keys = SpiderKeys.build("forum", prefix=prefix)
     stats = {"item_scraped_count": 7, "downloader/response_status_count/200": 9}
     client.hset(keys.stats, mapping=stats)

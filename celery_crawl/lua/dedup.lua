@@ -21,6 +21,9 @@ local n = tonumber(ARGV[2])
 local DEDUP_ARGV = 3 + n
 --!include dedup
 
+local function delete(key) return redis.call('DEL', key) end
+local function memory(key) return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0 end
+
 local function each_fingerprint(check)
     local flags = {}
     for i = 1, n do flags[i] = check(ARGV[2 + i]) and 1 or 0 end
@@ -32,11 +35,11 @@ if command == 'add' then return each_fingerprint(dedup_add)
 elseif command == 'seen' then return each_fingerprint(dedup_seen)
 elseif command == 'count' then return dedup_count()
 elseif command == 'config' then return dedup_config()
-elseif command == 'clear' then return dedup_clear() + redis.call('DEL', DEDUP_KEY .. ':kind')
+elseif command == 'clear' then return dedup_each_key(delete) + delete(DEDUP_KEY .. ':kind')
 elseif command == 'claim' then
     local claimed = redis.call('GET', DEDUP_KEY .. ':kind') -- not SET NX GET: Redis < 7 refuses it
     if not claimed then redis.call('SET', DEDUP_KEY .. ':kind', DEDUP_KIND) end
     return claimed
-elseif command == 'memory' then return dedup_memory()
+elseif command == 'memory' then return dedup_each_key(memory)
 end
 return redis.error_reply('unknown dedup command ' .. tostring(command))

@@ -25,8 +25,10 @@
 -- capacity, error_rate, growth, tightening, max_bits. They are stored when the
 -- filter is created; afterwards the stored ones win.
 -- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
--- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
--- points the functions at another spider's filter of the same kind.
+-- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
+-- of what it returns: dedup.lua clears and measures the filter with it), and
+-- dedup_use(dedup_key, count_key), which points the functions at another
+-- spider's filter of the same kind.
 local DEDUP_KIND = 'bloom' -- claimed in D:kind by the first process that opens the filter
 
 local BLOOM_KEY = DEDUP_KEY .. ':bloom'
@@ -172,23 +174,13 @@ local function dedup_config()
     return redis.call('HGETALL', BLOOM_KEY)
 end
 
-local function bloom_each_key(visit)
+local function dedup_each_key(visit)
     local total = visit(COUNT_KEY)
     local state = bloom_state(false)
     for _, filter in ipairs(state and state.filters or {}) do
         total = total + visit(filter.key)
     end
     return total + visit(BLOOM_KEY)
-end
-
-local function dedup_clear()
-    return bloom_each_key(function(key) return redis.call('DEL', key) end)
-end
-
-local function dedup_memory()
-    return bloom_each_key(function(key)
-        return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0
-    end)
 end
 
 local function dedup_use(dedup_key, count_key)

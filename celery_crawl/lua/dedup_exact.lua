@@ -6,8 +6,10 @@
 -- Uses: DEDUP_KEY (the dupefilter key), COUNT_KEY (exact count of fingerprints);
 -- no parameters (DEDUP_ARGV is ignored).
 -- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
--- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
--- points the functions at another spider's filter of the same kind.
+-- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
+-- of what it returns: dedup.lua clears and measures the filter with it), and
+-- dedup_use(dedup_key, count_key), which points the functions at another
+-- spider's filter of the same kind.
 --!include bucketed_sets
 
 local DEDUP_KIND = 'exact' -- claimed in D:kind by the first process that opens the filter
@@ -29,14 +31,8 @@ local function dedup_config()
     return {}
 end
 
-local function dedup_clear()
-    return sets_each_key(DEDUP_KEY, COUNT_KEY, function(key) return redis.call('DEL', key) end)
-end
-
-local function dedup_memory()
-    return sets_each_key(DEDUP_KEY, COUNT_KEY, function(key)
-        return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0
-    end)
+local function dedup_each_key(visit)
+    return sets_each_key(DEDUP_KEY, COUNT_KEY, visit)
 end
 
 local function dedup_use(dedup_key, count_key)

@@ -18,8 +18,10 @@
 -- Uses: DEDUP_KEY, and two parameters from ARGV[DEDUP_ARGV] on: window_ms,
 -- buckets. COUNT_KEY is not used: the count is the sum of the live buckets'.
 -- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
--- dedup_clear(), dedup_memory(), and dedup_use(dedup_key, count_key), which
--- points the functions at another spider's filter of the same kind.
+-- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
+-- of what it returns: dedup.lua clears and measures the filter with it), and
+-- dedup_use(dedup_key, count_key), which points the functions at another
+-- spider's filter of the same kind.
 --!include bucketed_sets
 
 local DEDUP_KIND = 'expiring' -- claimed in D:kind by the first process that opens the filter
@@ -99,7 +101,7 @@ local function dedup_seen(fp)
 end
 
 -- Sum of visit(key) over every key of the live time buckets, and the hash.
-local function expiring_each_key(visit)
+local function dedup_each_key(visit)
     local state, total = expiring_state(false), 0
     for t = state.oldest, state.current do
         local base = expiring_base(t)
@@ -119,16 +121,6 @@ end
 local function dedup_config()
     expiring_state(true)
     return redis.call('HGETALL', EXPIRING_KEY)
-end
-
-local function dedup_clear()
-    return expiring_each_key(function(key) return redis.call('DEL', key) end)
-end
-
-local function dedup_memory()
-    return expiring_each_key(function(key)
-        return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0
-    end)
 end
 
 local function dedup_use(dedup_key, count_key)
