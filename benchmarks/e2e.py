@@ -224,8 +224,8 @@ def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int)
         os.environ.update(
             {k: env[k] for k in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL")}
         )
-        from celery_crawl.celery_app import crawl as start
-        from celery_crawl.celery_app import create_app
+        from celery_crawl import crawl as start
+        from celery_crawl import create_app
 
         app = create_app("bench_app", "benchmarks.bench_settings")
         for number in range(processes):

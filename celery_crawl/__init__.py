@@ -1,20 +1,96 @@
 """celery_crawl: Scrapy crawls hosted by Celery workers, sharing one Redis queue.
 
-``from celery_crawl import crawl`` starts a job from application code.
+The public API, loaded lazily (``import celery_crawl`` loads neither Celery
+nor Scrapy, and changes nothing in either)::
+
+    from celery_crawl import create_app, crawl
+
+    app = create_app("myproject", "myproject.settings")  # a Celery app
+    job = crawl("myspider", [{"url": "https://example.com/"}], app=app)
+    job.wait(timeout=600)                                 # the job's statistics
+
+- :func:`create_app`: the Celery app factory (:mod:`celery_crawl.app`);
+- :func:`crawl`, :func:`find_job`: start a job, or find one by id
+  (:mod:`celery_crawl.client`);
+- :class:`Job`, :class:`JobStatus`: the handle ``crawl()`` returns, and a
+  job's live progress (:mod:`celery_crawl.jobs`);
+- the exceptions (:mod:`celery_crawl.errors`), all subclasses of
+  :class:`CeleryCrawlError`.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["crawl", "create_app"]
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "create_app": "celery_crawl.app",
+    "crawl": "celery_crawl.client",
+    "find_job": "celery_crawl.client",
+    "Job": "celery_crawl.jobs",
+    "JobStatus": "celery_crawl.jobs",
+    **{
+        name: "celery_crawl.errors"
+        for name in (
+            "CeleryCrawlError",
+            "ConfigError",
+            "RedisUnavailable",
+            "EncodeError",
+            "DecodeError",
+            "UnknownSpider",
+            "BadSeed",
+            "UnknownJob",
+            "JobTimeout",
+            "JobFailed",
+        )
+    },
+}
+__all__ = [
+    "BadSeed",
+    "CeleryCrawlError",
+    "ConfigError",
+    "DecodeError",
+    "EncodeError",
+    "Job",
+    "JobFailed",
+    "JobStatus",
+    "JobTimeout",
+    "RedisUnavailable",
+    "UnknownJob",
+    "UnknownSpider",
+    "crawl",
+    "create_app",
+    "find_job",
+]
+
+if TYPE_CHECKING:
+    from celery_crawl.app import create_app
+    from celery_crawl.client import crawl, find_job
+    from celery_crawl.errors import (
+        BadSeed,
+        CeleryCrawlError,
+        ConfigError,
+        DecodeError,
+        EncodeError,
+        JobFailed,
+        JobTimeout,
+        RedisUnavailable,
+        UnknownJob,
+        UnknownSpider,
+    )
+    from celery_crawl.jobs import Job, JobStatus
 
 
 def __getattr__(name: str) -> Any:
     # Celery and Scrapy load only when asked for, not on `import celery_crawl`
-    if name in __all__:
-        from celery_crawl import celery_app
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'celery_crawl' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
-        return getattr(celery_app, name)
-    raise AttributeError(f"module 'celery_crawl' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

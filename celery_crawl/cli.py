@@ -57,9 +57,8 @@ def crawl(
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 3600.0,
 ) -> None:
     """Start crawl jobs; with --wait, follow them until they are done."""
-    from celery_crawl.celery_app import crawl as start
-    from celery_crawl.celery_app import project_of
-    from celery_crawl.project import parse_seed
+    from celery_crawl import crawl as start
+    from celery_crawl.project import parse_seed, project_of
 
     celery_app = open_app(app)
     try:
@@ -108,7 +107,7 @@ def demo(
 
 def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:
     """The Redis client and the keys of every spider of the app's project."""
-    from celery_crawl.celery_app import project_of
+    from celery_crawl.project import project_of
 
     project = project_of(celery_app)
     return project.client, [project.keys(name) for name in project.spider_names()]

@@ -1,4 +1,18 @@
-"""The exceptions celery_crawl raises, so callers can catch them by kind."""
+"""Every exception celery_crawl raises on purpose, so callers can catch them by kind.
+
+All derive from :class:`CeleryCrawlError`::
+
+    CeleryCrawlError
+    ├── ConfigError       a setting is missing, malformed or unsupported
+    ├── RedisUnavailable  Redis cannot be reached, even after retries
+    ├── EncodeError       a request cannot become a queue entry
+    ├── DecodeError       a queue entry cannot become a request
+    ├── UnknownSpider     ``crawl()`` named a spider the project does not have
+    ├── BadSeed           a seed the spider cannot turn into requests
+    ├── UnknownJob        no job with this id exists
+    ├── JobTimeout        ``Job.wait`` ran out of time (the job goes on)
+    └── JobFailed         the job fetched no page and counted errors
+"""
 
 from __future__ import annotations
 
@@ -28,3 +42,23 @@ class DecodeError(CeleryCrawlError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class UnknownSpider(CeleryCrawlError):
+    """``crawl()`` named a spider the project does not have."""
+
+
+class BadSeed(CeleryCrawlError):
+    """A seed the spider cannot turn into requests."""
+
+
+class UnknownJob(CeleryCrawlError):
+    """No job with this id exists (never started, or expired)."""
+
+
+class JobTimeout(CeleryCrawlError):
+    """``Job.wait`` ran out of time; the job goes on."""
+
+
+class JobFailed(CeleryCrawlError):
+    """The job ended without fetching a single page, and with errors (the job task raises it)."""

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from celery_crawl import scripts
-from celery_crawl.errors import CeleryCrawlError
+from celery_crawl.errors import JobTimeout, UnknownJob
 from celery_crawl.keys import SpiderKeys
 
 JOB_META = "celery_crawl_job"
@@ -34,18 +34,6 @@ job_items = object()
 
 TERMINAL_STATES = ("done", "failed", "cancelled")
 _COUNTERS = ("pending", "leased", "done", "pages", "items", "retries", "duplicates", "purged")
-
-
-class JobTimeout(CeleryCrawlError):
-    """``Job.wait`` ran out of time; the job goes on."""
-
-
-class JobFailed(CeleryCrawlError):
-    """The job ended without fetching a single page, and with errors (the job task raises it)."""
-
-
-class UnknownJob(CeleryCrawlError):
-    """No job with this id exists (never started, or expired)."""
 
 
 def job_of(obj: Any) -> str:

@@ -24,9 +24,9 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from celery_crawl import connection
 from celery_crawl.components import dupefilter_class, queue_class
-from celery_crawl.errors import CeleryCrawlError, ConfigError, EncodeError
+from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
-from celery_crawl.keys import SpiderKeys, group_members
+from celery_crawl.keys import DEFAULT_PREFIX, SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_name
 
@@ -47,14 +47,6 @@ HOSTED_MIDDLEWARES = {
 # settings always taken from the environment when set there; a project adds
 # its own with CELERY_CRAWL_ENV = ["FORUM_BASE_URL", ...]
 ENVIRONMENT = ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX")
-
-
-class UnknownSpider(CeleryCrawlError):
-    """``crawl()`` named a spider the project does not have."""
-
-
-class BadSeed(CeleryCrawlError):
-    """A seed the spider cannot turn into requests."""
 
 
 def load_settings(module: str | None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -99,6 +91,15 @@ class Project:
             known = ", ".join(self.spider_names()) or "none"
             raise UnknownSpider(f"unknown spider {name!r}; this project has: {known}") from None
 
+    @property
+    def prefix(self) -> str:
+        """``CELERY_CRAWL_KEY_PREFIX``: what every key of this project starts with."""
+        return str(self.settings.get("CELERY_CRAWL_KEY_PREFIX") or DEFAULT_PREFIX)
+
+    def celery_queues(self) -> dict[str, str]:
+        """``CELERY_CRAWL_QUEUES``: the Celery queue of each spider (others use the default)."""
+        return {str(k): str(v) for k, v in self.settings.getdict("CELERY_CRAWL_QUEUES").items()}
+
     def keys(self, spider: str) -> SpiderKeys:
         return SpiderKeys.from_settings(spider, self.settings)
 
@@ -140,6 +141,18 @@ class Project:
             raise BadSeed(f"seed request {request} cannot be queued: {exc}") from exc
         fingerprint = None if request.dont_filter else bytes(fingerprinter.fingerprint(request))
         return Entry(payload, request.priority, fingerprint, job)
+
+
+def project_of(app: Any) -> Project:
+    """The Scrapy project of a Celery app made by ``create_app``, loaded once per app."""
+    project = getattr(app, "celery_crawl_project", None)
+    if project is None:
+        conf = app.conf
+        project = Project.from_module(
+            conf.get("celery_crawl_settings"), conf.get("celery_crawl_overrides")
+        )
+        app.celery_crawl_project = project
+    return project
 
 
 def parse_seed(spidercls: type[Spider], text: str) -> Any:

@@ -11,7 +11,7 @@ from celery import Celery
 from worker_fixtures import FORUM
 from workers import worker_env
 
-from celery_crawl.celery_app import create_app
+from celery_crawl import create_app
 
 
 def ha_app(

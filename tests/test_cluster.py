@@ -15,8 +15,7 @@ from test_jobs import assert_complete_forum_crawl, forum_seeds
 from worker_fixtures import FORUM
 from workers import Worker
 
-from celery_crawl import connection
-from celery_crawl.celery_app import crawl, create_app
+from celery_crawl import connection, crawl, create_app
 from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.errors import ConfigError
 from celery_crawl.exporter import read

@@ -17,7 +17,7 @@ from celery import Celery
 from tests_support import free_port
 from workers import Worker
 
-from celery_crawl.celery_app import crawl
+from celery_crawl import crawl
 
 AUTH = "Basic " + base64.b64encode(b"test:secret").decode()
 

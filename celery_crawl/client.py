@@ -1,0 +1,69 @@
+"""Application code's side: start a crawl job, or find one, from any process.
+
+This module needs a Celery app made by :func:`celery_crawl.create_app`, but
+does not change it: importing it, or calling :func:`crawl`, connects no
+signal and patches nothing. Workers are wired by the app's bootstep
+(:mod:`celery_crawl.worker`).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from celery_crawl import connection
+from celery_crawl.jobs import Job
+from celery_crawl.keys import job_spider
+from celery_crawl.project import Project, project_of
+
+JOB_TASK = "celery_crawl.crawl"
+PRODUCE_TASK = "celery_crawl.produce"
+JOB_INDEX_TTL = 30 * 24 * 3600  # longer than any job, plus the week a finished one is kept
+
+
+def crawl(
+    spider: str,
+    seeds: Sequence[Any],
+    priority: int = 0,
+    *,
+    app: Any = None,
+    job_id: str | None = None,
+) -> Job:
+    """Start a crawl job; returns at once with a handle (``wait``, ``status``, ``cancel``).
+
+    Unknown spiders, bad seeds and an unreachable Redis raise here, in the
+    caller's process. The job is also a Celery task whose id is the job id.
+    """
+    from celery import current_app
+
+    app = app or current_app
+    job, _ = start_job(project_of(app), spider, list(seeds), priority, job_id or uuid.uuid4().hex)
+    job.result = app.send_task(  # type: ignore[attr-defined]
+        JOB_TASK, args=(spider, list(seeds)), kwargs={"priority": priority}, task_id=job.id
+    )
+    return job
+
+
+def start_job(
+    project: Project, spider: str, seeds: Sequence[Any], priority: int, job_id: str
+) -> tuple[Job, bool]:
+    """Create the job and enqueue its seeds; an existing job id is joined."""
+    entries = project.seed_entries(spider, seeds, job_id, priority)
+    queue = project.queue(spider)
+    fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
+    with connection.reachable(queue.client):
+        created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
+        queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
+    return Job(job_id, spider, queue.client, queue.keys, project.job_queues(spider)), created
+
+
+def find_job(app: Any, job_id: str) -> Job | None:
+    """The job with this id, found through the job index; None if unknown."""
+    project = project_of(app)
+    spider = project.client.get(job_spider(project.prefix, job_id))
+    if spider is None:
+        return None
+    name = spider.decode()
+    return Job(job_id, name, project.client, project.keys(name), project.job_queues(name))

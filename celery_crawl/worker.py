@@ -1,0 +1,180 @@
+"""The worker side of a celery_crawl app: a bootstep that hosts the crawlers.
+
+``create_app`` adds :class:`CrawlerHosting` to its app's worker blueprint, so
+only a worker of that app is touched, and only once it is built. The step:
+
+- hosts the project's crawlers (:class:`celery_crawl.hosting.CrawlerHost`) in
+  every process that runs tasks: in each prefork child after the fork
+  (``worker_process_init``), or in the worker's own process for the solo and
+  threads pools (``worker_ready``, once logging is configured); a worker whose
+  crawlers cannot open stops instead of idling without them;
+- flags a warm shutdown in Redis, so the worker's job trackers hand their
+  tasks back to the broker (``worker_shutting_down``);
+- closes the crawlers at shutdown, handing their leases back;
+- makes ``revoke`` of a job task (Flower, ``AsyncResult.revoke``) cancel the
+  job in Redis instead of terminating a process (:func:`cooperative_revoke`).
+
+Celery's signals are process-wide, so every handler checks that the signal
+is about this step's worker (by hostname or sender) before acting.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from typing import Any, ClassVar
+
+from celery import bootsteps, signals
+
+from celery_crawl.client import find_job
+from celery_crawl.hosting import CrawlerHost
+from celery_crawl.keys import stopping_worker
+from celery_crawl.project import Project, project_of
+
+logger = logging.getLogger(__name__)
+
+
+class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Worker bootstep: crawlers in every pool process, a cooperative ``revoke``."""
+
+    label = "Crawler hosting"
+    # the process-wide signals this step listens to, with the handler's name
+    listens: ClassVar[dict[str, str]] = {
+        "worker_process_init": "_on_process_init",
+        "worker_process_shutdown": "_on_process_shutdown",
+        "worker_ready": "_on_ready",
+        "worker_shutting_down": "_on_shutting_down",
+        "worker_shutdown": "_on_shutdown",
+    }
+
+    def __init__(self, worker: Any, **kwargs: Any) -> None:
+        super().__init__(worker, **kwargs)
+        self.worker = worker
+        self.app = worker.app
+        self.hostname = str(worker.hostname)
+        self.host: CrawlerHost | None = None
+        for name, handler in self.listens.items():
+            getattr(signals, name).connect(getattr(self, handler), weak=False)
+        install_cooperative_revoke(self.app)
+
+    @property
+    def project(self) -> Project:
+        return project_of(self.app)
+
+    def _on_process_init(self, sender: Any = None, **_: Any) -> None:
+        """In each prefork child, and once in the solo pool's process."""
+        if str(sender) != self.hostname:
+            return
+        from billiard.process import current_process
+
+        self.host_or_stop(child=current_process().name != "MainProcess")
+
+    def _on_ready(self, sender: Any = None, **_: Any) -> None:
+        """Clear a stale shutdown flag; host the crawlers here unless the pool forks."""
+        worker = getattr(sender, "controller", sender)  # the signal is sent by the consumer
+        if worker is not self.worker:
+            return
+        project = self.project
+        project.client.delete(stopping_worker(project.prefix, self.hostname))
+        if not is_prefork(self.worker):
+            self.host_or_stop(child=False)
+
+    def _on_shutting_down(self, sender: Any = None, **_: Any) -> None:
+        """Tell this worker's job trackers to hand their tasks back (warm shutdown)."""
+        if str(sender) != self.hostname:
+            return
+        project = self.project
+        try:
+            project.client.set(stopping_worker(project.prefix, self.hostname), 1, ex=600)
+        except Exception:
+            logger.warning("could not flag the warm shutdown in Redis", exc_info=True)
+
+    def _on_process_shutdown(self, **_: Any) -> None:
+        self.stop_hosting()
+
+    def _on_shutdown(self, sender: Any = None, **_: Any) -> None:
+        if sender is self.worker:
+            self.stop_hosting()
+
+    def host_or_stop(self, child: bool) -> None:
+        """Host the crawlers; if they cannot open, stop the whole worker instead of idling on.
+
+        A worker without its crawlers would take job tasks and crawl nothing.
+        The solo and threads pools exit with ``EX_CONFIG`` (78). A prefork child
+        asks its parent for a warm shutdown and exits, so that the pool does not
+        respawn children that fail the same way; the parent exits 0, or 1 when it
+        finds first that its pool could not start.
+        """
+        try:
+            self.start_hosting()
+        except Exception as exc:
+            logger.critical("the crawlers could not open, so this worker stops: %s", exc)
+            if child:
+                os.kill(os.getppid(), signal.SIGTERM)
+            raise SystemExit(os.EX_CONFIG) from exc
+
+    def start_hosting(self) -> None:
+        if self.host is not None:
+            return
+        spiders = hosted_spiders(self.app, self.project)
+        if not spiders:
+            logger.warning("this worker's queues serve no spider: hosting no crawlers")
+            return
+        self.host = CrawlerHost(self.project.settings, spiders)
+        self.host.start()
+
+    def stop_hosting(self) -> None:
+        if self.host is not None:
+            self.host.stop()
+            self.host = None
+
+
+def is_prefork(worker: Any) -> bool:
+    return "prefork" in getattr(worker.pool_cls, "__module__", str(worker.pool_cls))
+
+
+def hosted_spiders(app: Any, project: Project) -> list[str]:
+    """``CELERY_CRAWL_SPIDERS`` (default: all), less those whose queue this worker skips."""
+    spiders = project.settings.getlist("CELERY_CRAWL_SPIDERS") or project.spider_names()
+    queues = project.celery_queues()
+    if not queues:
+        return spiders
+    consumed = set(app.amqp.queues.consume_from)
+    default = app.conf.task_default_queue
+    return [s for s in spiders if queues.get(s, default) in consumed]
+
+
+# -- revoke ------------------------------------------------------------------
+
+# Celery keeps one registry of remote-control commands per process. The
+# wrapper is installed only by a celery_crawl worker's bootstep, and acts only
+# for the apps listed here: any other app's revoke is Celery's own.
+_cooperative_apps: set[int] = set()
+_builtin_revoke: list[Any] = []
+
+
+def install_cooperative_revoke(app: Any) -> None:
+    from celery.worker.control import Panel
+
+    _cooperative_apps.add(id(app))
+    if Panel.data["revoke"] is not cooperative_revoke:
+        _builtin_revoke[:] = [Panel.data["revoke"]]
+        Panel.data["revoke"] = cooperative_revoke
+
+
+def cooperative_revoke(state: Any, task_id: Any, terminate: bool = False, **kwargs: Any) -> Any:
+    """``revoke`` for job tasks: cancel the job in Redis; never kill a process."""
+    from celery.utils.functional import maybe_list
+
+    builtin = _builtin_revoke[0]
+    if id(state.app) not in _cooperative_apps:
+        return builtin(state, task_id, terminate=terminate, **kwargs)
+    ids = list(maybe_list(task_id) or [])
+    jobs = [job for job in (find_job(state.app, i) for i in ids) if job is not None]
+    for job in jobs:
+        purged = job.cancel()
+        logger.info("job %s cancelled by revoke; %d queued requests purged", job.id, purged)
+    others = [i for i in ids if i not in {job.id for job in jobs}]
+    builtin(state, ids, terminate=terminate and not jobs and bool(others), **kwargs)
+    return {"ok": f"jobs cancelled: {[j.id for j in jobs]}; tasks revoked: {others}"}
