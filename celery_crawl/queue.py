@@ -248,6 +248,13 @@ class Base:
         keys = [self.keys.queue, self.keys.inflight, self.keys.signal, self.keys.job_prefix]
         return int(self._script("requeue")(keys=keys, args=args))
 
+    def dead_letter(self, record: str, limit: int) -> None:
+        """Keep a record of an entry that cannot be read, newest first, at most ``limit``."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.lpush(self.keys.deadletter, record)
+            pipe.ltrim(self.keys.deadletter, 0, limit - 1)
+            pipe.execute()
+
     def __len__(self) -> int:
         return int(self._script("queue_size")(keys=[self.keys.queue]))
 

@@ -2,22 +2,23 @@
 
 A request's path through it:
 
-1. ``enqueue_request`` encodes the request and buffers it; the buffer is
-   written ``SCHEDULER_FLUSH_DELAY`` (10 ms) later, so the requests one
-   callback yields, and the acks of several responses, reach Redis together
-   (``flush``).
-2. ``flush`` runs ``lua/enqueue.lua`` once: dedup check, enqueue, and the ack
+1. ``enqueue_request`` encodes the request and hands it to the write-behind
+   buffer (:mod:`celery_crawl.buffer`), which writes it
+   ``SCHEDULER_FLUSH_DELAY`` (10 ms) later, so that the requests one
+   callback yields, and the acks of several responses, reach Redis together.
+2. A flush runs ``lua/enqueue.lua`` once: dedup check, enqueue, and the ack
    of the requests whose processing finished since the last flush. Requests
-   routed to another spider of the group (``celery_crawl.routing``) go into
-   that spider's queue in the same call, so children and their parent's ack
-   are one atomic step whichever queue the children are for.
-3. ``next_request`` leases a few requests at a time (``SCHEDULER_PREFETCH``)
-   and hands them to the engine one by one.
+   routed to another spider of the group (:mod:`celery_crawl.routing`) go
+   into that spider's queue in the same call, so children and their
+   parent's ack are one atomic step whichever queue the children are for.
+3. ``next_request`` leases a few requests at a time (``SCHEDULER_PREFETCH``,
+   :mod:`celery_crawl.prefetch`) and hands them to the engine one by one.
 4. When the engine is done with a request (response parsed and every child
-   handed to ``enqueue_request``, or the request failed for good), its lease
-   is acked by the next flush, after the children.
+   handed to ``enqueue_request``, or the request failed for good:
+   :mod:`celery_crawl.engine`), its lease is acked by the next flush, after
+   the children.
 5. Leases that expire (a process died) are put back by any running
-   scheduler; leases held at close are handed back at once.
+   scheduler's maintenance; leases held at close are handed back at once.
 """
 
 from __future__ import annotations
@@ -26,19 +27,21 @@ import base64
 import json
 import logging
 import time
-from collections import deque
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NamedTuple, Self
+from typing import TYPE_CHECKING, Any, Self
 
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from twisted.python.failure import Failure
 
 from celery_crawl import connection
+from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.dupefilter import RFPDupeFilter
+from celery_crawl.engine import EngineHooks
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
-from celery_crawl.jobs import JobStats, job_of
+from celery_crawl.jobs import job_of
+from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
 from celery_crawl.routing import Router, target_of
 from celery_crawl.serializer import Codec, codec_from_name
@@ -47,14 +50,6 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
-
-
-class Pending(NamedTuple):
-    """A request buffered until the next flush; ``target`` is another spider, if routed."""
-
-    request: Request
-    entry: Entry
-    target: str | None
 
 
 class Scheduler(BaseScheduler):
@@ -87,23 +82,25 @@ class Scheduler(BaseScheduler):
         self.persist = persist
         self.flush_on_start = flush_on_start
         self.idle_before_close = idle_before_close
-        self.prefetch = max(1, prefetch)
-        self.batch_size = max(1, batch_size)
         self.requeue_interval = requeue_interval
         self.deadletter_max = deadletter_max
+        self.wake_timeout = wake_timeout
         self.spider: Spider | None = None
-        self._pending: list[Pending] = []
-        self._acks: list[bytes] = []
-        self._prefetched: deque[Lease] = deque()
-        self._leases: dict[Request, bytes] = {}
-        self._flush_call: Any = None
+        self.engine = EngineHooks(crawler)
+        self.buffer = WriteBehind(
+            queue,
+            self._written,
+            router=router,
+            call_later=reactor_call_later,
+            delay=flush_delay,
+            batch_size=batch_size,
+        )
+        self.prefetch = Prefetch(self._lease, prefetch)
+        self.job_stats = self.buffer.job_stats
         self._maintenance: Any = None
         self._empty_since: float | None = None
-        self.wake_timeout = wake_timeout
-        self.flush_delay = flush_delay
         self._waiting = False
         self._open = False
-        self.job_stats = JobStats()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -144,57 +141,26 @@ class Scheduler(BaseScheduler):
             self.clear()
         self.df.open()
         self.queue.requeue_expired()
-        engine = self._engine()
-        if engine is not None:
-            self._watch_engine(engine)
+        if self.engine.engine is not None:
+            self.engine.on_request_done(self.ack)
             self._start_maintenance()
         if self.crawler is not None:
             self.job_stats.connect(self.crawler.signals)
-
-    def _engine(self) -> Any:
-        """The running engine; None when the scheduler is driven by hand (tests, benchmarks)."""
-        try:
-            return self.crawler.engine if self.crawler is not None else None
-        except RuntimeError:  # Crawler.engine before the crawl started
-            return None
 
     def close(self, reason: str) -> None:
         self._open = False
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
         self.flush()
-        self.queue.release(self._held())
-        self._prefetched.clear()
-        self._leases.clear()
+        self.queue.release(self.prefetch.held())
+        self.prefetch.clear()
         if not self.persist:
             self.clear()
-
-    def _held(self) -> list[bytes]:
-        """The leases this process holds: prefetched, or handed to the engine."""
-        return [lease.member for lease in self._prefetched] + list(self._leases.values())
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
         self.queue.clear()
         self.df.clear()
-
-    def _watch_engine(self, engine: Any) -> None:
-        """Ack each request when the engine drops it from its in-progress set.
-
-        That happens after the response went through the callback and every
-        request it yielded reached ``enqueue_request``, or after the request
-        failed for good (errback done, or ignored by a middleware).
-        """
-        slot = getattr(engine, "_slot", None)
-        if slot is None or not hasattr(slot, "remove_request"):
-            raise ConfigError("this Scrapy version's engine has no slot to watch for acks")
-        remove_request = slot.remove_request
-
-        def remove_and_ack(request: Request) -> None:
-            remove_request(request)
-            self.ack(request)
-
-        slot.remove_request = remove_and_ack
 
     def _start_maintenance(self) -> None:
         from twisted.internet import task
@@ -208,7 +174,7 @@ class Scheduler(BaseScheduler):
         try:
             self.flush()
             requeued = self.queue.requeue_expired()
-            self.queue.extend(self._held())
+            self.queue.extend(self.prefetch.held())
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, scheduler maintenance will retry: %s", exc)
             return
@@ -237,11 +203,7 @@ class Scheduler(BaseScheduler):
         if request.meta.get("retry_times"):
             self.job_stats.add(job, "retries")
         entry = Entry(payload, request.priority, fingerprint, job)
-        self._pending.append(Pending(request, entry, target))
-        if len(self._pending) >= self.batch_size:
-            self.flush()
-        else:
-            self._schedule_flush(self.flush_delay)
+        self.buffer.add(Pending(request, entry, target))
         return True
 
     def _routable(self, target: str) -> bool:
@@ -257,56 +219,15 @@ class Scheduler(BaseScheduler):
 
     def ack(self, request: Request) -> None:
         """The engine is done with ``request``: finish its lease at the next flush."""
-        member = self._leases.pop(request, None)
+        member = self.prefetch.finish(request)
         if member is not None:
-            self._acks.append(member)
-            self._schedule_flush(self.flush_delay)
-
-    def _schedule_flush(self, delay: float = 0.0) -> None:
-        if self._flush_call is not None and self._flush_call.active():
-            return
-        from twisted.internet import reactor
-
-        if reactor.running:
-            self._flush_call = reactor.callLater(delay, self.flush)  # type: ignore[arg-type]
+            self.buffer.ack(member)
 
     def flush(self) -> None:
         """Write buffered requests, job stats and acks to Redis in one round trip."""
-        job_stats = self.job_stats.drain()
-        if not self._pending and not self._acks and not job_stats:
-            return
-        pending, acks = self._pending, self._acks
-        self._pending, self._acks = [], []
-        pending = sorted(pending, key=lambda p: p.target or "")  # own first, then by target
-        try:
-            own, routed = self._batches(pending)
-            flags = self.queue.push_many(own, acks, job_stats, routed)
-        except connection.TRANSIENT_ERRORS:
-            # Redis is away (restarting?): keep everything for the next flush
-            self._pending, self._acks = pending + self._pending, acks + self._acks
-            self.job_stats.restore(job_stats)
-            logger.warning(
-                "Redis unreachable; %d requests and %d acks kept", len(pending), len(acks)
-            )
-            self._schedule_flush(delay=1.0)
-            return
-        self._accepted(pending, flags)
+        self.buffer.flush()
 
-    def _batches(
-        self, pending: list[Pending]
-    ) -> tuple[list[Entry], list[tuple[Base, list[Entry]]]]:
-        """The spider's own entries, and the routed ones per target queue (``pending`` sorted)."""
-        own = [p.entry for p in pending if not p.target]
-        routed: dict[str, list[Entry]] = {}
-        for p in pending:
-            if p.target:
-                routed.setdefault(p.target, []).append(p.entry)
-        if not routed:
-            return own, []
-        assert self.router is not None  # enqueue_request admitted only routable targets
-        return own, [(self.router.queue(target), batch) for target, batch in routed.items()]
-
-    def _accepted(self, pushed: list[Pending], flags: list[bool]) -> None:
+    def _written(self, pushed: list[Pending], flags: list[bool]) -> None:
         for item, accepted in zip(pushed, flags, strict=True):
             if not accepted:
                 self._on_duplicate(item.request)
@@ -326,16 +247,26 @@ class Scheduler(BaseScheduler):
     # -- dequeue -----------------------------------------------------------
 
     def next_request(self) -> Request | None:
-        while self._prefetched or self._refill():
-            lease = self._prefetched.popleft()
+        while (lease := self._next_lease()) is not None:
             request = self._decode(lease)
             if request is not None:
-                self._leases[request] = lease.member
+                self.prefetch.hand_out(request, lease)
                 self._inc("scheduler/dequeued/redis")
                 self._inc("scheduler/dequeued")
                 return request
         self._wait_for_work()
         return None
+
+    def _next_lease(self) -> Lease | None:
+        try:
+            return self.prefetch.next()
+        except connection.TRANSIENT_ERRORS as exc:
+            logger.warning("Redis unreachable, no request leased: %s", exc)
+            return None
+
+    def _lease(self, count: int) -> list[Lease]:
+        self.buffer.flush()  # our own children first, so that they can be leased
+        return self.queue.lease(count)
 
     def _wait_for_work(self) -> None:
         """While the queue is empty, block in a thread on the wake-up list.
@@ -343,7 +274,7 @@ class Scheduler(BaseScheduler):
         A push by any process wakes the engine at once, instead of at its next
         5-second heartbeat.
         """
-        if self._waiting or not self._open or self._engine() is None:
+        if self._waiting or not self._open or self.engine.engine is None:
             return
         from twisted.internet import threads
 
@@ -357,17 +288,8 @@ class Scheduler(BaseScheduler):
         failed = isinstance(result, Failure)
         if failed:
             logger.warning("waiting for work failed: %s", result.getErrorMessage())
-        slot = getattr(self._engine(), "_slot", None) if self._open else None
-        if slot is not None:  # after a failure, a delay: no tight loop against a dead server
-            slot.nextcall.schedule(self.wake_timeout if failed else 0)
-
-    def _refill(self) -> bool:
-        try:
-            self.flush()  # our own children first, so that they can be leased
-            self._prefetched.extend(self.queue.lease(self.prefetch))
-        except connection.TRANSIENT_ERRORS as exc:
-            logger.warning("Redis unreachable, no request leased: %s", exc)
-        return bool(self._prefetched)
+        if self._open:  # after a failure, a delay: no tight loop against a dead server
+            self.engine.wake(self.wake_timeout if failed else 0)
 
     def _decode(self, lease: Lease) -> Request | None:
         assert self.spider is not None
@@ -386,18 +308,15 @@ class Scheduler(BaseScheduler):
             "at": datetime.now(UTC).isoformat(),
             "entry": base64.b64encode(lease.payload).decode("ascii"),
         }
-        with self.queue.client.pipeline(transaction=True) as pipe:
-            pipe.lpush(self.queue.keys.deadletter, json.dumps(record))
-            pipe.ltrim(self.queue.keys.deadletter, 0, self.deadletter_max - 1)
-            pipe.execute()
+        self.queue.dead_letter(json.dumps(record), self.deadletter_max)
         self.job_stats.add(lease.job, f"errors/dead_letter/{error.kind}")
-        self._acks.append(lease.member)  # finished: its job must not wait for it
+        self.buffer.ack(lease.member)  # finished: its job must not wait for it
         self.flush()
         logger.warning("dead-lettered a queue entry (%s): %s", error.kind, error)
         self._inc(f"celery_crawl/dead_letter/{error.kind}")
 
     def has_pending_requests(self) -> bool:
-        if self._pending or self._prefetched:
+        if self.buffer.pending or self.prefetch.waiting:
             return True
         try:
             queued = len(self.queue)
@@ -417,7 +336,7 @@ class Scheduler(BaseScheduler):
         return now - self._empty_since < self.idle_before_close
 
     def __len__(self) -> int:
-        return len(self.queue) + len(self._pending) + len(self._prefetched)
+        return len(self.queue) + len(self.buffer) + len(self.prefetch)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:

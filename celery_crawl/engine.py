@@ -1,0 +1,65 @@
+"""Everything celery_crawl does with Scrapy's private engine API, in one place.
+
+The scheduler needs two things Scrapy's public API does not give:
+
+- to know when the engine is **done** with a request (its response went
+  through the callback and every request the callback yielded reached the
+  scheduler, or the request failed for good), so that its lease is acked
+  only then. The engine's slot calls ``remove_request(request)`` at exactly
+  that moment; :meth:`EngineHooks.on_request_done` wraps it.
+- to **wake** the engine's scheduling loop as soon as another process
+  pushes work, instead of at its next 5-second heartbeat:
+  ``slot.nextcall.schedule(delay)``.
+
+Checked against Scrapy 2.19 (``ExecutionEngine._slot``, a ``_Slot`` with
+``remove_request`` and ``nextcall``). If an upgrade removes them, opening
+the scheduler fails with a :class:`~celery_crawl.errors.ConfigError`
+instead of silently never acking. Nothing else in celery_crawl touches a
+private Scrapy name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery_crawl.errors import ConfigError
+
+CHECKED_SCRAPY = "2.19"
+
+
+class EngineHooks:
+    """The hooks into one crawler's engine; inert when there is no engine (tests, benchmarks)."""
+
+    def __init__(self, crawler: Any) -> None:
+        self.crawler = crawler
+
+    @property
+    def engine(self) -> Any:
+        """The running engine; None when the scheduler is driven by hand."""
+        try:
+            return self.crawler.engine if self.crawler is not None else None
+        except RuntimeError:  # Crawler.engine before the crawl started
+            return None
+
+    def on_request_done(self, callback: Callable[[Any], None]) -> None:
+        """Call ``callback(request)`` each time the engine is done with a request."""
+        slot = getattr(self.engine, "_slot", None)
+        if slot is None or not hasattr(slot, "remove_request"):
+            raise ConfigError(
+                "this Scrapy version's engine has no slot to watch for acks "
+                f"(celery_crawl was checked against Scrapy {CHECKED_SCRAPY})"
+            )
+        remove_request = slot.remove_request
+
+        def remove_and_notify(request: Any) -> None:
+            remove_request(request)
+            callback(request)
+
+        slot.remove_request = remove_and_notify
+
+    def wake(self, delay: float = 0.0) -> None:
+        """Ask the engine for its next request ``delay`` seconds from now (no-op when closed)."""
+        slot = getattr(self.engine, "_slot", None)
+        if slot is not None:
+            slot.nextcall.schedule(delay)

@@ -1,0 +1,51 @@
+"""Leases taken ahead of the engine's asks, and the leases the engine holds.
+
+The engine asks the scheduler for one request at a time. Leasing them one
+by one would cost a round trip each, so :class:`Prefetch` leases ``size`` at
+once and hands them out one by one. It also remembers which lease each
+request handed to the engine came from, so that the request's ack finds its
+lease, and so that every lease this process holds can be renewed, or handed
+back at shutdown.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from celery_crawl.queue import Lease
+
+
+class Prefetch:
+    """``lease(n)`` takes up to ``n`` leases from the queue (it may raise while Redis is away)."""
+
+    def __init__(self, lease: Callable[[int], list[Lease]], size: int) -> None:
+        self.lease = lease
+        self.size = max(1, size)
+        self.waiting: deque[Lease] = deque()  # leased, not yet handed to the engine
+        self.handed: dict[Any, bytes] = {}  # request -> lease member, until acked
+
+    def __len__(self) -> int:
+        return len(self.waiting)
+
+    def next(self) -> Lease | None:
+        """The next lease; ``size`` more are leased when none is left (None: queue empty)."""
+        if not self.waiting:
+            self.waiting.extend(self.lease(self.size))
+        return self.waiting.popleft() if self.waiting else None
+
+    def hand_out(self, request: Any, lease: Lease) -> None:
+        self.handed[request] = lease.member
+
+    def finish(self, request: Any) -> bytes | None:
+        """The lease of a request the engine is done with; None if it was not ours."""
+        return self.handed.pop(request, None)
+
+    def held(self) -> list[bytes]:
+        """Every lease this process holds: waiting, or handed to the engine."""
+        return [lease.member for lease in self.waiting] + list(self.handed.values())
+
+    def clear(self) -> None:
+        self.waiting.clear()
+        self.handed.clear()
