@@ -24,6 +24,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from celery_crawl import connection
 from celery_crawl.components import dupefilter_class, queue_class
+from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import CeleryCrawlError, ConfigError, EncodeError
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
 from celery_crawl.keys import SpiderKeys, group_members
@@ -44,9 +45,9 @@ HOSTED_MIDDLEWARES = {
     "SPIDER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
     "DOWNLOADER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobDownloaderMiddleware": 950},
 }
-# settings always taken from the environment when set there; a project adds
-# its own with CELERY_CRAWL_ENV = ["FORUM_BASE_URL", ...]
-ENVIRONMENT = ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX")
+# settings always taken from the environment when set there (marked env in
+# celery_crawl.defaults); a project adds its own with CELERY_CRAWL_ENV = [...]
+ENVIRONMENT = tuple(name for name, entry in SETTINGS.items() if entry.env)
 
 
 class UnknownSpider(CeleryCrawlError):
@@ -66,7 +67,7 @@ def load_settings(module: str | None, overrides: dict[str, Any] | None = None) -
     for name, components in HOSTED_MIDDLEWARES.items():
         merged = {**settings.getdict(name), **components}
         settings.set(name, merged, priority="project")
-    for name in (*ENVIRONMENT, *settings.getlist("CELERY_CRAWL_ENV")):
+    for name in (*ENVIRONMENT, *setting(settings, "CELERY_CRAWL_ENV")):
         if os.environ.get(name):
             settings.set(name, os.environ[name], priority="cmdline")
     settings.update(overrides or {}, priority="cmdline")  # the caller's own word wins
@@ -79,7 +80,7 @@ class Project:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.loader = SpiderLoader.from_settings(settings)
-        self.codec = codec_from_name(settings.get("SCHEDULER_SERIALIZER"))
+        self.codec = codec_from_name(setting(settings, "SCHEDULER_SERIALIZER"))
 
     @classmethod
     def from_module(cls, module: str | None, overrides: dict[str, Any] | None = None) -> Project:
