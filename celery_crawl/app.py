@@ -27,6 +27,7 @@ from celery import Celery
 from celery_crawl import connection
 from celery_crawl.celery_tasks import run_job, run_producer
 from celery_crawl.client import JOB_TASK, PRODUCE_TASK
+from celery_crawl.defaults import setting
 from celery_crawl.errors import ConfigError
 from celery_crawl.project import Project
 from celery_crawl.worker import CrawlerHosting
@@ -75,10 +76,10 @@ def producer_schedule(project: Project) -> dict[str, Any]:
     return {
         f"produce-{spider}": {
             "task": PRODUCE_TASK,
-            "schedule": project.settings.getfloat("PRODUCER_PERIOD", 60.0),
+            "schedule": setting(project.settings, "PRODUCER_PERIOD"),
             "args": (spider,),
         }
-        for spider in project.settings.getlist("PRODUCER_SPIDERS")
+        for spider in setting(project.settings, "PRODUCER_SPIDERS")
     }
 
 

@@ -19,6 +19,7 @@ from celery.exceptions import Reject
 
 from celery_crawl import connection
 from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
+from celery_crawl.defaults import setting
 from celery_crawl.errors import JobFailed, JobTimeout
 from celery_crawl.jobs import Job
 from celery_crawl.keys import job_spider, stopping_worker
@@ -34,7 +35,7 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
     logger.info(
         "job %s %s: spider=%s seeds=%s", job.id, "started" if created else "joined", spider, seeds
     )
-    interval = project.settings.getfloat("CELERY_CRAWL_PROGRESS_INTERVAL", 1.0)
+    interval = setting(project.settings, "CELERY_CRAWL_PROGRESS_INTERVAL")
     stopping = stopping_worker(project.prefix, task.request.hostname or "")
     while True:
         try:
@@ -89,12 +90,12 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
     producer = Producer(
         project.client,
         project.keys(spider),
-        job_cap=settings.getint("PRODUCER_JOB_CAP", 10),
-        queue_cap=settings.getint("PRODUCER_QUEUE_CAP", 100_000),
+        job_cap=setting(settings, "PRODUCER_JOB_CAP"),
+        queue_cap=setting(settings, "PRODUCER_QUEUE_CAP"),
     )
 
     def start(source: str, job_id: str) -> None:
         crawl(spider, [parse_seed(spidercls, source)], app=task.app, job_id=job_id)
 
-    tick = producer.tick(producer.sources(settings.getlist("PRODUCER_SOURCES")), start)
+    tick = producer.tick(producer.sources(setting(settings, "PRODUCER_SOURCES")), start)
     return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}

@@ -22,6 +22,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from celery_crawl.defaults import SETTINGS
 from celery_crawl.errors import CeleryCrawlError
 
 cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -41,6 +42,7 @@ def root() -> None:
 
 
 AppOption = Annotated[str, typer.Option("--app", "-A", envvar="CELERY_CRAWL_APP")]
+DEFAULT_APP: str = SETTINGS["CELERY_CRAWL_APP"].default
 
 
 @cli.command()
@@ -53,7 +55,7 @@ def crawl(
         bool, typer.Option("--wait", help="show progress until every job is done")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
-    app: AppOption = "tasks",
+    app: AppOption = DEFAULT_APP,
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 3600.0,
 ) -> None:
     """Start crawl jobs; with --wait, follow them until they are done."""
@@ -124,7 +126,7 @@ def open_app(app: str) -> Any:
 
 @cli.command()
 def status(
-    app: AppOption = "tasks",
+    app: AppOption = DEFAULT_APP,
     watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     interval: Annotated[float, typer.Option(help="seconds between refreshes")] = 2.0,
@@ -157,7 +159,7 @@ def status(
 
 @cli.command()
 def exporter(
-    app: AppOption = "tasks",
+    app: AppOption = DEFAULT_APP,
     port: Annotated[int, typer.Option(help="port of /metrics")] = 9410,
     addr: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
 ) -> None:

@@ -11,13 +11,13 @@ from typing import Any
 
 from scrapy.utils.misc import load_object
 
+from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import DUPEFILTER_CLASSES, RFPDupeFilter
 from celery_crawl.errors import ConfigError
 from celery_crawl.queue import QUEUE_CLASSES, Base
 
 SCRAPY_DEFAULT_DUPEFILTER = "scrapy.dupefilters.RFPDupeFilter"
-DEFAULT_DUPEFILTER = "celery_crawl.dupefilter.RFPDupeFilter"
-DEFAULT_QUEUE = "celery_crawl.queue.PriorityQueue"
+DEFAULT_DUPEFILTER: str = SETTINGS["DUPEFILTER_CLASS"].default
 
 
 def load_class(path: str | type, known: dict[str, Any], setting: str) -> Any:
@@ -34,12 +34,12 @@ def load_class(path: str | type, known: dict[str, Any], setting: str) -> Any:
 
 def dupefilter_class(settings: Any) -> type[RFPDupeFilter]:
     """``DUPEFILTER_CLASS``; Scrapy's in-memory default means ours."""
-    path = settings.get("DUPEFILTER_CLASS") or DEFAULT_DUPEFILTER
+    path = setting(settings, "DUPEFILTER_CLASS")
     if path == SCRAPY_DEFAULT_DUPEFILTER:
         path = DEFAULT_DUPEFILTER
     return load_class(path, DUPEFILTER_CLASSES, "DUPEFILTER_CLASS")  # type: ignore[no-any-return]
 
 
 def queue_class(settings: Any) -> type[Base]:
-    path = settings.get("SCHEDULER_QUEUE_CLASS") or DEFAULT_QUEUE
+    path = setting(settings, "SCHEDULER_QUEUE_CLASS")
     return load_class(path, QUEUE_CLASSES, "SCHEDULER_QUEUE_CLASS")  # type: ignore[no-any-return]

@@ -37,9 +37,10 @@ from redis.exceptions import ClusterDownError, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
+from celery_crawl.defaults import FALLBACK_REDIS_URL, SETTINGS, setting
 from celery_crawl.errors import ConfigError, RedisUnavailable
 
-DEFAULT_URL = "redis://localhost:6379/0"
+DEFAULT_URL = FALLBACK_REDIS_URL
 # what a restart, a failover or a cluster resharding raise after the client's
 # own retries: the callers keep their buffers and try again later
 TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
@@ -48,11 +49,7 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     ClusterDownError,
     TryAgainError,
 )
-DEFAULT_PARAMS: dict[str, Any] = {
-    "socket_connect_timeout": 5,
-    "socket_timeout": 30,
-    "health_check_interval": 30,
-}
+DEFAULT_PARAMS: dict[str, Any] = dict(SETTINGS["REDIS_PARAMS"].default)
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
 _SCHEMES = ("redis", "rediss", "unix", *CLUSTER_SCHEMES, *SENTINEL_SCHEMES)
@@ -131,9 +128,10 @@ def is_cluster(client: Any) -> bool:
 
 
 def url_from_settings(settings: Any) -> str:
-    url = settings.get("REDIS_URL")
-    if not url and settings.get("REDIS_HOST"):
-        url = f"redis://{settings.get('REDIS_HOST')}:{settings.getint('REDIS_PORT', 6379)}/0"
+    url = setting(settings, "REDIS_URL")
+    host = setting(settings, "REDIS_HOST")
+    if not url and host:
+        url = f"redis://{host}:{setting(settings, 'REDIS_PORT')}/0"
     url = str(url or os.environ.get("REDIS_URL") or DEFAULT_URL)
     if urlsplit(url).scheme not in _SCHEMES:
         raise ConfigError(f"REDIS_URL {redact(url)!r} must start with one of {_SCHEMES}")
@@ -223,7 +221,7 @@ def sentinel_service(url: MultiHostUrl) -> tuple[str, int]:
 
 
 def from_settings(settings: Any) -> redis.Redis:
-    params = settings.getdict("REDIS_PARAMS") if hasattr(settings, "getdict") else {}
+    params = setting(settings, "REDIS_PARAMS")
     return get_redis(url_from_settings(settings), params)
 
 

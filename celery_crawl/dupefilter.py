@@ -31,6 +31,7 @@ import redis
 from scrapy import Request, Spider
 
 from celery_crawl import connection, scripts
+from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
 
@@ -84,8 +85,8 @@ class BloomParams(Params):
     and holds ``capacity * growth**i`` fingerprints, in at most ``max_bits`` bits.
     """
 
-    capacity: int = 1_000_000
-    error_rate: float = 0.001
+    capacity: int = SETTINGS["DUPEFILTER_BLOOM_CAPACITY"].default
+    error_rate: float = SETTINGS["DUPEFILTER_BLOOM_ERROR_RATE"].default
     growth: int = 2
     tightening: float = 0.3
     max_bits: int = 2**30
@@ -101,8 +102,8 @@ class BloomParams(Params):
     @classmethod
     def from_settings(cls, settings: Any) -> Self:
         return cls(
-            capacity=settings.getint("DUPEFILTER_BLOOM_CAPACITY", cls.capacity),
-            error_rate=settings.getfloat("DUPEFILTER_BLOOM_ERROR_RATE", cls.error_rate),
+            capacity=setting(settings, "DUPEFILTER_BLOOM_CAPACITY"),
+            error_rate=setting(settings, "DUPEFILTER_BLOOM_ERROR_RATE"),
         )
 
 
@@ -110,8 +111,8 @@ class BloomParams(Params):
 class ExpiringParams(Params):
     """Fingerprints are forgotten ``window_ms`` (plus at most one bucket) after their add."""
 
-    window_ms: int = 86_400_000
-    buckets: int = 24
+    window_ms: int = round(SETTINGS["DUPEFILTER_EXPIRE_SECONDS"].default * 1000)
+    buckets: int = SETTINGS["DUPEFILTER_EXPIRE_BUCKETS"].default
 
     def __post_init__(self) -> None:
         if self.buckets < 1 or self.window_ms < self.buckets:
@@ -121,10 +122,10 @@ class ExpiringParams(Params):
 
     @classmethod
     def from_settings(cls, settings: Any) -> Self:
-        seconds = settings.getfloat("DUPEFILTER_EXPIRE_SECONDS", cls.window_ms / 1000)
+        seconds = setting(settings, "DUPEFILTER_EXPIRE_SECONDS")
         return cls(
             window_ms=round(seconds * 1000),
-            buckets=settings.getint("DUPEFILTER_EXPIRE_BUCKETS", cls.buckets),
+            buckets=setting(settings, "DUPEFILTER_EXPIRE_BUCKETS"),
         )
 
 

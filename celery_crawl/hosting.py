@@ -26,6 +26,8 @@ from typing import Any
 
 from scrapy.settings import Settings
 
+from celery_crawl.defaults import setting
+
 logger = logging.getLogger(__name__)
 
 ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
@@ -63,7 +65,7 @@ class CrawlerHost:
         setup_reactor()
         crochet.run_in_reactor(self._start)().wait(timeout)
         logger.info("hosting crawlers for %s", ", ".join(self.spiders))
-        if self.settings.getbool("CELERY_CRAWL_GC_FREEZE", True):
+        if setting(self.settings, "CELERY_CRAWL_GC_FREEZE"):
             logger.info("%d startup objects frozen out of the GC", freeze_startup_heap())
 
     def _start(self) -> Any:

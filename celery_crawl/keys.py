@@ -18,14 +18,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import ConfigError
 
-DEFAULT_PREFIX = "celery_crawl"
+DEFAULT_PREFIX: str = SETTINGS["CELERY_CRAWL_KEY_PREFIX"].default
 
-QUEUE_TEMPLATE = "%(prefix)s:%(spider)s:queue"
-DUPEFILTER_TEMPLATE = "%(prefix)s:%(spider)s:dupefilter"
-STATS_TEMPLATE = "%(prefix)s:%(spider)s:stats"
-DEADLETTER_TEMPLATE = "%(prefix)s:%(spider)s:deadletter"
+QUEUE_TEMPLATE: str = SETTINGS["SCHEDULER_QUEUE_KEY"].default
+DUPEFILTER_TEMPLATE: str = SETTINGS["SCHEDULER_DUPEFILTER_KEY"].default
+STATS_TEMPLATE: str = SETTINGS["STATS_KEY"].default
+DEADLETTER_TEMPLATE: str = SETTINGS["SCHEDULER_DEADLETTER_KEY"].default
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
 PRODUCER_TEMPLATE = "%(prefix)s:%(spider)s:producer"
 
@@ -57,13 +58,13 @@ def render(template: str, spider: str, prefix: str, group: str | None = None) ->
 
 def group_of(spider: str, settings: Any) -> str:
     """The spider's group (``CELERY_CRAWL_SPIDER_GROUPS``); a spider is its own by default."""
-    return str(settings.getdict("CELERY_CRAWL_SPIDER_GROUPS").get(spider) or spider)
+    return str(setting(settings, "CELERY_CRAWL_SPIDER_GROUPS").get(spider) or spider)
 
 
 def group_members(spider: str, settings: Any) -> list[str]:
     """Every spider of ``spider``'s group, the group's own name first."""
     group = group_of(spider, settings)
-    groups = settings.getdict("CELERY_CRAWL_SPIDER_GROUPS")
+    groups = setting(settings, "CELERY_CRAWL_SPIDER_GROUPS")
     return [group, *sorted(s for s, g in groups.items() if g == group and s != group)]
 
 
@@ -171,9 +172,9 @@ class SpiderKeys:
         return cls.build(
             spider,
             group=group_of(spider, settings),
-            prefix=settings.get("CELERY_CRAWL_KEY_PREFIX", DEFAULT_PREFIX),
-            queue=settings.get("SCHEDULER_QUEUE_KEY") or QUEUE_TEMPLATE,
-            dupefilter=settings.get("SCHEDULER_DUPEFILTER_KEY") or DUPEFILTER_TEMPLATE,
-            stats=settings.get("STATS_KEY") or STATS_TEMPLATE,
-            deadletter=settings.get("SCHEDULER_DEADLETTER_KEY") or DEADLETTER_TEMPLATE,
+            prefix=setting(settings, "CELERY_CRAWL_KEY_PREFIX"),
+            queue=setting(settings, "SCHEDULER_QUEUE_KEY"),
+            dupefilter=setting(settings, "SCHEDULER_DUPEFILTER_KEY"),
+            stats=setting(settings, "STATS_KEY"),
+            deadletter=setting(settings, "SCHEDULER_DEADLETTER_KEY"),
         )

@@ -28,6 +28,7 @@ from typing import Any
 import redis
 
 from celery_crawl import scripts
+from celery_crawl.defaults import SETTINGS
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.queue import Base
 
@@ -48,8 +49,8 @@ class Producer:
         self,
         client: redis.Redis,
         keys: SpiderKeys,
-        job_cap: int = 10,
-        queue_cap: int = 100_000,
+        job_cap: int = SETTINGS["PRODUCER_JOB_CAP"].default,
+        queue_cap: int = SETTINGS["PRODUCER_QUEUE_CAP"].default,
     ) -> None:
         self.client = client
         self.keys = keys

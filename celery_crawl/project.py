@@ -24,9 +24,10 @@ from scrapy.utils.misc import build_from_crawler, load_object
 
 from celery_crawl import connection
 from celery_crawl.components import dupefilter_class, queue_class
+from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
-from celery_crawl.keys import DEFAULT_PREFIX, SpiderKeys, group_members
+from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_name
 
@@ -44,9 +45,9 @@ HOSTED_MIDDLEWARES = {
     "SPIDER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
     "DOWNLOADER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobDownloaderMiddleware": 950},
 }
-# settings always taken from the environment when set there; a project adds
-# its own with CELERY_CRAWL_ENV = ["FORUM_BASE_URL", ...]
-ENVIRONMENT = ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX")
+# settings always taken from the environment when set there (marked env in
+# celery_crawl.defaults); a project adds its own with CELERY_CRAWL_ENV = [...]
+ENVIRONMENT = tuple(name for name, entry in SETTINGS.items() if entry.env)
 
 
 def load_settings(module: str | None, overrides: dict[str, Any] | None = None) -> Settings:
@@ -58,7 +59,7 @@ def load_settings(module: str | None, overrides: dict[str, Any] | None = None) -
     for name, components in HOSTED_MIDDLEWARES.items():
         merged = {**settings.getdict(name), **components}
         settings.set(name, merged, priority="project")
-    for name in (*ENVIRONMENT, *settings.getlist("CELERY_CRAWL_ENV")):
+    for name in (*ENVIRONMENT, *setting(settings, "CELERY_CRAWL_ENV")):
         if os.environ.get(name):
             settings.set(name, os.environ[name], priority="cmdline")
     settings.update(overrides or {}, priority="cmdline")  # the caller's own word wins
@@ -71,7 +72,7 @@ class Project:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.loader = SpiderLoader.from_settings(settings)
-        self.codec = codec_from_name(settings.get("SCHEDULER_SERIALIZER"))
+        self.codec = codec_from_name(setting(settings, "SCHEDULER_SERIALIZER"))
 
     @classmethod
     def from_module(cls, module: str | None, overrides: dict[str, Any] | None = None) -> Project:
@@ -94,11 +95,12 @@ class Project:
     @property
     def prefix(self) -> str:
         """``CELERY_CRAWL_KEY_PREFIX``: what every key of this project starts with."""
-        return str(self.settings.get("CELERY_CRAWL_KEY_PREFIX") or DEFAULT_PREFIX)
+        return str(setting(self.settings, "CELERY_CRAWL_KEY_PREFIX"))
 
     def celery_queues(self) -> dict[str, str]:
         """``CELERY_CRAWL_QUEUES``: the Celery queue of each spider (others use the default)."""
-        return {str(k): str(v) for k, v in self.settings.getdict("CELERY_CRAWL_QUEUES").items()}
+        queues = setting(self.settings, "CELERY_CRAWL_QUEUES")
+        return {str(k): str(v) for k, v in queues.items()}
 
     def keys(self, spider: str) -> SpiderKeys:
         return SpiderKeys.from_settings(spider, self.settings)

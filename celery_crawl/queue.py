@@ -35,6 +35,7 @@ from redis.commands.core import Script
 from redis.exceptions import NoScriptError
 
 from celery_crawl import connection, scripts
+from celery_crawl.defaults import SETTINGS
 from celery_crawl.dupefilter import EXACT_DEDUP, DedupScript
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
@@ -93,11 +94,11 @@ class Base:
         self,
         client: redis.Redis,
         keys: SpiderKeys,
-        lease_seconds: float = 300.0,
+        lease_seconds: float = SETTINGS["SCHEDULER_LEASE_SECONDS"].default,
         dedup: DedupScript = EXACT_DEDUP,
         *,
-        ack_replicas: int = 0,
-        ack_timeout: float = 1.0,
+        ack_replicas: int = SETTINGS["CELERY_CRAWL_ACK_REPLICAS"].default,
+        ack_timeout: float = SETTINGS["CELERY_CRAWL_ACK_TIMEOUT"].default,
     ) -> None:
         self.client = client
         self.keys = keys

@@ -37,6 +37,7 @@ from twisted.python.failure import Failure
 from celery_crawl import connection
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.components import dupefilter_class, queue_class
+from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
@@ -62,15 +63,15 @@ class Scheduler(BaseScheduler):
         codec: Codec,
         *,
         crawler: Crawler | None = None,
-        persist: bool = False,
-        flush_on_start: bool = False,
-        idle_before_close: float = 0.0,
-        prefetch: int = 16,
-        batch_size: int = 500,
-        requeue_interval: float = 5.0,
-        deadletter_max: int = 10_000,
+        persist: bool = SETTINGS["SCHEDULER_PERSIST"].default,
+        flush_on_start: bool = SETTINGS["SCHEDULER_FLUSH_ON_START"].default,
+        idle_before_close: float = SETTINGS["SCHEDULER_IDLE_BEFORE_CLOSE"].default,
+        prefetch: int = SETTINGS["SCHEDULER_PREFETCH"].default,
+        batch_size: int = SETTINGS["SCHEDULER_BATCH_SIZE"].default,
+        requeue_interval: float = SETTINGS["SCHEDULER_REQUEUE_INTERVAL"].default,
+        deadletter_max: int = SETTINGS["SCHEDULER_DEADLETTER_MAX"].default,
         wake_timeout: float = 1.0,
-        flush_delay: float = 0.01,
+        flush_delay: float = SETTINGS["SCHEDULER_FLUSH_DELAY"].default,
         router: Router | None = None,
     ) -> None:
         self.queue = queue
@@ -110,25 +111,25 @@ class Scheduler(BaseScheduler):
         queue = queue_class(settings)(
             client,
             dupefilter.keys,
-            lease_seconds=settings.getfloat("SCHEDULER_LEASE_SECONDS", 300.0),
+            lease_seconds=setting(settings, "SCHEDULER_LEASE_SECONDS"),
             dedup=dupefilter.script,
-            ack_replicas=settings.getint("CELERY_CRAWL_ACK_REPLICAS", 0),
-            ack_timeout=settings.getfloat("CELERY_CRAWL_ACK_TIMEOUT", 1.0),
+            ack_replicas=setting(settings, "CELERY_CRAWL_ACK_REPLICAS"),
+            ack_timeout=setting(settings, "CELERY_CRAWL_ACK_TIMEOUT"),
         )
         return cls(
             queue,
             dupefilter,
-            codec_from_name(settings.get("SCHEDULER_SERIALIZER")),
+            codec_from_name(setting(settings, "SCHEDULER_SERIALIZER")),
             crawler=crawler,
             router=Router(queue, settings),
-            persist=settings.getbool("SCHEDULER_PERSIST", False),
-            flush_on_start=settings.getbool("SCHEDULER_FLUSH_ON_START", False),
-            idle_before_close=settings.getfloat("SCHEDULER_IDLE_BEFORE_CLOSE", 0.0),
-            prefetch=settings.getint("SCHEDULER_PREFETCH", 16),
-            batch_size=settings.getint("SCHEDULER_BATCH_SIZE", 500),
-            requeue_interval=settings.getfloat("SCHEDULER_REQUEUE_INTERVAL", 5.0),
-            deadletter_max=settings.getint("SCHEDULER_DEADLETTER_MAX", 10_000),
-            flush_delay=settings.getfloat("SCHEDULER_FLUSH_DELAY", 0.01),
+            persist=setting(settings, "SCHEDULER_PERSIST"),
+            flush_on_start=setting(settings, "SCHEDULER_FLUSH_ON_START"),
+            idle_before_close=setting(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"),
+            prefetch=setting(settings, "SCHEDULER_PREFETCH"),
+            batch_size=setting(settings, "SCHEDULER_BATCH_SIZE"),
+            requeue_interval=setting(settings, "SCHEDULER_REQUEUE_INTERVAL"),
+            deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),
+            flush_delay=setting(settings, "SCHEDULER_FLUSH_DELAY"),
         )
 
     # -- lifecycle ---------------------------------------------------------

@@ -23,6 +23,7 @@ import msgpack
 from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 
+from celery_crawl.defaults import SETTINGS
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 
 VERSION = 1
@@ -248,7 +249,7 @@ CODECS: dict[str, type[MsgpackCodec] | type[JsonCodec]] = {
 
 def codec_from_name(name: str | None) -> Codec:
     """``SCHEDULER_SERIALIZER``: ``msgpack`` (default) or ``json``."""
-    key = name or "msgpack"
+    key = name or SETTINGS["SCHEDULER_SERIALIZER"].default
     if key not in CODECS:
         raise ConfigError(
             f"SCHEDULER_SERIALIZER {key!r} is not supported; use 'msgpack' or 'json' "

@@ -21,6 +21,7 @@ import redis
 from scrapy.statscollectors import StatsCollector, StatsT
 
 from celery_crawl import connection, scripts
+from celery_crawl.defaults import setting
 from celery_crawl.keys import SpiderKeys
 
 if TYPE_CHECKING:
@@ -89,8 +90,8 @@ class RedisStatsCollector(StatsCollector):
         super().__init__(crawler)
         self.client = client or connection.from_settings(crawler.settings)
         self.keys = SpiderKeys.from_settings(crawler.spidercls.name, crawler.settings)
-        self.flush_interval = crawler.settings.getfloat("STATS_FLUSH_INTERVAL", 1.0)
-        self.max_ops = crawler.settings.getint("STATS_FLUSH_MAX_OPS", 1000)
+        self.flush_interval: float = setting(crawler.settings, "STATS_FLUSH_INTERVAL")
+        self.max_ops: int = setting(crawler.settings, "STATS_FLUSH_MAX_OPS")
         self._ops: list[Op] = []
         self._increments: dict[str, int | float] = {}
         self._loop: Any = None

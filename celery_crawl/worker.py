@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 from celery import bootsteps, signals
 
 from celery_crawl.client import find_job
+from celery_crawl.defaults import setting
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.keys import stopping_worker
 from celery_crawl.project import Project, project_of
@@ -136,7 +137,7 @@ def is_prefork(worker: Any) -> bool:
 
 def hosted_spiders(app: Any, project: Project) -> list[str]:
     """``CELERY_CRAWL_SPIDERS`` (default: all), less those whose queue this worker skips."""
-    spiders = project.settings.getlist("CELERY_CRAWL_SPIDERS") or project.spider_names()
+    spiders = setting(project.settings, "CELERY_CRAWL_SPIDERS") or project.spider_names()
     queues = project.celery_queues()
     if not queues:
         return spiders

@@ -1,0 +1,480 @@
+"""Every setting celery_crawl defines or interprets, with its default and meaning.
+
+This module is the one home of the defaults. A component reads a setting with
+:func:`setting`, never with a default of its own::
+
+    from celery_crawl.defaults import setting
+
+    lease_seconds = setting(crawler.settings, "SCHEDULER_LEASE_SECONDS")  # a float
+
+The value is typed after the default (Scrapy's ``getbool``, ``getint``,
+``getfloat``, ``getlist``, ``getdict`` or ``get``), so settings taken from the
+environment as strings (``"false"``, ``"0.5"``, ``"a,b"``, JSON for a dict)
+come back typed, and the registry's default applies whenever the settings do
+not set the name: under the hosted settings of ``create_app`` and in a plain
+``scrapy crawl`` alike. A name missing here raises :class:`KeyError`.
+
+The settings reference ``docs/settings.md`` is generated from :data:`SETTINGS`::
+
+    python -m celery_crawl.defaults --write
+
+This module sits at the bottom layer, beside ``errors`` and ``keys``: it
+imports neither Scrapy, Celery nor redis at import time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType, NoneType
+from typing import Any
+
+REDIS = "Redis"
+KEYS = "Redis keys"
+SCHEDULER = "Scheduler and queue"
+DEDUP = "Dedup"
+STATS = "Stats"
+HOSTING = "Jobs and hosting"
+PRODUCER = "Producer"
+ENVIRONMENT = "Environment variables"
+SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, ENVIRONMENT)
+
+# the server a client talks to when neither the settings nor the environment name one
+FALLBACK_REDIS_URL = "redis://localhost:6379/0"
+
+_TYPES: tuple[type, ...] = (bool, int, float, str, list, dict)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: its default, the type its value is read as, and what it means.
+
+    ``type`` is derived from the default, and must be given when the default
+    is None. A list default is stored as a tuple and a dict default as a
+    read-only mapping, so that nobody changes the registry by accident;
+    :func:`setting` hands out copies. ``env``: hosted crawlers take the value
+    from the environment variable of the same name when it is set there. The
+    entries of the section :data:`ENVIRONMENT` are environment variables only,
+    not Scrapy settings.
+    """
+
+    name: str
+    default: Any
+    meaning: str
+    section: str
+    type: type = NoneType  # derived from the default
+    env: bool = False
+
+    def __post_init__(self) -> None:
+        default = self.default
+        if isinstance(default, list | tuple):
+            object.__setattr__(self, "default", tuple(default))
+        elif isinstance(default, Mapping):
+            object.__setattr__(self, "default", MappingProxyType(dict(default)))
+        if self.type is NoneType:
+            object.__setattr__(self, "type", _type_of(self.name, self.default))
+        self._check()
+
+    def _check(self) -> None:
+        if not (self.name.isupper() and self.name.isidentifier()):
+            raise ValueError(f"setting name {self.name!r} must be UPPER_CASE")
+        if self.type not in _TYPES:
+            raise ValueError(f"{self.name}: type {self.type.__name__} is not one of {_TYPES}")
+        if self.default is not None and _type_of(self.name, self.default) is not self.type:
+            raise ValueError(f"{self.name}: default {self.default!r} is not a {self.type.__name__}")
+        if self.section not in SECTIONS:
+            raise ValueError(f"{self.name}: unknown section {self.section!r}")
+        if not self.meaning or "\n" in self.meaning or "|" in self.meaning:
+            raise ValueError(f"{self.name}: the meaning must be one line, without '|'")
+        if self.env and not self.scrapy:
+            raise ValueError(f"{self.name}: an environment variable is not also a setting")
+
+    @property
+    def scrapy(self) -> bool:
+        """Whether this is a Scrapy setting, as opposed to an environment variable only."""
+        return self.section != ENVIRONMENT
+
+
+def _type_of(name: str, default: Any) -> type:
+    if default is None:
+        raise ValueError(f"{name}: give a type, the default None does not tell it")
+    if isinstance(default, tuple):
+        return list
+    if isinstance(default, Mapping):
+        return dict
+    return type(default)
+
+
+_KEY_TEMPLATE = "; `%(spider)s` is required, and becomes the hash tag `{spider}`"
+
+_ENTRIES = (
+    # -- Redis ---------------------------------------------------------------
+    Setting(
+        "REDIS_URL",
+        None,
+        "the Redis of the crawl state: `redis://`, `rediss://`, `unix://`, `redis+cluster://`,"
+        " `redis+sentinel://` (and `rediss+` forms). Unset: `redis://REDIS_HOST:REDIS_PORT/0`"
+        " when `REDIS_HOST` is set, else the `REDIS_URL` environment variable, else"
+        f" `{FALLBACK_REDIS_URL}`",
+        REDIS,
+        str,
+        env=True,
+    ),
+    Setting(
+        "REDIS_HOST", None, "scrapy-redis style: the host, when `REDIS_URL` is unset", REDIS, str
+    ),
+    Setting("REDIS_PORT", 6379, "scrapy-redis style: the port that goes with `REDIS_HOST`", REDIS),
+    Setting(
+        "REDIS_PARAMS",
+        {"socket_connect_timeout": 5, "socket_timeout": 30, "health_check_interval": 30},
+        "keyword arguments for the Redis client, merged over the default ones (TLS: `ssl_ca_certs`,"
+        " `ssl_certfile`, `ssl_keyfile`...); scrapy-redis's `redis_cls` is ignored",
+        REDIS,
+    ),
+    # -- Redis keys ----------------------------------------------------------
+    Setting(
+        "CELERY_CRAWL_KEY_PREFIX",
+        "celery_crawl",
+        "the start of every Redis key, to keep several projects apart on one Redis",
+        KEYS,
+        env=True,
+    ),
+    Setting(
+        "SCHEDULER_QUEUE_KEY",
+        "%(prefix)s:%(spider)s:queue",
+        "key template of a spider's request queue" + _KEY_TEMPLATE,
+        KEYS,
+    ),
+    Setting(
+        "SCHEDULER_DUPEFILTER_KEY",
+        "%(prefix)s:%(spider)s:dupefilter",
+        "key template of a spider's dedup filter" + _KEY_TEMPLATE,
+        KEYS,
+    ),
+    Setting(
+        "STATS_KEY",
+        "%(prefix)s:%(spider)s:stats",
+        "key template of a spider's shared stats" + _KEY_TEMPLATE,
+        KEYS,
+    ),
+    Setting(
+        "SCHEDULER_DEADLETTER_KEY",
+        "%(prefix)s:%(spider)s:deadletter",
+        "key template of a spider's dead-letter list" + _KEY_TEMPLATE,
+        KEYS,
+    ),
+    Setting(
+        "CELERY_CRAWL_SPIDER_GROUPS",
+        {},
+        "spider → group. A group's spiders share one hash tag and one job hash, so a job can span"
+        " them and requests can be routed between them (`celery_crawl.routing.to_spider`); they"
+        " must use the same dupefilter and queue class",
+        KEYS,
+    ),
+    # -- Scheduler and queue -------------------------------------------------
+    Setting(
+        "SCHEDULER_QUEUE_CLASS",
+        "celery_crawl.queue.PriorityQueue",
+        "the queue: `PriorityQueue`, `FifoQueue` or `LifoQueue` of `celery_crawl.queue`"
+        " (the scrapy-redis paths mean the same)",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_SERIALIZER",
+        "msgpack",
+        "how queued requests are encoded: `msgpack` or `json` (`scrapy_redis.picklecompat` means"
+        " `msgpack`). Pickle is never used",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_PERSIST",
+        False,
+        "keep the queue and the dedup filter when the spider closes; when false they are deleted,"
+        " as scrapy-redis does. Hosted crawlers set it to true",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_FLUSH_ON_START",
+        False,
+        "delete the queue and the dedup filter when the spider opens",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_IDLE_BEFORE_CLOSE",
+        0.0,
+        "seconds the spider stays open with an empty queue, waiting for work from other processes",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_LEASE_SECONDS",
+        300.0,
+        "seconds a leased request stays with its process before another may take it back;"
+        " running processes renew the leases they hold",
+        SCHEDULER,
+    ),
+    Setting("SCHEDULER_PREFETCH", 16, "requests leased per round trip", SCHEDULER),
+    Setting(
+        "SCHEDULER_FLUSH_DELAY",
+        0.01,
+        "seconds new requests and acks wait in the buffer, so that several reach Redis in one"
+        " round trip",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_BATCH_SIZE", 500, "buffered requests that force an immediate write", SCHEDULER
+    ),
+    Setting(
+        "SCHEDULER_REQUEUE_INTERVAL",
+        5.0,
+        "seconds between checks for expired leases (at most a third of the lease time)",
+        SCHEDULER,
+    ),
+    Setting("SCHEDULER_DEADLETTER_MAX", 10_000, "entries kept in the dead-letter list", SCHEDULER),
+    Setting(
+        "CELERY_CRAWL_ACK_REPLICAS",
+        0,
+        "replicas that must hold an ack before the scheduler moves on (`WAIT`, pipelined with the"
+        " acking script); 0 waits for none. Not on a Redis Cluster",
+        SCHEDULER,
+    ),
+    Setting("CELERY_CRAWL_ACK_TIMEOUT", 1.0, "seconds an ack waits for those replicas", SCHEDULER),
+    # -- Dedup ---------------------------------------------------------------
+    Setting(
+        "DUPEFILTER_CLASS",
+        "celery_crawl.dupefilter.RFPDupeFilter",
+        "the shared dedup filter: `RFPDupeFilter` (exact), `BloomDupeFilter` or"
+        " `ExpiringDupeFilter` of `celery_crawl.dupefilter`. Scrapy's default and the scrapy-redis"
+        " path mean the exact one. Fingerprints come from Scrapy's `REQUEST_FINGERPRINTER_CLASS`",
+        DEDUP,
+    ),
+    Setting(
+        "DUPEFILTER_BLOOM_CAPACITY",
+        1_000_000,
+        "bloom filter: fingerprints the first sub-filter holds at its rate; past it, a sub-filter"
+        " twice as large is added",
+        DEDUP,
+    ),
+    Setting(
+        "DUPEFILTER_BLOOM_ERROR_RATE",
+        0.001,
+        "bloom filter: the false-positive rate it stays below, however far it grows",
+        DEDUP,
+    ),
+    Setting(
+        "DUPEFILTER_EXPIRE_SECONDS",
+        86_400.0,
+        "expiring filter: a fingerprint is forgotten this many seconds after it was added (at"
+        " most one bucket later)",
+        DEDUP,
+    ),
+    Setting(
+        "DUPEFILTER_EXPIRE_BUCKETS",
+        24,
+        "expiring filter: time buckets per window; memory is freed a bucket at a time",
+        DEDUP,
+    ),
+    # -- Stats ---------------------------------------------------------------
+    Setting(
+        "STATS_FLUSH_INTERVAL", 1.0, "seconds between writes of the buffered stats changes", STATS
+    ),
+    Setting("STATS_FLUSH_MAX_OPS", 1000, "buffered stats changes that force a write", STATS),
+    # -- Jobs and hosting ----------------------------------------------------
+    Setting(
+        "CELERY_CRAWL_SPIDERS",
+        [],
+        "the spiders a worker hosts; empty: every spider of `SPIDER_MODULES`",
+        HOSTING,
+    ),
+    Setting(
+        "CELERY_CRAWL_QUEUES",
+        {},
+        "spider → Celery queue of its job and producer tasks. A worker hosts only the spiders of"
+        " the queues it consumes (`-Q`); spiders not listed use the default queue",
+        HOSTING,
+    ),
+    Setting(
+        "CELERY_CRAWL_PROGRESS_INTERVAL",
+        1.0,
+        "seconds between progress reports of a job task",
+        HOSTING,
+    ),
+    Setting(
+        "CELERY_CRAWL_GC_FREEZE",
+        True,
+        "freeze the process's startup heap out of the cyclic GC once the crawlers are open."
+        " Objects made later are collected as usual; startup objects that become garbage later"
+        " are never freed",
+        HOSTING,
+    ),
+    Setting(
+        "CELERY_CRAWL_ENV",
+        [],
+        "more settings that hosted crawlers take from the environment when set there",
+        HOSTING,
+    ),
+    # -- Producer ------------------------------------------------------------
+    Setting(
+        "PRODUCER_SPIDERS", [], "spiders that get a Celery beat entry for the producer", PRODUCER
+    ),
+    Setting(
+        "PRODUCER_SOURCES",
+        [],
+        "one job per source, made into a seed as on the command line; the Redis set"
+        " `<prefix>:{spider}:producer:sources` wins when it exists",
+        PRODUCER,
+    ),
+    Setting("PRODUCER_PERIOD", 60.0, "seconds between producer ticks", PRODUCER),
+    Setting("PRODUCER_JOB_CAP", 10, "most produced jobs queued or running at once", PRODUCER),
+    Setting(
+        "PRODUCER_QUEUE_CAP",
+        100_000,
+        "produce nothing while the spider's queue holds at least this many requests",
+        PRODUCER,
+    ),
+    # -- Environment variables -----------------------------------------------
+    Setting(
+        "CELERY_BROKER_URL",
+        None,
+        "Celery's broker when `create_app` gets no `broker_url`. Unset: `REDIS_URL`, which must"
+        " then be a single server",
+        ENVIRONMENT,
+        str,
+    ),
+    Setting(
+        "CELERY_RESULT_BACKEND",
+        None,
+        "Celery's result backend when `create_app` gets no `result_backend`. Unset: `REDIS_URL`,"
+        " or the broker when `REDIS_URL` is a cluster or a sentinel set",
+        ENVIRONMENT,
+        str,
+    ),
+    Setting(
+        "CELERY_CRAWL_APP",
+        "tasks",
+        "the Celery app of the `celery-crawl` commands (`--app`): `module` or `module:attribute`",
+        ENVIRONMENT,
+    ),
+)
+
+
+def _registry(entries: Iterable[Setting]) -> dict[str, Setting]:
+    registry: dict[str, Setting] = {}
+    for entry in entries:
+        if entry.name in registry:
+            raise ValueError(f"setting {entry.name} is registered twice")
+        registry[entry.name] = entry
+    return registry
+
+
+SETTINGS: dict[str, Setting] = _registry(_ENTRIES)
+"""Every setting, by name, in the order of the reference (section by section)."""
+
+_GETTERS = {bool: "getbool", int: "getint", float: "getfloat"}
+
+
+def setting(settings: Any, name: str) -> Any:
+    """The value of setting ``name`` in ``settings``, typed, with the registry's default.
+
+    ``settings`` is Scrapy settings, or any mapping of setting names. An
+    unregistered ``name`` raises :class:`KeyError`.
+    """
+    entry = SETTINGS.get(name)
+    if entry is None or not entry.scrapy:
+        raise KeyError(_unknown(name))
+    if not hasattr(settings, "getbool"):  # a plain mapping: read it the way Scrapy would
+        from scrapy.settings import BaseSettings
+
+        settings = BaseSettings(dict(settings))
+    default = entry.default
+    if entry.type is list:
+        return settings.getlist(name, list(default))
+    if entry.type is dict:
+        return settings.getdict(name, dict(default))
+    if entry.type is str:
+        return settings.get(name, default)
+    return getattr(settings, _GETTERS[entry.type])(name, default)
+
+
+def _unknown(name: str) -> str:
+    entry = SETTINGS.get(name)
+    if entry is not None:
+        return f"{name} is an environment variable, not a Scrapy setting: read os.environ"
+    close = difflib.get_close_matches(name, [n for n, s in SETTINGS.items() if s.scrapy], n=1)
+    hint = f" (did you mean {close[0]}?)" if close else ""
+    return (
+        f"{name!r} is not a celery_crawl setting{hint}: register it, with its default and"
+        " meaning, in celery_crawl/defaults.py"
+    )
+
+
+# -- the reference, docs/settings.md -----------------------------------------
+
+REFERENCE = Path(__file__).resolve().parent.parent / "docs" / "settings.md"
+COMMAND = "python -m celery_crawl.defaults --write"
+
+
+def literal(value: Any) -> str:
+    """A default as it would be written in a settings module."""
+    if isinstance(value, tuple):
+        return repr(list(value))
+    if isinstance(value, Mapping):
+        return repr(dict(value))
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10_000:
+        return f"{value:_}"
+    return repr(value)
+
+
+def render() -> str:
+    """``docs/settings.md``: one table per section."""
+    env = [f"`{s.name}`" for s in SETTINGS.values() if s.env]
+    lines = [
+        "# Settings",
+        "",
+        f"<!-- generated from celery_crawl/defaults.py by `{COMMAND}`: edit that, not this -->",
+        "",
+        "celery_crawl's components are configured with Scrapy settings: in the settings module,"
+        " a spider's `custom_settings`, or `create_app(..., settings={...})`, which wins. A value"
+        " given as a string, as the environment gives it, is read as the type of its default:"
+        ' `"false"`, `"0.5"`, `"a,b"` for a list, JSON for a dict.',
+        "",
+        f"Hosted crawlers (`create_app`) also take {' and '.join(env)} from the environment"
+        " when set there, over the settings module, and the settings that `CELERY_CRAWL_ENV`"
+        " names. The last table lists the environment variables that are not settings.",
+        "",
+        "Scrapy's own settings keep their meaning and defaults, except those listed here.",
+    ]
+    for section in SECTIONS:
+        entries = [s for s in SETTINGS.values() if s.section == section]
+        head = "variable" if section == ENVIRONMENT else "setting"
+        lines += ["", f"## {section}", "", f"| {head} | default | meaning |", "|---|---|---|"]
+        lines += [f"| `{s.name}` | `{literal(s.default)}` | {s.meaning} |" for s in entries]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m celery_crawl.defaults",
+        description="Print the settings reference, or write it to docs/settings.md.",
+    )
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--write", action="store_true", help=f"write {REFERENCE.name}")
+    action.add_argument("--check", action="store_true", help=f"fail if {REFERENCE.name} differs")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write:
+        REFERENCE.write_text(text, encoding="utf-8")
+    elif args.check:
+        if not REFERENCE.is_file() or REFERENCE.read_text(encoding="utf-8") != text:
+            print(f"docs/settings.md is out of date: run `{COMMAND}`", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
