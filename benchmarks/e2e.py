@@ -49,7 +49,7 @@ from typing import Any
 import redis
 
 from benchmarks.common import median, redis_url, table
-from celery_crawl.demo_site import SiteConfig, SiteThread, run_in_thread
+from tasks.site import SiteConfig, SiteThread, run_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("celery_crawl", "scrapy-redis", "plain Scrapy", "plain Scrapy, GC frozen")

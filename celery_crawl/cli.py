@@ -1,32 +1,97 @@
 """The ``celery-crawl`` command line.
 
-    celery-crawl crawl SPIDER SEED... [--priority N] [--wait] [--json] [--app tasks]
-    celery-crawl site [--port 8000] [--forums N] ...   # the demo forum site
-    celery-crawl status [--watch] [--json]              # the crawl at a glance
-    celery-crawl exporter [--port 9410]                 # Prometheus metrics
+    celery-crawl crawl SPIDER SEED... --app APP [--priority N] [--wait] [--json]
+    celery-crawl status --app APP [--watch] [--json]   # the crawl at a glance
+    celery-crawl exporter --app APP [--port 9410]      # Prometheus metrics
 
-Each SEED starts one job. A seed is JSON (``'{"forum_id": "00001"}'``) or a
-bare value for the spider's ``seed_key`` (``00001`` for the forum spider).
+APP is your Celery app, as in ``celery -A``: ``--app myproject.celery``,
+or the environment variable ``CELERY_CRAWL_APP``. Each SEED starts one
+job. A seed is JSON (``'{"forum_id": "00001"}'``) or a bare value for
+the spider's ``seed_key``.
+
+Installed packages add commands through the ``celery_crawl.commands``
+entry-point group; the bundled example adds ``demo`` and ``site``.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
 import sys
 import time
+from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from typer.core import TyperGroup
+from typer.main import get_command as click_command_of
 
-from celery_crawl.defaults import SETTINGS
 from celery_crawl.errors import CeleryCrawlError
 
-cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+PLUGIN_GROUP = "celery_crawl.commands"
+APP_ENVVAR = "CELERY_CRAWL_APP"
+NO_APP = (
+    f"error: no Celery app: pass --app (e.g. --app myproject.celery) or set {APP_ENVVAR}; "
+    "for the bundled example, --app tasks"
+)
+
 err = Console(stderr=True)
+
+
+@functools.cache
+def plugins() -> dict[str, EntryPoint]:
+    """The commands installed packages add, by name (the first of a name wins)."""
+    found: dict[str, EntryPoint] = {}
+    for entry_point in entry_points(group=PLUGIN_GROUP):
+        found.setdefault(entry_point.name, entry_point)
+    return found
+
+
+@functools.cache
+def load_plugin(name: str) -> Any:
+    """The command of the Typer app the entry point ``name`` names, or None.
+
+    A Typer app of one command gives that command; of several, a group of
+    them. A plugin that cannot be loaded costs one warning line on stderr,
+    not the whole command line.
+    """
+    entry_point = plugins()[name]
+    try:
+        target = entry_point.load()
+        if not isinstance(target, typer.Typer):
+            raise TypeError(f"a {type(target).__name__}, not a typer.Typer")
+        return click_command_of(target)
+    except Exception as exc:  # whatever the plugin's fault: warn, go on without it
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+        print(
+            f"warning: command {name!r} ({entry_point.value}) not loaded: {reason}", file=sys.stderr
+        )
+        return None
+
+
+class PluginGroup(TyperGroup):
+    """The built-in commands, then those of the ``celery_crawl.commands`` entry points.
+
+    A plugin is imported only when its command runs or ``--help`` lists it.
+    """
+
+    # contexts and commands are click's, or typer's own copy of click: Any for both
+    def list_commands(self, ctx: Any) -> list[str]:
+        builtin = super().list_commands(ctx)
+        return builtin + sorted(name for name in plugins() if name not in builtin)
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        if command is None and cmd_name in plugins():
+            command = load_plugin(cmd_name)
+        return command
+
+
+cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=PluginGroup)
 
 
 def load_app(name: str) -> Any:
@@ -41,8 +106,17 @@ def root() -> None:
     """Distributed Scrapy crawls on Celery workers."""
 
 
-AppOption = Annotated[str, typer.Option("--app", "-A", envvar="CELERY_CRAWL_APP")]
-DEFAULT_APP: str = SETTINGS["CELERY_CRAWL_APP"].default
+AppOption = Annotated[
+    str | None,
+    typer.Option(
+        "--app",
+        "-A",
+        envvar=APP_ENVVAR,
+        help="your Celery app, as in `celery -A`: module or module:attribute "
+        "(e.g. myproject.celery); `--app tasks` for the bundled example",
+        show_default=False,
+    ),
+]
 
 
 @cli.command()
@@ -55,7 +129,7 @@ def crawl(
         bool, typer.Option("--wait", help="show progress until every job is done")
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
-    app: AppOption = DEFAULT_APP,
+    app: AppOption = None,
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 3600.0,
 ) -> None:
     """Start crawl jobs; with --wait, follow them until they are done."""
@@ -79,34 +153,6 @@ def crawl(
     raise typer.Exit(0 if all(r["state"] == "done" for r in results) else 1)
 
 
-@cli.command(
-    "site",
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)
-def site(context: typer.Context) -> None:
-    """Serve the demo forum site (options: see `celery-crawl site --help`)."""
-    from celery_crawl import demo_site
-
-    raise typer.Exit(demo_site.main(context.args))
-
-
-@cli.command()
-def demo(
-    once: Annotated[bool, typer.Option("--once", help="exit after the first round")] = False,
-    forums: Annotated[int, typer.Option(help="forums on the demo site")] = 3,
-    items: Annotated[str, typer.Option(help="folder for the item files")] = "items",
-) -> None:
-    """Run everything locally: Redis, demo site, worker, beat, Flower, live progress.
-
-    Run it from the checkout: the worker loads the forum app in `tasks/`.
-    """
-    from celery_crawl.demo import run
-
-    sys.path.insert(0, os.getcwd())
-    raise typer.Exit(run(forums=forums, once=once, items_dir=items))
-
-
 def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:
     """The Redis client and the keys of every spider of the app's project."""
     from celery_crawl.project import project_of
@@ -115,7 +161,11 @@ def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:
     return project.client, [project.keys(name) for name in project.spider_names()]
 
 
-def open_app(app: str) -> Any:
+def open_app(app: str | None) -> Any:
+    """The app ``--app`` or ``CELERY_CRAWL_APP`` names, found from the current directory too."""
+    if not app:
+        print(NO_APP, file=sys.stderr)
+        raise typer.Exit(2)
     sys.path.insert(0, os.getcwd())
     try:
         return load_app(app)
@@ -126,7 +176,7 @@ def open_app(app: str) -> Any:
 
 @cli.command()
 def status(
-    app: AppOption = DEFAULT_APP,
+    app: AppOption = None,
     watch: Annotated[bool, typer.Option("--watch", help="refresh until Ctrl-C")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     interval: Annotated[float, typer.Option(help="seconds between refreshes")] = 2.0,
@@ -159,7 +209,7 @@ def status(
 
 @cli.command()
 def exporter(
-    app: AppOption = DEFAULT_APP,
+    app: AppOption = None,
     port: Annotated[int, typer.Option(help="port of /metrics")] = 9410,
     addr: Annotated[str, typer.Option(help="address to bind")] = "127.0.0.1",
 ) -> None:

@@ -354,9 +354,11 @@ _ENTRIES = (
     ),
     Setting(
         "CELERY_CRAWL_APP",
-        "tasks",
-        "the Celery app of the `celery-crawl` commands (`--app`): `module` or `module:attribute`",
+        None,
+        "the Celery app of the `celery-crawl` commands (`--app`): `module` or `module:attribute`."
+        " No default: the commands ask for it",
         ENVIRONMENT,
+        str,
     ),
 )
 

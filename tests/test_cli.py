@@ -54,18 +54,21 @@ def test_help_lists_the_commands() -> None:
 
 
 def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
-    """Embedded Valkey, demo site, a real worker, beat and Flower, then a summary."""
+    """Embedded Valkey, demo site, a real worker, beat and Flower, then a summary.
+
+    Run as installed, from a fresh folder outside the checkout that holds a
+    ``tasks.py`` of its own: the demo still runs the bundled example.
+    """
     import os
 
-    from celery_crawl.demo_site import SiteConfig
+    from tasks.site import SiteConfig
 
-    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}  # the embedded server
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
     items = tmp_path / "items"
+    (tmp_path / "tasks.py").write_text("raise ImportError('not the example')\n")
     done = subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "celery_crawl.cli",
+            str(Path(sys.executable).with_name("celery-crawl")),
             "demo",
             "--once",
             "--forums",
@@ -73,7 +76,7 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
             "--items",
             str(items),
         ],
-        cwd=Path(__file__).parent.parent,
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,

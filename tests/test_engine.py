@@ -9,8 +9,8 @@ from pathlib import Path
 
 import redis
 
-from celery_crawl.demo_site import SiteConfig, run_in_thread
 from celery_crawl.keys import SpiderKeys
+from tasks.site import SiteConfig, run_in_thread
 
 HERE = Path(__file__).parent
 

@@ -19,8 +19,8 @@ from worker_fixtures import FORUM
 from workers import Worker
 
 from celery_crawl import crawl, create_app
-from celery_crawl.demo_site import SiteConfig, run_in_thread
 from celery_crawl.project import project_of
+from tasks.site import SiteConfig, run_in_thread
 
 
 def forum_seeds() -> list[dict[str, str]]:
@@ -379,7 +379,7 @@ def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
 
 def changed_posts(before: SiteConfig, after: SiteConfig) -> tuple[int, int]:
     """Pages a versioned re-crawl must fetch beyond the list pages: (pages, 404s)."""
-    from celery_crawl.demo_site import list_page, post_page
+    from tasks.site import list_page, post_page
 
     pages = not_found = 0
     for forum in after.forum_ids():

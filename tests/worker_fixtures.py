@@ -14,7 +14,7 @@ from paths_spider import PathsSite
 from workers import Worker, worker_env
 
 from celery_crawl import create_app
-from celery_crawl.demo_site import SiteConfig, run_in_thread
+from tasks.site import SiteConfig, run_in_thread
 
 _databases = itertools.cycle(range(1, 16))
 FORUM = SiteConfig(forums=3, posts_per_forum=60, hot_every=20, hot_comment_pages=6)

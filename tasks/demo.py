@@ -5,6 +5,11 @@ site, a Celery worker hosting the crawlers, Celery beat running the
 producer, and Flower on localhost with a generated password. Then it shows
 live progress until Ctrl-C, or, with ``--once``, until the first round of
 jobs is done, and prints a summary.
+
+The Celery processes run with a temporary folder as their working directory,
+so ``-A tasks`` always finds this example, never a ``tasks.py`` of the folder
+the demo was started from. ``celery-crawl demo`` is this module's command,
+added through the ``celery_crawl.commands`` entry points.
 """
 
 from __future__ import annotations
@@ -21,18 +26,19 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import redis
+import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
 from celery_crawl import connection
-from celery_crawl.demo_site import SiteConfig, SiteThread, run_in_thread
 from celery_crawl.embedded import redis_url
 from celery_crawl.exporter import read
 from celery_crawl.keys import SpiderKeys
+from tasks.site import SiteConfig, SiteThread, run_in_thread
 
 
 def free_port() -> int:
@@ -43,7 +49,7 @@ def free_port() -> int:
 
 @dataclass
 class Services:
-    """The processes the demo runs, each logging to its own file."""
+    """The processes the demo runs, each logging to its own file in ``logs``, their cwd."""
 
     logs: Path
     env: dict[str, str]
@@ -53,7 +59,12 @@ class Services:
         log = (self.logs / f"{name}.log").open("wb")
         command = [sys.executable, "-m", "celery", "-A", "tasks", *args]
         self.procs[name] = subprocess.Popen(
-            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            command,
+            cwd=self.logs,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
 
     def check(self) -> None:
@@ -134,7 +145,6 @@ def services(
             "FORUM_BASE_URL": site.url,
             "FORUM_FEED": str(items / "%(name)s-%(pid)s.jsonl"),
             "PRODUCER_SOURCES": ",".join(SiteConfig(forums=forums).forum_ids()),
-            "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
         }
         running = Services(logs, env)
         stack.callback(running.stop)
@@ -181,3 +191,20 @@ def run(forums: int = 3, once: bool = False, items_dir: str = "items") -> int:
     }
     console.print(render(summary))
     return 0
+
+
+command = typer.Typer(add_completion=False)
+
+
+@command.command()
+def demo(
+    once: Annotated[bool, typer.Option("--once", help="exit after the first round")] = False,
+    forums: Annotated[int, typer.Option(help="forums on the demo site")] = 3,
+    items: Annotated[str, typer.Option(help="folder for the item files")] = "items",
+) -> None:
+    """Run everything locally: Redis, demo site, worker, beat, Flower, live progress."""
+    raise typer.Exit(run(forums=forums, once=once, items_dir=items))
+
+
+if __name__ == "__main__":
+    command()

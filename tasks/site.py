@@ -22,7 +22,8 @@ body is cut in half, which is never valid JSON, with probability
 ``malformed_rate``. ``latency`` seconds pass before each response.
 
 :meth:`SiteConfig.expected` gives the totals a complete crawl must reach.
-``python -m celery_crawl.demo_site --port 8000`` serves a forum until Ctrl-C.
+``python -m tasks.site --port 8000`` (or ``celery-crawl site``) serves a forum
+until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -43,6 +44,8 @@ from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from types import TracebackType
 from typing import Any
+
+import typer
 
 POST_ID_STRIDE = 100_000
 MAX_PLAIN_COMMENTS = 45
@@ -565,8 +568,8 @@ def run_in_thread(
 # -- command line -----------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description="Serve the demo forum API.")
+def _parser(prog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description="Serve the demo forum API.")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (loopback)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--forums", type=int, default=SiteConfig.forums)
@@ -588,8 +591,8 @@ async def serve_forever(config: SiteConfig, host: str = "127.0.0.1", port: int =
         await site.stop()
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
+    args = _parser(prog).parse_args(argv)
     config = SiteConfig(
         forums=args.forums,
         posts_per_forum=args.posts,
@@ -601,6 +604,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(serve_forever(config, args.host, args.port))
     return 0
+
+
+# `celery-crawl site`, through the library's `celery_crawl.commands` entry points
+command = typer.Typer(add_completion=False)
+
+
+@command.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def site(context: typer.Context) -> None:
+    """Serve the demo forum site (options: see `celery-crawl site --help`)."""
+    raise typer.Exit(main(context.args, prog=context.command_path))
 
 
 if __name__ == "__main__":
