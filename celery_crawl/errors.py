@@ -28,3 +28,7 @@ class DecodeError(CeleryCrawlError):
     def __init__(self, kind: str, message: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class ScriptError(CeleryCrawlError):
+    """A Lua script cannot be assembled: unknown script or fragment, or a slot left unfilled."""
