@@ -106,13 +106,14 @@ def _fragment(
 
 
 def _read(chain: tuple[str, ...]) -> str:
-    path = chain[-1]
-    name = path.removeprefix("include/").removesuffix(".lua")
+    """The text of ``chain[-1]``: an entry script if the chain has only it, else a fragment."""
+    path, folder = chain[-1], "include/" if len(chain) > 1 else ""
+    name = path.removeprefix(folder).removesuffix(".lua")
     file = _LUA.joinpath(*path.split("/"))
-    if _NAME.fullmatch(name) and file.is_file():
+    if path == f"{folder}{name}.lua" and _NAME.fullmatch(name) and file.is_file():
         return file.read_text()
-    kind = "fragment" if path.startswith("include/") else "entry script"
-    where = f"{' > '.join(chain[:-1])}: " if len(chain) > 1 else ""
+    kind = "fragment" if folder else "entry script"
+    where = f"{' > '.join(chain[:-1])}: " if folder else ""
     raise ScriptError(f"{where}no Lua {kind} {name!r} (celery_crawl/lua/{path})")
 
 

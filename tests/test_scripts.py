@@ -109,9 +109,10 @@ def test_a_slot_takes_only_a_fragment(fragment: str) -> None:
         scripts.source("enqueue", dupefilter=fragment)
 
 
-def test_a_fragment_is_not_an_entry_script() -> None:
-    with pytest.raises(ScriptError, match=r"^no Lua entry script 'jobs'"):
-        scripts.source("jobs")
+@pytest.mark.parametrize("name", ["jobs", "include/jobs", "nope"])
+def test_only_an_entry_script_runs(name: str) -> None:
+    with pytest.raises(ScriptError, match=rf"^no Lua entry script '{name}'"):
+        scripts.source(name)
 
 
 def test_an_unknown_include_names_the_files_it_came_through(folder: Path) -> None:
