@@ -45,6 +45,7 @@ _EXPORTS = {
             "UnknownJob",
             "JobTimeout",
             "JobFailed",
+            "ScriptError",
         )
     },
 }
@@ -59,6 +60,7 @@ __all__ = [
     "JobStatus",
     "JobTimeout",
     "RedisUnavailable",
+    "ScriptError",
     "UnknownJob",
     "UnknownSpider",
     "crawl",
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
         JobFailed,
         JobTimeout,
         RedisUnavailable,
+        ScriptError,
         UnknownJob,
         UnknownSpider,
     )

@@ -2,16 +2,16 @@
 
 Fingerprints come from the crawler's ``request_fingerprinter`` (so
 ``REQUEST_FINGERPRINTER_CLASS`` is respected). Each filter class has a Lua
-file that the enqueue scripts include as ``dedup``, so check and enqueue are
-one atomic step; ``request_seen`` runs the same check alone, for use outside
-a scheduler. The layouts are described in the Lua files:
+fragment that fills the enqueue scripts' ``dupefilter`` slot, so check and
+enqueue are one atomic step; ``request_seen`` runs the same check alone, for
+use outside a scheduler. The layouts are described in the Lua fragments:
 
-- ``RFPDupeFilter`` (``lua/dedup_exact.lua``): binary digests in bucketed sets;
+- ``RFPDupeFilter`` (``lua/include/dedup_exact.lua``): binary digests in bucketed sets;
   never wrong, about 23 bytes a fingerprint.
-- ``BloomDupeFilter`` (``lua/dedup_bloom.lua``): a scalable bloom filter on
+- ``BloomDupeFilter`` (``lua/include/dedup_bloom.lua``): a scalable bloom filter on
   plain bitmaps, under 2 bytes a fingerprint; a false positive drops a
   request that was never crawled, at a rate below ``error_rate``.
-- ``ExpiringDupeFilter`` (``lua/dedup_expiring.lua``): exact, but forgets a
+- ``ExpiringDupeFilter`` (``lua/include/dedup_expiring.lua``): exact, but forgets a
   fingerprint after a window, so memory is bounded by the window.
 
 A filter's parameters (:class:`BloomParams`, :class:`ExpiringParams`) travel
@@ -45,7 +45,7 @@ MAX_BLOOM_BITS = 2**32 - 8  # a Redis string holds at most 512 MB
 
 @dataclasses.dataclass(frozen=True)
 class DedupScript:
-    """What the enqueue scripts include as ``dedup``, and the ARGV tail they pass it."""
+    """What fills the enqueue scripts' ``dupefilter`` slot, and the ARGV tail they pass it."""
 
     lua: str = "dedup_exact"
     params: tuple[str, ...] = ()
@@ -205,7 +205,7 @@ class RFPDupeFilter:
     def _run(self, command: str, fingerprints: Sequence[bytes] = ()) -> Any:
         keys = [self.keys.dupefilter, self.keys.dupefilter_count]
         args: list[Any] = [command, len(fingerprints), *fingerprints, *self.script.params]
-        return scripts.script(self.client, "dedup", dedup=self.lua)(keys=keys, args=args)
+        return scripts.script(self.client, "dedup", dupefilter=self.lua)(keys=keys, args=args)
 
     @property
     def kind(self) -> str:

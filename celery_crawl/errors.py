@@ -11,7 +11,8 @@ All derive from :class:`CeleryCrawlError`::
     ├── BadSeed           a seed the spider cannot turn into requests
     ├── UnknownJob        no job with this id exists
     ├── JobTimeout        ``Job.wait`` ran out of time (the job goes on)
-    └── JobFailed         the job fetched no page and counted errors
+    ├── JobFailed         the job fetched no page and counted errors
+    └── ScriptError       a Lua script cannot be assembled from its files
 """
 
 from __future__ import annotations
@@ -62,3 +63,7 @@ class JobTimeout(CeleryCrawlError):
 
 class JobFailed(CeleryCrawlError):
     """The job ended without fetching a single page, and with errors (the job task raises it)."""
+
+
+class ScriptError(CeleryCrawlError):
+    """A Lua script cannot be assembled: unknown script or fragment, or a slot left unfilled."""

@@ -1,7 +1,7 @@
 """Crawl jobs: a set of seed requests and everything derived from them.
 
 Every request of a job carries its id in ``request.meta[JOB_META]``. The job's
-hash (``SpiderKeys.job``, layout in ``lua/jobs.lua``) counts its requests as
+hash (``SpiderKeys.job``, layout in ``lua/include/jobs.lua``) counts its requests as
 they are enqueued, leased and acked, inside the same scripts that move them,
 so a job is done exactly when its last derived request has been processed.
 

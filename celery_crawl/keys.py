@@ -102,7 +102,7 @@ class SpiderKeys:
         return f"{self.queue}:{priority}"
 
     def job(self, job_id: str) -> str:
-        """A job's hash: state, counters and per-job stats (``lua/jobs.lua``)."""
+        """A job's hash: state, counters and per-job stats (``lua/include/jobs.lua``)."""
         return self.job_prefix + job_id
 
     @property
@@ -133,12 +133,12 @@ class SpiderKeys:
 
     @property
     def job_states(self) -> str:
-        """Jobs per phase: queued, running, done, cancelled (kept by ``lua/jobs.lua``)."""
+        """Jobs per phase: queued, running, done, cancelled (kept by ``lua/include/jobs.lua``)."""
         return self.job_prefix + "~states"
 
     @property
     def active_jobs(self) -> str:
-        """Ids of the queued and running jobs (kept by ``lua/jobs.lua``)."""
+        """Ids of the queued and running jobs (kept by ``lua/include/jobs.lua``)."""
         return self.job_prefix + "~active"
 
     @classmethod

@@ -74,7 +74,7 @@ class Entry:
     job: str = ""
 
     def args(self, uses_priority: bool, lane: int = 0) -> list[Any]:
-        """The five script arguments of this entry (see ``lua/push.lua``).
+        """The five script arguments of this entry (see ``lua/include/push.lua``).
 
         ``lane`` 0 is the script's own queue; ``lane`` j > 0 the j-th routed queue.
         """
@@ -139,7 +139,7 @@ class Base:
         args += acks
         args += self.dedup.params
         keys = self._push_keys() + [key for queue, _ in routed for key in queue._lane_keys()]
-        script = self._script("enqueue", dedup=self.dedup.lua)
+        script = self._script("enqueue", dupefilter=self.dedup.lua)
         flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
         return [bool(flag) for flag in flags]
 
@@ -153,7 +153,7 @@ class Base:
         for pair in fields.items():
             args += pair
         args += self.dedup.params
-        created, accepted = self._script("job_start", dedup=self.dedup.lua)(
+        created, accepted = self._script("job_start", dupefilter=self.dedup.lua)(
             keys=self._push_keys(), args=args
         )
         return bool(created), int(accepted)

@@ -1,9 +1,24 @@
 """The Lua scripts in ``celery_crawl/lua``, loaded once and registered per client.
 
-Each ``.lua`` file starts with a header listing its KEYS and ARGV. A line
-``--!include NAME`` pulls in ``NAME.lua``, or the file named by the keyword
-argument ``NAME``: the enqueue script takes the configured dupefilter's file
-as ``dedup``.
+Two kinds of file, in two folders:
+
+- ``lua/NAME.lua`` is an entry script, run as ``script(client, "NAME")``. Its
+  header lists its KEYS and ARGV and what it returns.
+- ``lua/include/NAME.lua`` is a fragment, never run alone: local functions and
+  constants that entry scripts (or other fragments) pull in. Its header says
+  what it defines and what it uses from the including script.
+
+Two directives, each a line of its own, put fragments into a script:
+
+- ``--!include NAME`` is replaced by the fragment ``include/NAME.lua``.
+- ``--!slot NAME`` is replaced by the fragment the caller names with the
+  keyword argument ``NAME``: the scripts that enqueue take the configured
+  dupefilter's fragment as ``dupefilter="dedup_bloom"``.
+
+A slot is never named like a file, so a slot and a fragment cannot be confused
+(``tests/test_scripts.py`` checks it). An unknown script or fragment, an
+unfilled slot, a keyword no slot takes and an include cycle raise
+:class:`~celery_crawl.errors.ScriptError`.
 """
 
 from __future__ import annotations
@@ -11,25 +26,103 @@ from __future__ import annotations
 import functools
 import re
 from importlib import resources
+from importlib.resources.abc import Traversable
 from typing import Any
 
 from redis.commands.core import Script
 
-_INCLUDE = re.compile(r"^--!include (\w+)$", re.MULTILINE)
+from celery_crawl.errors import ScriptError
+
+_LUA = resources.files("celery_crawl").joinpath("lua")
+_DIRECTIVE = re.compile(r"^--!(\S*)[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+_NAME = re.compile(r"\w+")
+
+
+def entry_scripts() -> list[str]:
+    """The names of the entry scripts, ``lua/*.lua``."""
+    return _names(_LUA)
+
+
+def fragments() -> list[str]:
+    """The names of the fragments, ``lua/include/*.lua``."""
+    return _names(_LUA.joinpath("include"))
+
+
+def _names(folder: Traversable) -> list[str]:
+    return sorted(f.name.removesuffix(".lua") for f in folder.iterdir() if f.name.endswith(".lua"))
+
+
+def slots(name: str) -> list[str]:
+    """The slots of entry script ``name`` and of the fragments it includes."""
+    found: list[str] = []
+    _expand((f"{name}.lua",), None, found)
+    return sorted(set(found))
 
 
 @functools.cache
-def source(name: str, **includes: str) -> str:
-    text = resources.files("celery_crawl").joinpath("lua", f"{name}.lua").read_text()
-    return _INCLUDE.sub(lambda m: source(includes.get(m.group(1), m.group(1))), text)
+def source(name: str, **fills: str) -> str:
+    """Entry script ``name``, each slot filled with the fragment ``fills`` names for it."""
+    found: list[str] = []
+    text = _expand((f"{name}.lua",), fills, found)
+    unused = sorted(set(fills) - set(found))
+    if unused:
+        raise ScriptError(f"{name}.lua has no slot {', '.join(unused)}")
+    return text
+
+
+def _expand(chain: tuple[str, ...], fills: dict[str, str] | None, found: list[str]) -> str:
+    """The file ``chain[-1]``, included through ``chain``, with its directives replaced.
+
+    Its slots are appended to ``found``; with ``fills`` None they are left as they are.
+    """
+    if chain[-1] in chain[:-1]:
+        raise ScriptError(f"{' > '.join(chain)}: an include cycle")
+
+    def replace(match: re.Match[str]) -> str:
+        fragment = _fragment(chain, match, fills, found)
+        if fragment is None:
+            return match.group(0)
+        return _expand((*chain, f"include/{fragment}.lua"), fills, found)
+
+    return _DIRECTIVE.sub(replace, _read(chain))
+
+
+def _fragment(
+    chain: tuple[str, ...], match: re.Match[str], fills: dict[str, str] | None, found: list[str]
+) -> str | None:
+    """The name of the fragment that directive ``match`` of ``chain[-1]`` stands for."""
+    directive, name = match.groups()
+    if directive == "include":
+        return name
+    where = " > ".join(chain)
+    if directive != "slot":
+        raise ScriptError(f"{where}: unknown directive {match.group(0)!r}")
+    found.append(name)
+    if fills is None:
+        return None
+    if name not in fills:
+        raise ScriptError(f"{where}: slot {name!r} is not filled (pass {name}=<fragment name>)")
+    return fills[name]
+
+
+def _read(chain: tuple[str, ...]) -> str:
+    """The text of ``chain[-1]``: an entry script if the chain has only it, else a fragment."""
+    path, folder = chain[-1], "include/" if len(chain) > 1 else ""
+    name = path.removeprefix(folder).removesuffix(".lua")
+    file = _LUA.joinpath(*path.split("/"))
+    if path == f"{folder}{name}.lua" and _NAME.fullmatch(name) and file.is_file():
+        return file.read_text()
+    kind = "fragment" if folder else "entry script"
+    where = f"{' > '.join(chain[:-1])}: " if folder else ""
+    raise ScriptError(f"{where}no Lua {kind} {name!r} (celery_crawl/lua/{path})")
 
 
 _registered: dict[tuple[int, str, tuple[tuple[str, str], ...]], Script] = {}
 
 
-def script(client: Any, name: str, **includes: str) -> Script:
+def script(client: Any, name: str, **fills: str) -> Script:
     """The registered script ``name`` for ``client`` (EVALSHA with a load fallback)."""
-    key = (id(client), name, tuple(sorted(includes.items())))
+    key = (id(client), name, tuple(sorted(fills.items())))
     if key not in _registered:
-        _registered[key] = client.register_script(source(name, **includes))
+        _registered[key] = client.register_script(source(name, **fills))
     return _registered[key]

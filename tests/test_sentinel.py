@@ -84,7 +84,7 @@ def test_acks_wait_for_a_replica_in_the_same_round_trip(
     queue = PriorityQueue(master, keys, ack_replicas=1, ack_timeout=0.5)
     queue.start_job("j", [Entry(f"r{i}".encode(), job="j") for i in range(3)], {})
     first, second, third = queue.lease(3)
-    for name, includes in (("enqueue", {"dedup": "dedup_exact"}), ("ack", {})):
+    for name, includes in (("enqueue", {"dupefilter": "dedup_exact"}), ("ack", {})):
         master.script_load(scripts.source(name, **includes))  # else NOSCRIPT: load, run again
     waits = wait_calls(master)
     assert queue.push_many([Entry(b"child", job="j")], acks=[first.member]) == [True]

@@ -14,12 +14,15 @@
 --          'memory': returns MEMORY USAGE summed over the filter's keys
 -- ARGV[2]  number of fingerprints n (0 for the commands that take none)
 -- ARGV[3 .. 2 + n]  fingerprints
--- then     the dupefilter's parameters (DEDUP_ARGV: see the dupefilter's file)
+-- then     the dupefilter's parameters (DEDUP_ARGV: see the dupefilter's fragment)
+-- Returns  what the command returns, as listed under ARGV[1]
+-- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
+--          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 
 local DEDUP_KEY, COUNT_KEY = KEYS[1], KEYS[2]
 local n = tonumber(ARGV[2])
 local DEDUP_ARGV = 3 + n
---!include dedup
+--!slot dupefilter
 
 local function delete(key) return redis.call('DEL', key) end
 local function memory(key) return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0 end

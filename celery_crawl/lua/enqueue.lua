@@ -19,18 +19,19 @@
 --          payload, lane (0 = this spider's queue)
 -- then s groups: job id, field, delta
 -- then m lease members to ack
--- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its file)
+-- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
+-- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
+--          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 --
 -- The level list of priority p is KEYS[1] .. ':' .. p, in the same hash tag;
 -- every lane's keys are in it too, so children for another spider of the
 -- group and the parent's ack are still one atomic step.
--- The include lines are replaced by lua/jobs.lua and the dupefilter's file.
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local DEDUP_ARGV = 4 + 5 * n + 3 * s + m
---!include dedup
+--!slot dupefilter
 --!include jobs
 --!include push
 

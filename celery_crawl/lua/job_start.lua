@@ -7,13 +7,15 @@
 -- ARGV[3]  number of job fields f
 -- then n groups: priority, fingerprint, job id, payload, lane 0 (as in enqueue.lua)
 -- then f pairs: field, value (spider, seeds, priority, ...)
--- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its file)
+-- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed
+-- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
+--          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local job, n, f = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local DEDUP_ARGV = 4 + 5 * n + 2 * f
---!include dedup
+--!slot dupefilter
 --!include jobs
 --!include push
 

@@ -1,5 +1,6 @@
--- Expiring exact dedup, for incremental crawls: included by the scripts that
--- enqueue, never run alone.
+-- Expiring exact dedup, for incremental crawls. Fills the dupefilter slot of
+-- enqueue.lua, job_start.lua and dedup.lua, and spider_size.lua includes it for
+-- its count; never run alone.
 --
 -- A fingerprint is remembered for at least the window after it was added, and
 -- forgotten by the window plus one bucket width. Time, on the Redis server's
@@ -8,7 +9,7 @@
 -- during it. Layout under the dupefilter key D (one hash tag):
 -- - D:expiring      hash: window_ms, width_ms and buckets, stored when the filter
 --                   is created; afterwards the stored ones win;
--- - D:t:<t>:...     an exact bucketed set (lua/bucketed_sets.lua) per time
+-- - D:t:<t>:...     an exact bucketed set (include/bucketed_sets.lua) per time
 --                   bucket t, with its count at D:t:<t>:count.
 -- Every key of time bucket t expires at (t + 1) * w + window (PEXPIREAT), the
 -- moment it stops being checked: memory is reclaimed whole, without a scan, and

@@ -1,6 +1,7 @@
--- Exact dedup on bucketed sets: included by the scripts that enqueue, never run alone.
+-- Exact dedup on bucketed sets. Fills the dupefilter slot of enqueue.lua,
+-- job_start.lua and dedup.lua; never run alone.
 --
--- The fingerprints are one bucketed set (lua/bucketed_sets.lua has the
+-- The fingerprints are one bucketed set (include/bucketed_sets.lua has the
 -- layout) under the dupefilter key, with their exact count at COUNT_KEY.
 --
 -- Uses: DEDUP_KEY (the dupefilter key), COUNT_KEY (exact count of fingerprints);

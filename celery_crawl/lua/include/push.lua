@@ -1,7 +1,7 @@
 -- Pushing requests into the level lists: included, never run alone.
 --
--- Uses: dedup_add and dedup_use (dupefilter file), job_running and job_add
--- (jobs.lua).
+-- Uses: dedup_add and dedup_use (the dupefilter's fragment), job_running and
+-- job_add (include/jobs.lua), included before it.
 -- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
 -- fingerprint, job id, payload, lane) from args starting at index first, and
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
