@@ -1,4 +1,4 @@
-"""Fixtures of more than one folder.
+"""Fixtures of more than one folder, and the ``slow`` marker of the folders that start processes.
 
 A real Redis-protocol server, a key prefix per test and a crawler (every folder); a database
 of the test's own and the sites the workers crawl (integration and ha).
@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,17 @@ from tests.support.forum import FORUM
 from tests.support.paths_spider import PathsSite
 from tests.support.stub_spider import ForumSpider
 
+HERE = Path(__file__).parent
+SLOW_FOLDERS = [HERE / "integration", HERE / "ha"]
 _databases = itertools.cycle(range(1, 16))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts processes is ``slow``: those of integration/ and ha/."""
+    for item in items:
+        if any(item.path.is_relative_to(folder) for folder in SLOW_FOLDERS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

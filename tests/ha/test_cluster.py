@@ -24,8 +24,6 @@ from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
 from tests.support.ha_servers import ReplicatedCluster, Server, Tls, cluster_url, wait_for
 from tests.support.workers import WORKER_SETTINGS, Worker
 
-pytestmark = pytest.mark.slow  # a cluster of three server processes
-
 
 @pytest.fixture
 def cluster_client(cluster: list[Server]) -> RedisCluster:

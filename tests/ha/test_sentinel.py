@@ -42,7 +42,6 @@ def test_sentinel_urls_and_the_explicit_broker_they_need(monkeypatch: pytest.Mon
             connection.get_redis(bad)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("secure", [False, True], ids=["plain", "tls"])
 def test_a_client_follows_a_failover(request: pytest.FixtureRequest, secure: bool) -> None:
     """With ``rediss+sentinel://``, TLS to the sentinels and to each master in turn."""
@@ -75,7 +74,6 @@ def blpop_or_error(client: redis.Redis) -> Any:
         return exc
 
 
-@pytest.mark.slow
 def test_acks_wait_for_a_replica_in_the_same_round_trip(
     replicated: SentinelSet, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -109,7 +107,6 @@ def wait_calls(client: redis.Redis) -> int:
     return int(stats.get("calls", 0))
 
 
-@pytest.mark.slow
 def test_the_crawl_survives_a_master_failover(
     sentinel_set: SentinelSet,
     db_url: str,
