@@ -1,22 +1,41 @@
-"""Fixtures: a real Redis-protocol server, a key prefix per test, a crawler."""
+"""Fixtures of more than one folder, and the ``slow`` marker of the folders that start processes.
+
+A real Redis-protocol server, a key prefix per test and a crawler (every folder); a database
+of the test's own and the sites the workers crawl (integration and ha).
+"""
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
-from helpers import ForumSpider
 from scrapy import Spider
 from scrapy.crawler import Crawler
 from scrapy.utils.test import get_crawler
 
 from celery_crawl import embedded
 from celery_crawl.connection import get_redis
+from tasks.site import run_in_thread
+from tests.support.forum import FORUM
+from tests.support.paths_spider import PathsSite
+from tests.support.stub_spider import ForumSpider
 
-pytest_plugins = ["worker_fixtures", "ha_servers"]
+HERE = Path(__file__).parent
+SLOW_FOLDERS = [HERE / "integration", HERE / "ha"]
+_databases = itertools.cycle(range(1, 16))
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test that starts processes is ``slow``: those of integration/ and ha/."""
+    for item in items:
+        if any(item.path.is_relative_to(folder) for folder in SLOW_FOLDERS):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -61,6 +80,26 @@ def make_crawler(settings: dict[str, Any]) -> Any:
 
 
 @pytest.fixture
-def spider(make_crawler: Any) -> Spider:
-    crawler = make_crawler()
-    return ForumSpider.from_crawler(crawler)
+def db_url(redis_url: str) -> str:
+    """A database of this test's own: Celery's queues and results stay apart."""
+    base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
+    url = f"{base}/{next(_databases)}"
+    redis.Redis.from_url(url).flushdb()
+    return url
+
+
+@pytest.fixture
+def forum_site() -> Iterator[Any]:
+    with run_in_thread(FORUM) as site:
+        yield site
+
+
+@pytest.fixture
+def paths_site() -> Iterator[PathsSite]:
+    with PathsSite() as site:
+        yield site
+
+
+@pytest.fixture
+def sites(forum_site: Any, paths_site: PathsSite) -> dict[str, str]:
+    return {"FORUM_BASE_URL": forum_site.url, "PATHS_BASE_URL": paths_site.url}

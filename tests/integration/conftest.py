@@ -1,0 +1,49 @@
+"""Fixtures of the integration tests: the environment, app and processes of real Celery workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from celery import Celery
+
+from celery_crawl import create_app
+from tests.support.workers import WORKER_APP, WORKER_SETTINGS, Worker, worker_env
+
+
+@pytest.fixture
+def env(
+    db_url: str, prefix: str, sites: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    values = worker_env(db_url, prefix, sites["FORUM_BASE_URL"], tmp_path)
+    values["PATHS_BASE_URL"] = sites["PATHS_BASE_URL"]
+    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
+        monkeypatch.setenv(name, values[name])
+    return values
+
+
+@pytest.fixture
+def app(env: dict[str, str]) -> Celery:
+    return create_app("worker_app", WORKER_SETTINGS)
+
+
+@pytest.fixture
+def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(
+        name: str = "w1",
+        pool: str = "prefork",
+        concurrency: int = 2,
+        queues: str | None = None,
+        app: str = WORKER_APP,
+    ) -> Worker:
+        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency, queues, app)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()

@@ -1,0 +1,135 @@
+"""The library apart from its example: no import of it, an app asked for, commands by plugin.
+
+Every command runs the installed ``celery-crawl`` script in a fresh folder
+outside the checkout, as a user would.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+LIBRARY = ROOT / "celery_crawl"
+SCRIPT = str(Path(sys.executable).with_name("celery-crawl"))
+EXAMPLE = "tasks"
+
+
+def celery_crawl(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if k not in ("CELERY_CRAWL_APP", "PYTHONPATH")}
+    return subprocess.run(
+        [SCRIPT, *args],
+        cwd=cwd,
+        env={**base, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+
+
+def names_the_example(value: str) -> bool:
+    return value == EXAMPLE or value.startswith((f"{EXAMPLE}.", f"{EXAMPLE}:"))
+
+
+def example_references(tree: ast.AST) -> list[str]:
+    """Imports of the example, and module names of it in strings (``import_module("tasks")``)."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names if names_the_example(alias.name)]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [node.module] if names_the_example(node.module) else []
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            found += [node.value] if names_the_example(node.value) else []
+    return found
+
+
+def test_no_library_module_imports_the_example() -> None:
+    modules = sorted(LIBRARY.rglob("*.py"))
+    assert len(modules) > 10
+    found = {
+        str(path.relative_to(LIBRARY)): refs
+        for path in modules
+        if (refs := example_references(ast.parse(path.read_text(), str(path))))
+    }
+    assert found == {}
+
+
+def test_the_scan_sees_every_kind_of_reference() -> None:
+    source = 'import tasks\nfrom tasks.site import x\nimport_module("tasks.demo")\n"tasks:app"'
+    found = example_references(ast.parse(source))
+    assert sorted(found) == ["tasks", "tasks.demo", "tasks.site", "tasks:app"]
+    assert example_references(ast.parse('import tasksets\n"--app tasks for the example"')) == []
+
+
+@pytest.mark.parametrize("args", [("crawl", "forum", "00001"), ("status",), ("exporter",)])
+def test_a_command_without_an_app_says_what_to_pass(args: tuple[str, ...], tmp_path: Path) -> None:
+    done = celery_crawl(*args, cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "error: no Celery app: pass --app (e.g. --app myproject.celery) or set "
+        "CELERY_CRAWL_APP; for the bundled example, --app tasks"
+    ]
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_app_comes_from_the_environment_too(tmp_path: Path) -> None:
+    done = celery_crawl("status", cwd=tmp_path, env={"CELERY_CRAWL_APP": "no_such_app_module"})
+    assert done.returncode == 2
+    assert "cannot load the app 'no_such_app_module'" in done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_help_describes_app(tmp_path: Path) -> None:
+    done = celery_crawl("status", "--help", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert done.returncode == 0
+    assert "your Celery app, as in `celery -A`" in done.stdout
+    assert "CELERY_CRAWL_APP" in done.stdout
+
+
+def test_the_example_adds_demo_and_site_through_the_entry_point(tmp_path: Path) -> None:
+    from importlib.metadata import entry_points
+
+    plugins = {ep.name: ep.value for ep in entry_points(group="celery_crawl.commands")}
+    assert plugins["demo"] == "tasks.demo:command" and plugins["site"] == "tasks.site:command"
+    done = celery_crawl("--help", cwd=tmp_path, env={"COLUMNS": "200"})
+    assert done.returncode == 0 and done.stderr == ""
+    listed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("│ ")]
+    assert listed[-2:] == ["demo", "site"]
+    assert {"crawl", "status", "exporter"} <= set(listed)
+    assert "Run everything locally" in done.stdout
+    site_help = celery_crawl("site", "--help", cwd=tmp_path)
+    assert site_help.returncode == 0 and "usage: celery-crawl site" in site_help.stdout
+
+
+def test_a_plugin_that_fails_to_import_costs_one_warning_line(tmp_path: Path) -> None:
+    """A real installed distribution (its metadata on PYTHONPATH) naming a missing module."""
+    info = tmp_path / "broken_plugin-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-plugin\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(
+        "[celery_crawl.commands]\nbroken = no_such_plugin_module:command\n"
+    )
+    env = {"PYTHONPATH": str(tmp_path), "COLUMNS": "200"}
+    warning = (
+        "warning: command 'broken' (no_such_plugin_module:command) not loaded: "
+        "ModuleNotFoundError: No module named 'no_such_plugin_module'"
+    )
+    listing = celery_crawl("--help", cwd=tmp_path, env=env)
+    assert listing.returncode == 0, listing.stderr
+    assert listing.stderr.splitlines() == [warning]
+    assert "demo" in listing.stdout and "broken" not in listing.stdout
+    other = celery_crawl("status", cwd=tmp_path, env=env)  # loads no plugin at all
+    assert other.returncode == 2 and "warning" not in other.stderr
+    itself = celery_crawl("broken", cwd=tmp_path, env=env)
+    assert itself.returncode == 2 and itself.stderr.splitlines()[0] == warning
+    assert "No such command 'broken'" in itself.stderr

@@ -1,0 +1,318 @@
+"""The exporter, the alert rules and `celery-crawl status`, against real workers and Redis."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+from celery import Celery
+from prometheus_client.parser import text_string_to_metric_families
+
+from celery_crawl import crawl
+from celery_crawl.exporter import CrawlCollector, serve
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.project import project_of
+from celery_crawl.queue import Entry, PriorityQueue
+from tests.support import ROOT
+from tests.support.debian_tools import debian_tool
+from tests.support.forum import assert_complete_forum_crawl, forum_seeds
+from tests.support.ports import free_port
+from tests.support.workers import WORKER_APP, Worker
+
+SPIDERS = ("forum", "forum_detail")
+
+
+def scrape(client: redis.Redis, keys: list[SpiderKeys]) -> dict[tuple[str, tuple[Any, ...]], float]:
+    """GET /metrics from a real exporter; {(sample name, sorted labels): value}."""
+    port = free_port()
+    server, _ = serve(client, keys, port, "127.0.0.1")
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+    finally:
+        server.shutdown()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(metrics: dict[tuple[str, tuple[Any, ...]], float], name: str, **labels: str) -> float:
+    return sum(
+        value
+        for (sample, pairs), value in metrics.items()
+        if sample == name and labels.items() <= dict(pairs).items()
+    )
+
+
+def test_exporter_metrics_match_the_stats_the_job_reported(
+    app: Celery, start_worker: Callable[..., Worker], db_url: str
+) -> None:
+    worker = start_worker(pool="solo")
+    result = crawl("forum", forum_seeds(), app=app).wait(timeout=120)
+    assert_complete_forum_crawl(result)
+    assert worker.stop() == 0  # the last stats are flushed at close
+    project = project_of(app)
+    metrics = scrape(redis.Redis.from_url(db_url), [project.keys(s) for s in SPIDERS])
+
+    assert total(metrics, "celery_crawl_items_total") == result["items"]
+    for status, count in result["status_codes"].items():
+        assert total(metrics, "celery_crawl_responses_total", status=status) == count
+    assert total(metrics, "celery_crawl_jobs_finished_total", state="done") == 1
+    assert total(metrics, "celery_crawl_jobs", state="running") == 0
+    assert total(metrics, "celery_crawl_queue_length") == 0
+    assert total(metrics, "celery_crawl_in_flight") == 0
+    fetched_urls = result["pages"] - result["status_codes"].get("404", 0)
+    assert total(metrics, "celery_crawl_dedup_fingerprints") >= fetched_urls - 9  # lists unfiltered
+    assert total(metrics, "celery_crawl_response_bytes_total") > 0
+    ages = [v for (n, _), v in metrics.items() if n == "celery_crawl_last_response_age_seconds"]
+    assert len(ages) == 2 and all(0 <= age < 120 for age in ages)
+
+
+def server_commands(client: redis.Redis, action: Callable[[], object]) -> list[str]:
+    """The commands the server ran during ``action`` (MONITOR: scripts' inner calls too)."""
+    marker = "end-of-scrape-marker"
+    monitor = client.monitor()  # a connection of its own
+    with monitor as m:
+        action()
+        client.echo(marker)
+        seen: list[str] = []
+        for _ in range(10_000):
+            command = m.next_command()["command"]
+            if marker in command:
+                return seen
+            if not command.startswith(("HELLO", "CLIENT", "PING")):  # connection upkeep
+                seen.append(command)
+    raise AssertionError("marker never seen")
+
+
+def test_a_scrape_costs_the_same_commands_whatever_the_queue_length(
+    client: redis.Redis, prefix: str
+) -> None:
+    keys = [SpiderKeys.build(s, group="forum", prefix=prefix) for s in SPIDERS]
+    queue = PriorityQueue(client, keys[1])
+    collector = CrawlCollector(client, keys)
+    list(collector.collect())  # the first scrape also loads the script
+    runs = []
+    for size in (10, 5_000):
+        queue.push_many([Entry(f"r{i}".encode(), priority=i % 3) for i in range(size)])
+        runs.append(server_commands(client, lambda: list(collector.collect())))
+    assert len(runs[0]) == len(runs[1]), runs
+    assert len(runs[0]) <= 10 * len(keys)  # a handful per spider, incl. the script's own calls
+
+
+def exporter_names(client: redis.Redis, prefix: str) -> set[str]:
+    """Every sample name the exporter emits (stats of every kind present)."""
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    fields = {
+        "downloader/response_status_count/200": 1,
+        "downloader/exception_type_count/TimeoutError": 1,
+        "celery_crawl/dead_letter/bad_record": 1,
+        "celery_crawl/last_response_time": 1,
+    }
+    client.hset(keys.stats, mapping=fields)
+    client.hset(keys.job_states, mapping={"running": 1, "done": 1})
+    return {s.name for f in CrawlCollector(client, [keys]).collect() for s in f.samples}
+
+
+def test_alert_rules_are_valid_and_name_only_exported_metrics(
+    client: redis.Redis, prefix: str
+) -> None:
+    rules = yaml.safe_load((ROOT / "monitoring/prometheus/rules.yml").read_text())
+    names = exporter_names(client, prefix)
+    alerts = [rule for group in rules["groups"] for rule in group["rules"]]
+    assert {a["alert"] for a in alerts} >= {
+        "CrawlItemRateLow",
+        "CrawlQueueStuckAtCap",
+        "CrawlLeasesExpiring",
+        "CrawlNoPageFetched",
+        "CrawlJobsFailing",
+    }
+    for alert in alerts:
+        assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}
+        assert re.fullmatch(r"\d+[smh]", alert["for"]), alert["alert"]
+        used = set(re.findall(r"celery_crawl_[a-z_]+", alert["expr"]))
+        assert used and used <= names, (alert["alert"], used - names)
+        assert alert["expr"].count("(") == alert["expr"].count(")")
+
+
+def test_promtool_checks_the_rules_and_their_unit_tests() -> None:
+    """Each alert fires on the series meant to trigger it (monitoring/prometheus/rules_test.yml)."""
+    promtool = debian_tool("promtool", "prometheus")
+    folder = ROOT / "monitoring/prometheus"
+    for args in (["check", "rules", "rules.yml"], ["test", "rules", "rules_test.yml"]):
+        run = subprocess.run(
+            [promtool, *args], check=False, cwd=folder, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+
+
+def prometheus_api(port: int, path: str, **query: str) -> Any:
+    url = f"http://127.0.0.1:{port}/api/v1/{path}?{urllib.parse.urlencode(query)}"
+    with urllib.request.urlopen(url, timeout=5) as reply:
+        return json.loads(reply.read())["data"]
+
+
+def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
+    client: redis.Redis, prefix: str, tmp_path: Path
+) -> None:
+    binary = debian_tool("prometheus", "prometheus")
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    stats = {"item_scraped_count": 7, "downloader/response_status_count/200": 9}
+    client.hset(keys.stats, mapping=stats)
+    exporter_port, port = free_port(), free_port()
+    server, _ = serve(client, [keys], exporter_port, "127.0.0.1")
+    rules = (ROOT / "monitoring/prometheus/rules.yml").resolve()
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+                "rule_files": [str(rules)],
+                "scrape_configs": [
+                    {
+                        "job_name": "celery_crawl",
+                        "static_configs": [{"targets": [f"127.0.0.1:{exporter_port}"]}],
+                    }
+                ],
+            }
+        )
+    )
+    command = [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}"]
+    command.append(f"--web.listen-address=127.0.0.1:{port}")
+    log = (tmp_path / "prometheus.log").open("w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        groups = wait_for_evaluated_rules(port, deadline=time.monotonic() + 60)
+        rules_seen = [rule for group in groups for rule in group["rules"]]
+        assert len(rules_seen) == 5
+        assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
+        items = prometheus_api(port, "query", query="celery_crawl_items_total")["result"]
+        assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]
+        for expr in dashboard_exprs():  # each panel's query is valid PromQL with data
+            assert prometheus_api(port, "query", query=expr)["result"], expr
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        server.shutdown()
+
+
+def wait_for_evaluated_rules(port: int, deadline: float) -> list[dict[str, Any]]:
+    """The rule groups once every rule was evaluated at least once after a scrape."""
+    while time.monotonic() < deadline:
+        try:
+            groups = prometheus_api(port, "rules")["groups"]
+            up = prometheus_api(port, "query", query="up")["result"]
+        except OSError:  # not listening yet
+            groups, up = [], []
+        rules = [rule for group in groups for rule in group["rules"]]
+        scraped = any(r["value"][1] == "1" for r in up)
+        if scraped and rules and all(not r["lastEvaluation"].startswith("0001") for r in rules):
+            time.sleep(2)  # one more evaluation with the scraped series present
+            return prometheus_api(port, "rules")["groups"]  # type: ignore[no-any-return]
+        time.sleep(0.5)
+    raise AssertionError("Prometheus did not scrape and evaluate the rules within 60 s")
+
+
+def dashboard() -> dict[str, Any]:
+    return json.loads((ROOT / "monitoring/grafana/dashboards/celery_crawl.json").read_text())  # type: ignore[no-any-return]
+
+
+def dashboard_exprs() -> list[str]:
+    return [t["expr"] for panel in dashboard()["panels"] for t in panel["targets"]]
+
+
+def test_the_dashboard_names_only_exported_metrics(client: redis.Redis, prefix: str) -> None:
+    names = exporter_names(client, prefix)
+    exprs = dashboard_exprs()
+    used = {name for expr in exprs for name in re.findall(r"celery_crawl_[a-z_]+", expr)}
+    assert used and used <= names
+    titles = {panel["title"] for panel in dashboard()["panels"]}
+    assert {"Queue length", "Pages/s", "Items/s", "Responses by status"} <= titles
+
+
+def test_status_json_shows_spiders_jobs_and_workers(
+    app: Celery, start_worker: Callable[..., Worker], env: dict[str, str]
+) -> None:
+    worker = start_worker(name="watched", pool="solo")
+    job = crawl("forum", forum_seeds(), app=app)
+    job.wait(timeout=120)
+    waiting = crawl("forum", [{"forum_id": "00001"}], app=app)
+    waiting.cancel()  # finished, so it must not be listed as running
+    command = [sys.executable, "-m", "celery_crawl.cli", "status", "--json", "-A", WORKER_APP]
+    out = subprocess.run(
+        command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    data = json.loads(out.stdout)
+    spiders = {s["spider"]: s for s in data["spiders"]}
+    assert set(spiders) >= set(SPIDERS)
+    for entry in spiders.values():
+        assert set(entry) == {
+            "spider",
+            "queue",
+            "in_flight",
+            "dedup",
+            "pages_per_s",
+            "items_per_s",
+            "jobs",
+        }
+    assert spiders["forum_detail"]["pages_per_s"] > 0  # pages of the last minute
+    assert spiders["forum_detail"]["items_per_s"] > 0
+    assert spiders["forum"]["jobs"] == []  # both jobs finished
+    assert any(name.startswith("watched@") for name in data["workers"])
+    assert worker.output().count("hosting crawlers") == 1
+
+
+def test_status_lists_each_running_job_once_with_its_progress(app: Celery) -> None:
+    """No worker: the jobs wait in their queues, running. A group's jobs show under the group."""
+    from celery_crawl.cli import spider_keys
+    from celery_crawl.status import snapshot
+
+    seeds = forum_seeds()
+    forum = crawl("forum", seeds, app=app)
+    paths = crawl("paths", [{"path": "ok"}, {"path": "slow"}], app=app)
+    client, spiders = spider_keys(app)
+    data = snapshot(client, spiders, app)
+    by_spider = {s["spider"]: s for s in data["spiders"]}
+    waiting = {"state": "running", "in_flight": 0, "done": 0, "pages": 0, "items": 0}
+    assert by_spider["forum"]["jobs"] == [
+        {"job_id": forum.id, "spider": "forum", "queued": len(seeds), **waiting}
+    ]
+    assert by_spider["paths"]["jobs"] == [
+        {"job_id": paths.id, "spider": "paths", "queued": 2, **waiting}
+    ]
+    assert by_spider["forum_detail"]["jobs"] == []  # the forum group's job, listed once
+    assert (by_spider["forum"]["queue"], by_spider["paths"]["queue"]) == (len(seeds), 2)
+    assert data["workers"] == []
+
+
+def test_a_job_that_fetches_no_page_fails(
+    app: Celery, start_worker: Callable[..., Worker], db_url: str
+) -> None:
+    """Failed: every download refused, no page. Celery records FAILURE; the exporter counts it."""
+    start_worker(pool="solo")
+    job = crawl("paths", [{"path": "refused"}], app=app)
+    result = job.wait(timeout=120)
+    assert result["state"] == "failed"
+    assert result["pages"] == 0
+    assert result["errors"] == {"DownloadConnectionRefusedError": 3}  # a try and 2 retries
+    job.result.get(timeout=30, propagate=False)
+    assert job.result.state == "FAILURE"
+    assert "fetched no page" in str(job.result.result)
+    ok = crawl("paths", [{"path": "missing"}], app=app).wait(timeout=120)
+    assert ok["state"] == "done"  # a 404 is a page: the job did not fail
+
+    metrics = scrape(redis.Redis.from_url(db_url), [project_of(app).keys("paths")])
+    assert total(metrics, "celery_crawl_jobs_finished_total", state="failed") == 1
+    assert total(metrics, "celery_crawl_jobs_finished_total", state="done") == 1

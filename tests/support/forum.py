@@ -1,0 +1,23 @@
+"""The demo forum the worker tests crawl: its size, its seeds, and what a complete crawl yields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tasks.site import SiteConfig
+
+FORUM = SiteConfig(forums=3, posts_per_forum=60, hot_every=20, hot_comment_pages=6)
+
+
+def forum_seeds() -> list[dict[str, str]]:
+    return [{"forum_id": forum} for forum in FORUM.forum_ids()]
+
+
+def assert_complete_forum_crawl(result: dict[str, Any]) -> None:
+    expected = FORUM.expected()
+    assert result["state"] == "done"
+    assert result["pages"] == expected.pages + expected.not_found
+    assert result["items"] == expected.posts + expected.comments
+    assert result["status_codes"] == {"200": expected.pages, "404": expected.not_found}
+    assert result["queued"] == result["in_flight"] == 0
+    assert result["errors"] == {}

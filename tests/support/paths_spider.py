@@ -1,0 +1,149 @@
+"""A spider and a tiny site that walk every request path a job must survive.
+
+Each seed is ``{"path": KIND}``; the site answers each kind its own way:
+redirects, 404, 500 until retries give up, a 503 that a retry fixes, a
+callback that raises, an errback that yields a request, a request dropped by
+a downloader middleware, a duplicate child, a slow page whose child comes
+last, and a connection refused (a download error). ``EXPECTED_ITEMS`` is what a complete job yields.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, ClassVar
+
+from scrapy import Request, Spider
+from scrapy.exceptions import IgnoreRequest
+from scrapy.http import Response
+
+KINDS = [
+    "refused",
+    "ok",
+    "redirect",
+    "missing",
+    "always500",
+    "flaky",
+    "raise",
+    "errback",
+    "drop",
+    "dup",
+    "slow",
+]
+EXPECTED_ITEMS = 9
+CHILDREN = {"/ok": ["/ok/child"], "/dup": ["/ok/child", "/ok/dup2"], "/slow": ["/ok/after-slow"]}
+
+
+class PathsSpider(Spider):
+    name = "paths"
+    custom_settings: ClassVar[dict[str, Any]] = {
+        "RETRY_TIMES": 2,
+        "RETRY_HTTP_CODES": [500, 503],
+        "DOWNLOADER_MIDDLEWARES": {"tests.support.paths_spider.DropMiddleware": 543},
+    }
+
+    @property
+    def base(self) -> str:
+        return str(self.settings.get("PATHS_BASE_URL")).rstrip("/")
+
+    def requests_from_seed(self, seed: dict[str, str]) -> list[Request]:
+        if "probe" in seed:  # a one-page job: /ok/probe-<id>
+            url = f"{self.base}/ok/probe-{seed['probe']}"
+            return [Request(url, callback=self.parse_leaf, dont_filter=True)]
+        if "chain" in seed:  # a slow job: one page after another, 0.5 s each
+            url = f"{self.base}/chain/{seed['chain']}/{seed.get('length', 8)}"
+            return [Request(url, callback=self.parse, dont_filter=True)]
+        kind = seed["path"]
+        if kind not in KINDS:
+            raise ValueError(f"unknown path kind {kind!r}")
+        if kind == "refused":  # a download error: nothing listens on port 1
+            return [Request("http://127.0.0.1:1/refused", callback=self.parse)]
+        callback = self.parse_raise if kind == "raise" else self.parse
+        errback = self.on_error if kind == "errback" else None
+        meta = {"drop": True} if kind == "drop" else {}
+        return [Request(f"{self.base}/{kind}", callback=callback, errback=errback, meta=meta)]
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        data = json.loads(response.text)
+        yield {"path": data["path"]}
+        for child in data["children"]:
+            yield Request(self.base + child, callback=self.parse)
+
+    def parse_leaf(self, response: Response) -> Iterator[Any]:
+        yield {"path": response.url}
+
+    def parse_raise(self, response: Response) -> Iterator[Any]:
+        raise ValueError("a callback that fails")
+
+    def on_error(self, failure: Any) -> Iterator[Request]:
+        yield Request(self.base + "/ok/from-errback", callback=self.parse)
+
+
+class DropMiddleware:
+    def process_request(self, request: Request) -> None:
+        if request.meta.get("drop"):
+            raise IgnoreRequest("dropped by a middleware")
+
+
+class PathsSite:
+    """The site: a threaded HTTP server on loopback, counting hits per path."""
+
+    def __init__(self) -> None:
+        self.hits: Counter[str] = Counter()
+        self.first_hit: dict[str, float] = {}  # path -> time.monotonic() of its first request
+        self._lock = threading.Lock()
+        site = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                site.answer(self)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> PathsSite:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        path = handler.path
+        with self._lock:
+            self.hits[path] += 1
+            hits = self.hits[path]
+            self.first_hit.setdefault(path, time.monotonic())
+        status, headers, body = self.page(path, hits)
+        handler.send_response(status)
+        for name, value in headers.items():
+            handler.send_header(name, value)
+        handler.send_header("Content-Length", str(len(body)))
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def page(self, path: str, hits: int) -> tuple[int, dict[str, str], bytes]:
+        if path == "/redirect":
+            return 302, {"Location": "/ok/r"}, b""
+        if path == "/missing":
+            return 404, {}, b"{}"
+        if path in ("/always500", "/errback") or (path == "/flaky" and hits == 1):
+            return 500 if path != "/flaky" else 503, {}, b"{}"
+        if path == "/slow":
+            time.sleep(1.0)
+        children = CHILDREN.get(path, [])
+        if path.startswith("/chain/"):
+            time.sleep(0.5)
+            _, _, name, left = path.split("/")
+            children = [f"/chain/{name}/{int(left) - 1}"] if int(left) > 1 else []
+        body = json.dumps({"path": path, "children": children}).encode()
+        return 200, {"Content-Type": "application/json"}, body

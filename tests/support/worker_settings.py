@@ -1,0 +1,12 @@
+"""Settings of the test worker app: the forum app plus the test spiders."""
+
+from tasks.settings import *  # noqa: F403
+
+SPIDER_MODULES = ["tasks.spiders", "tests.support.paths_spider"]
+SCHEDULER_LEASE_SECONDS = 4
+SCHEDULER_REQUEUE_INTERVAL = 1
+CELERY_CRAWL_PROGRESS_INTERVAL = 0.5
+LOG_LEVEL = "INFO"
+TEST_ENV = ["PATHS_BASE_URL", "PRODUCER_PERIOD", "CELERY_CRAWL_GC_FREEZE", "REDIS_PARAMS"]
+CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, *TEST_ENV]  # noqa: F405
+PATHS_BASE_URL = ""

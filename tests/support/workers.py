@@ -1,0 +1,99 @@
+"""Real Celery worker processes for the tests, started and stopped with bounded waits."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.support import ROOT
+
+WORKER_APP = "tests.support.worker_app"
+WORKER_SETTINGS = "tests.support.worker_settings"
+
+
+class Worker:
+    """``celery -A <app> worker`` (the test worker app by default) in its own process group."""
+
+    def __init__(
+        self,
+        name: str,
+        env: dict[str, str],
+        log: Path,
+        pool: str = "prefork",
+        concurrency: int = 2,
+        queues: str | None = None,
+        app: str = WORKER_APP,
+    ) -> None:
+        self.name = name
+        self.log = log
+        command = [
+            sys.executable,
+            "-m",
+            "celery",
+            "-A",
+            app,
+            "worker",
+            "--pool",
+            pool,
+            "--concurrency",
+            str(concurrency),
+            "--hostname",
+            f"{name}@%h",
+            "--loglevel",
+            "INFO",
+            "--without-gossip",
+            "--without-mingle",
+            *(["--queues", queues] if queues else []),
+        ]
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=log.open("w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            text = self.log.read_text() if self.log.exists() else ""
+            if " ready." in text:
+                return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{text[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker {self.name} not ready:\n{self.log.read_text()[-3000:]}")
+
+    def signal(self, signum: int) -> None:
+        os.killpg(self.proc.pid, signum)
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.signal(signal.SIGKILL)
+                self.proc.wait(10)
+        return self.proc.returncode
+
+    def output(self) -> str:
+        return self.log.read_text()
+
+
+def worker_env(redis_url: str, prefix: str, site_url: str, feed_dir: Path) -> dict[str, Any]:
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    return {
+        **os.environ,
+        "REDIS_URL": redis_url,
+        "CELERY_CRAWL_KEY_PREFIX": prefix,
+        "FORUM_BASE_URL": site_url,
+        "FORUM_FEED": str(feed_dir / "%(name)s-%(pid)s.jsonl"),
+        "PYTHONPATH": path,
+    }

@@ -1,0 +1,169 @@
+"""The scheduler's write-behind buffer and prefetch: no reactor, a fake clock, a real server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pytest
+import redis
+from scrapy import Request
+
+from celery_crawl.buffer import RETRY_DELAY, Pending, WriteBehind
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.prefetch import Prefetch
+from celery_crawl.queue import Base, Entry, PriorityQueue
+from tests.support.ports import free_port
+from tests.support.round_trips import RoundTrips
+
+
+@dataclass
+class Timer:
+    due: float
+    fn: Callable[[], None]
+    fired: bool = False
+
+    def active(self) -> bool:
+        return not self.fired
+
+
+@dataclass
+class FakeClock:
+    """``call_later`` for the buffer: timers fire only when the test advances time."""
+
+    now: float = 0.0
+    timers: list[Timer] = field(default_factory=list)
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> Timer:
+        timer = Timer(self.now + delay, fn)
+        self.timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        for timer in [t for t in self.timers if t.active() and t.due <= self.now]:
+            timer.fired = True
+            timer.fn()
+
+
+@pytest.fixture
+def queue(client: redis.Redis, prefix: str) -> Base:
+    return PriorityQueue(client, SpiderKeys.build("buffered", prefix=prefix))
+
+
+def pending(n: int, job: str = "") -> list[Pending]:
+    return [
+        Pending(
+            Request(f"http://127.0.0.1/{i}"),
+            Entry(f"r{i}".encode(), 0, f"fp{i}".encode(), job),
+            None,
+        )
+        for i in range(n)
+    ]
+
+
+def make_buffer(
+    queue: Base, clock: FakeClock, written: list[tuple[int, list[bool]]], **kw: int
+) -> WriteBehind:
+    queue.push_many([], job_stats=[("warm-up", "pages", 0)])  # the server caches the script
+    return WriteBehind(
+        queue,
+        lambda p, flags: written.append((len(p), flags)),
+        call_later=clock.call_later,
+        delay=kw.get("delay", 0.01),
+        batch_size=kw.get("batch_size", 500),
+    )
+
+
+Written = list[tuple[int, list[bool]]]
+
+
+def test_requests_wait_for_the_delay_then_go_in_one_round_trip(queue: Base) -> None:
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    for item in pending(5):
+        buffer.add(item)
+    assert len(queue) == 0 and len(buffer) == 5
+    assert len([t for t in clock.timers if t.active()]) == 1  # one flush scheduled, not five
+    with RoundTrips(queue.client) as trips:
+        clock.advance(0.01)
+    assert trips.count == 1
+    assert written == [(5, [True] * 5)]
+    assert len(queue) == 5 and len(buffer) == 0
+
+
+def test_a_full_batch_is_written_at_once(queue: Base) -> None:
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written, batch_size=3)
+    for item in pending(3):
+        buffer.add(item)
+    assert written == [(3, [True, True, True])]
+    assert len(queue) == 3
+
+
+def test_duplicates_are_reported_as_not_written(queue: Base) -> None:
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    for item in pending(2) + pending(2):
+        buffer.add(item)
+    buffer.flush()
+    assert written == [(4, [True, True, False, False])]
+
+
+def test_acks_go_with_the_children_in_the_same_call(queue: Base) -> None:
+    queue.start_job("j", [Entry(b"parent", job="j")], {"spider": "buffered"})
+    [lease] = queue.lease(1)
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    for item in pending(2, job="j"):
+        buffer.add(item)
+    buffer.ack(lease.member)
+    buffer.job_stats.add("j", "pages")
+    with RoundTrips(queue.client) as trips:
+        clock.advance(0.01)
+    assert trips.count == 1
+    assert queue.in_flight() == 0 and len(queue) == 2
+    job = queue.client.hgetall(queue.keys.job("j"))
+    assert job[b"pages"] == b"1" and job[b"done"] == b"1"
+
+
+def test_redis_away_keeps_everything_and_retries_a_second_later(queue: Base) -> None:
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    live = queue.client
+    queue.client = redis.Redis(port=free_port(), socket_connect_timeout=1)  # nobody listens
+    for item in pending(3):
+        buffer.add(item)
+    buffer.job_stats.add("j", "pages", 2)
+    clock.advance(0.01)
+    assert written == [] and len(buffer) == 3
+    assert buffer.job_stats.drain() == [("j", "pages", 2)]
+    buffer.job_stats.add("j", "pages", 2)
+    queue.client = live
+    clock.advance(RETRY_DELAY / 2)
+    assert written == []  # the retry waits a second, not a tight loop
+    clock.advance(RETRY_DELAY / 2)
+    assert written == [(3, [True] * 3)] and len(queue) == 3
+
+
+def test_prefetch_leases_a_batch_and_hands_it_out_one_by_one(queue: Base) -> None:
+    queue.push_many([Entry(f"r{i}".encode(), fingerprint=f"f{i}".encode()) for i in range(5)])
+    prefetch = Prefetch(queue.lease, size=2)
+    with RoundTrips(queue.client) as trips:
+        first, second, third = prefetch.next(), prefetch.next(), prefetch.next()
+    assert trips.count == 2  # two leases of two, not three of one
+    assert first and second and third
+    assert [first.payload, second.payload, third.payload] == [b"r0", b"r1", b"r2"]
+    prefetch.hand_out("request-0", first)
+    assert (
+        sorted(prefetch.held()) == sorted([first.member, third.member]) or len(prefetch.held()) == 2
+    )
+    assert prefetch.finish("request-0") == first.member
+    assert prefetch.finish("request-0") is None  # acked once only
+    assert queue.in_flight() == 4  # third is leased with the fourth, still waiting
+    prefetch.clear()
+    assert prefetch.held() == [] and len(prefetch) == 0
+
+
+def test_prefetch_on_an_empty_queue_gives_none(queue: Base) -> None:
+    assert Prefetch(queue.lease, size=4).next() is None

@@ -1,0 +1,117 @@
+"""docker-compose.yml and the Dockerfile, checked without a Docker engine.
+
+The file is parsed, and every service's command is checked against what this
+checkout really provides: Celery app modules that import, Celery subcommands
+that exist, and ``celery-crawl`` subcommands of the real CLI.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+import tomllib
+from importlib.metadata import entry_points
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+from tests.support import ROOT
+
+CELERY_BUILTINS = {"worker", "beat", "events", "inspect", "control", "call", "status", "shell"}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())  # type: ignore[no-any-return]
+
+
+def command(service: dict[str, Any]) -> list[str]:
+    value = service["command"]
+    return value if isinstance(value, list) else value.split()
+
+
+def app_services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The services that run this project's image."""
+    return {name: s for name, s in compose["services"].items() if s.get("build") == "."}
+
+
+def test_the_deployment_has_every_service(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    assert set(services) == {
+        *("redis", "worker", "beat", "flower", "exporter", "demo", "prometheus", "grafana")
+    }
+    assert services["demo"]["profiles"] == ["demo"]
+    assert services["prometheus"]["profiles"] == services["grafana"]["profiles"] == ["monitoring"]
+    assert "container_name" not in compose["services"]["worker"]  # --scale worker=N
+
+
+def test_celery_commands_name_modules_and_subcommands_that_exist(compose: dict[str, Any]) -> None:
+    subcommands = CELERY_BUILTINS | {ep.name for ep in entry_points(group="celery.commands")}
+    checked = 0
+    for name, service in app_services(compose).items():
+        args = command(service)
+        if args[0] != "celery":
+            continue
+        app_module = args[args.index("-A") + 1]
+        app = importlib.import_module(app_module).app
+        assert app.main == app_module, name
+        assert args[args.index("-A") + 2] in subcommands, name
+        checked += 1
+    assert checked == 3  # worker, beat, flower
+
+
+def test_celery_crawl_commands_exist_in_the_cli(compose: dict[str, Any]) -> None:
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    target = scripts["celery-crawl"]
+    module, attr = target.split(":")
+    cli = typer.main.get_command(importlib.import_module(module).cli)
+    assert attr == "main"
+    checked = [
+        command(s) for s in app_services(compose).values() if command(s)[0] == "celery-crawl"
+    ]
+    assert len(checked) == 2  # the exporter and the demo site
+    for args in checked:  # built in, or added by an entry point (the demo site)
+        assert cli.get_command(typer.Context(cli), args[1]) is not None  # type: ignore[attr-defined]
+
+
+def test_redis_is_not_published_and_is_persistent_with_a_password(
+    compose: dict[str, Any],
+) -> None:
+    redis_service = compose["services"]["redis"]
+    assert "ports" not in redis_service
+    args = command(redis_service)
+    assert args[args.index("--appendonly") + 1] == "yes"
+    assert args[args.index("--requirepass") + 1].startswith("${REDIS_PASSWORD")
+    for name, service in compose["services"].items():
+        for port in service.get("ports", []):
+            assert "6379" not in str(port), name
+    url = app_services(compose)["worker"]["environment"]["REDIS_URL"]
+    assert re.fullmatch(r"redis://:\$\{REDIS_PASSWORD[^}]*\}@redis:6379/0", url)
+
+
+def test_flower_asks_for_a_password_and_listens_on_loopback_only(compose: dict[str, Any]) -> None:
+    flower = compose["services"]["flower"]
+    auth = [arg for arg in command(flower) if arg.startswith("--basic-auth=")]
+    assert auth == ["--basic-auth=${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}"]
+    assert all(str(port).startswith("127.0.0.1:") for port in flower["ports"])
+
+
+def test_monitoring_mounts_files_that_exist(compose: dict[str, Any]) -> None:
+    mounts = [
+        volume.split(":")[0]
+        for name in ("prometheus", "grafana")
+        for volume in compose["services"][name]["volumes"]
+    ]
+    assert len(mounts) == 4 and all((ROOT / path).exists() for path in mounts)
+
+
+def test_the_dockerfile_copies_what_exists_and_installs_flower() -> None:
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    copied = [word for line in lines if line.startswith("COPY") for word in line.split()[1:-1]]
+    assert copied and all((ROOT / path).exists() for path in copied)
+    assert "tasks" in copied and "celery_crawl" in copied
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert "flower" in extras["optional-dependencies"]
+    assert any('pip install --no-cache-dir ".[flower]"' in line for line in lines)

@@ -1,0 +1,191 @@
+"""The scheduler on a real server: sharing, persistence, batching, dead letters."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import redis
+from scrapy import Request
+
+from celery_crawl.errors import ConfigError, RedisUnavailable
+from celery_crawl.queue import FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.routing import to_spider
+from celery_crawl.scheduler import Scheduler
+from tests.support.round_trips import RoundTrips
+from tests.support.schedulers import drain, open_scheduler
+from tests.support.stub_spider import ForumSpider
+
+
+def test_settings_pick_the_components(make_crawler: Any) -> None:
+    scheduler = Scheduler.from_crawler(make_crawler())
+    assert type(scheduler.queue) is PriorityQueue
+    for name, cls in [
+        ("scrapy_redis.queue.FifoQueue", FifoQueue),
+        ("celery_crawl.queue.LifoQueue", LifoQueue),
+    ]:
+        crawler = make_crawler(SCHEDULER_QUEUE_CLASS=name)
+        assert type(Scheduler.from_crawler(crawler).queue) is cls
+    with pytest.raises(ConfigError, match="SCHEDULER_QUEUE_CLASS"):
+        Scheduler.from_crawler(make_crawler(SCHEDULER_QUEUE_CLASS="no.such.Queue"))
+
+
+def test_request_from_one_scheduler_is_served_by_another(make_crawler: Any) -> None:
+    producer = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    consumer = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    spider = producer.spider
+    assert producer.enqueue_request(Request("http://127.0.0.1/post/1", callback=spider.parse_post))
+    producer.flush()
+    request = consumer.next_request()
+    assert request is not None and request.url == "http://127.0.0.1/post/1"
+    assert request.callback == consumer.spider.parse_post  # type: ignore[union-attr]
+    assert producer.next_request() is None
+
+
+def test_children_of_one_callback_reach_redis_in_one_round_trip(make_crawler: Any) -> None:
+    scheduler = open_scheduler(make_crawler())
+    with RoundTrips(scheduler.queue.client) as trips:
+        for i in range(200):
+            scheduler.enqueue_request(Request(f"http://127.0.0.1/post/{i}", meta={"i": i}))
+        assert trips.count == 0
+        scheduler.flush()
+    assert trips.commands == ["EVALSHA"]
+    assert len(scheduler.queue) == 200
+
+
+def test_duplicates_are_filtered_and_dont_filter_bypasses(make_crawler: Any) -> None:
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    for _ in range(3):
+        scheduler.enqueue_request(Request("http://127.0.0.1/a"))
+    scheduler.enqueue_request(Request("http://127.0.0.1/a", dont_filter=True))
+    scheduler.flush()
+    assert len(scheduler.queue) == 2
+    assert crawler.stats.get_value("dupefilter/filtered") == 2
+    assert crawler.stats.get_value("scheduler/enqueued/redis") == 2
+
+
+def test_acks_finish_leases_after_the_children(make_crawler: Any) -> None:
+    scheduler = open_scheduler(make_crawler())
+    scheduler.enqueue_request(Request("http://127.0.0.1/parent"))
+    scheduler.flush()
+    parent = scheduler.next_request()
+    assert parent is not None and scheduler.queue.in_flight() == 1
+    scheduler.enqueue_request(Request("http://127.0.0.1/child"))
+    scheduler.ack(parent)
+    with RoundTrips(scheduler.queue.client) as trips:
+        scheduler.flush()
+    assert trips.commands == ["EVALSHA"]
+    assert scheduler.queue.in_flight() == 0
+    assert len(scheduler.queue) == 1
+
+
+@pytest.mark.parametrize("dedup", ["RFPDupeFilter", "BloomDupeFilter", "ExpiringDupeFilter"])
+def test_routed_children_and_the_parents_ack_are_one_atomic_call(
+    make_crawler: Any, dedup: str
+) -> None:
+    """Children for another spider of the group go in the parent's enqueue+ack script."""
+    crawler = make_crawler(
+        CELERY_CRAWL_SPIDER_GROUPS={"detail": "forum"},
+        DUPEFILTER_CLASS=f"celery_crawl.dupefilter.{dedup}",
+    )
+    scheduler = open_scheduler(crawler)
+    scheduler.enqueue_request(Request("http://127.0.0.1/list"))
+    scheduler.flush()
+    parent = scheduler.next_request()
+    assert parent is not None
+    detail = scheduler.router.queue("detail")  # type: ignore[union-attr]
+    for url in ["/post/1", "/post/2", "/post/1", "/list/2"]:
+        request = Request("http://127.0.0.1" + url)
+        scheduler.enqueue_request(to_spider(request, "detail" if "post" in url else None))
+    scheduler.ack(parent)
+    with RoundTrips(scheduler.queue.client) as trips:
+        scheduler.flush()
+    assert trips.commands == ["EVALSHA"]
+    assert scheduler.queue.in_flight() == 0
+    assert (len(scheduler.queue), len(detail)) == (1, 2)  # the duplicate post dropped
+    assert crawler.stats.get_value("dupefilter/filtered") == 1
+    assert crawler.stats.get_value("scheduler/enqueued/redis") == 4  # list, list/2, 2 posts
+    # each request was checked against its own spider's filter
+    assert len(scheduler.df) == 2
+    assert scheduler.df.seen_fingerprints(
+        [scheduler.df.fingerprint(Request("http://127.0.0.1/post/1"))]
+    ) == [False]
+    scheduler.close("finished")
+
+
+def test_persist_and_resume_across_two_schedulers(make_crawler: Any) -> None:
+    first = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    for i in range(10):
+        first.enqueue_request(Request(f"http://127.0.0.1/p/{i}"))
+    done = [first.next_request() for _ in range(3)]
+    for request in done:
+        first.ack(request)  # type: ignore[arg-type]
+    first.close("shutdown")  # hands back its prefetched leases
+    second = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    rest = {r.url for r in drain(second)}
+    assert rest == {f"http://127.0.0.1/p/{i}" for i in range(3, 10)}
+    second.enqueue_request(Request("http://127.0.0.1/p/0"))  # dedup state survived too
+    second.flush()
+    assert len(second.queue) == 0
+
+
+def test_without_persist_close_clears_and_flush_on_start_clears(make_crawler: Any) -> None:
+    first = open_scheduler(make_crawler(SCHEDULER_PERSIST=False))
+    first.enqueue_request(Request("http://127.0.0.1/x"))
+    first.close("finished")
+    assert len(first.queue) == 0 and len(first.df) == 0
+    kept = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    kept.enqueue_request(Request("http://127.0.0.1/y"))
+    kept.flush()
+    fresh = open_scheduler(make_crawler(SCHEDULER_PERSIST=True, SCHEDULER_FLUSH_ON_START=True))
+    assert len(fresh.queue) == 0 and len(fresh.df) == 0
+
+
+def test_undecodable_entries_go_to_the_dead_letter_list(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    scheduler.queue.push(b"\xc1garbage")
+    import msgpack
+
+    scheduler.queue.push(msgpack.packb([1, "http://127.0.0.1/z", "os_system"]))
+    scheduler.enqueue_request(Request("http://127.0.0.1/good"))
+    scheduler.flush()
+    request = scheduler.next_request()
+    assert request is not None and request.url == "http://127.0.0.1/good"
+    assert scheduler.next_request() is None
+    records = [json.loads(r) for r in client.lrange(scheduler.queue.keys.deadletter, 0, -1)]
+    assert sorted(r["reason"] for r in records) == ["undecodable", "unknown_callback"]
+    assert all(r["entry"] and r["error"] for r in records)
+    assert crawler.stats.get_value("celery_crawl/dead_letter/undecodable") == 1
+    assert crawler.stats.get_value("celery_crawl/dead_letter/unknown_callback") == 1
+    assert scheduler.queue.in_flight() == 1  # only the good one is leased
+
+
+def test_unserializable_request_is_dropped_and_counted(make_crawler: Any) -> None:
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/x", meta={"o": object()})) is False
+    assert crawler.stats.get_value("scheduler/unserializable") == 1
+
+
+def test_idle_before_close_keeps_the_spider_waiting(make_crawler: Any) -> None:
+    import time
+
+    scheduler = open_scheduler(make_crawler(SCHEDULER_IDLE_BEFORE_CLOSE=0.3))
+    assert scheduler.has_pending_requests() is True
+    time.sleep(0.35)
+    assert scheduler.has_pending_requests() is False
+    assert open_scheduler(make_crawler()).has_pending_requests() is False
+
+
+def test_unreachable_redis_is_a_clear_error(make_crawler: Any) -> None:
+    crawler = make_crawler(
+        REDIS_URL="redis://127.0.0.1:1/0", REDIS_PARAMS={"socket_connect_timeout": 0.2}
+    )
+    scheduler = Scheduler.from_crawler(crawler)
+    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1:1"):
+        scheduler.open(ForumSpider())
