@@ -16,7 +16,7 @@ Two directives, each a line of its own, put fragments into a script:
   dupefilter's fragment as ``dupefilter="dedup_bloom"``.
 
 A slot is never named like a file, so a slot and a fragment cannot be confused
-(``tests/test_scripts.py`` checks it). An unknown script or fragment, an
+(``tests/unit/test_scripts.py`` checks it). An unknown script or fragment, an
 unfilled slot, a keyword no slot takes and an include cycle raise
 :class:`~celery_crawl.errors.ScriptError`.
 """
