@@ -12,10 +12,12 @@ is read between the two phases.
 from __future__ import annotations
 
 import argparse
+import functools
 import random
 import time
 import uuid
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,10 +39,12 @@ class ForumSpider(Spider):
     def parse_comments(self, response: Any) -> None: ...
 
 
-def workload(total: int, dup_ratio: float, seed: int = 7) -> list[Request]:
-    """Forum requests: list pages, posts and comment pages, with duplicates mixed in."""
+def workload(total: int, dup_ratio: float, spider: Spider, seed: int = 7) -> list[Request]:
+    """Forum requests of ``spider``: list pages, posts and comment pages, duplicates mixed in.
+
+    Their callbacks are methods of that spider instance: the scheduler queues no other.
+    """
     rng = random.Random(seed)
-    spider = ForumSpider()
     job = uuid.UUID(int=rng.getrandbits(128)).hex
     unique = []
     for i in range(int(total * (1 - dup_ratio))):
@@ -68,6 +72,9 @@ def workload(total: int, dup_ratio: float, seed: int = 7) -> list[Request]:
     mixed = unique + dups
     rng.shuffle(mixed)
     return mixed
+
+
+MakeRequests = Callable[[Spider], list[Request]]
 
 
 @dataclass
@@ -105,26 +112,27 @@ def measure(scheduler: Any, requests: list[Request], flush: Any, memory_of: Any)
     )
 
 
-def run_celery_crawl(url: str, requests: list[Request], prefix: str) -> Result:
+def run_celery_crawl(url: str, make_requests: MakeRequests, prefix: str) -> Result:
     from celery_crawl.scheduler import Scheduler
 
     crawler = get_crawler(
         ForumSpider, {"REDIS_URL": url, "CELERY_CRAWL_KEY_PREFIX": prefix, "LOG_LEVEL": "WARNING"}
     )
     scheduler = Scheduler.from_crawler(crawler)
-    scheduler.open(ForumSpider.from_crawler(crawler))
+    spider = ForumSpider.from_crawler(crawler)
+    scheduler.open(spider)
     queue = scheduler.queue
 
     def memory_of() -> tuple[int, int]:
         levels = [queue.keys.level(int(p)) for p in queue.client.zrange(queue.keys.queue, 0, -1)]
         return scheduler.df.memory_usage(), memory(queue.client, [queue.keys.queue, *levels])
 
-    result = measure(scheduler, requests, scheduler.flush, memory_of)
+    result = measure(scheduler, make_requests(spider), scheduler.flush, memory_of)
     scheduler.clear()
     return result
 
 
-def run_scrapy_redis(url: str, requests: list[Request], prefix: str) -> Result:
+def run_scrapy_redis(url: str, make_requests: MakeRequests, prefix: str) -> Result:
     from scrapy_redis.scheduler import Scheduler
 
     crawler = get_crawler(
@@ -138,13 +146,14 @@ def run_scrapy_redis(url: str, requests: list[Request], prefix: str) -> Result:
         },
     )
     scheduler = Scheduler.from_crawler(crawler)
-    scheduler.open(ForumSpider.from_crawler(crawler))
+    spider = ForumSpider.from_crawler(crawler)
+    scheduler.open(spider)
 
     def memory_of() -> tuple[int, int]:
         client = scheduler.server
         return memory(client, [scheduler.df.key]), memory(client, [scheduler.queue.key])
 
-    result = measure(scheduler, requests, lambda: None, memory_of)
+    result = measure(scheduler, make_requests(spider), lambda: None, memory_of)
     scheduler.flush()
     return result
 
@@ -177,8 +186,9 @@ def main(argv: list[str] | None = None) -> None:
         for round_no in range(args.rounds):  # alternate, so drift hits both alike
             prefix = f"bench-{uuid.uuid4().hex[:8]}"
             # fresh Request objects each time: Scrapy caches fingerprints per object
-            ours = run_celery_crawl(url, workload(args.requests, args.dup_ratio), prefix)
-            theirs = run_scrapy_redis(url, workload(args.requests, args.dup_ratio), prefix)
+            requests = functools.partial(workload, args.requests, args.dup_ratio)
+            ours = run_celery_crawl(url, requests, prefix)
+            theirs = run_scrapy_redis(url, requests, prefix)
             results["celery_crawl"].append(ours)
             results["scrapy-redis"].append(theirs)
             print(f"round {round_no + 1}/{args.rounds} done", flush=True)

@@ -8,8 +8,8 @@ Its scheduler pushes that request into ``forum_detail``'s queue instead of its
 own, with the same job id, so the job spans both spiders. The target must be
 in the same group (``CELERY_CRAWL_SPIDER_GROUPS``): the job's counters live
 in the group's hash tag. The callback is stored by name and resolved against
-the target spider, which must have a public method of that name (typically
-both spiders share a base class).
+the target spider, which must have a method of that name (typically both
+spiders share a base class).
 """
 
 from __future__ import annotations

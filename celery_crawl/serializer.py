@@ -6,17 +6,27 @@ A request becomes a positional record::
      cb_kwargs, priority, flags, dont_filter, encoding, class]
 
 with trailing default values left off, then encoded as msgpack (the
-default) or JSON. Callbacks travel by name and are resolved only against the
-spider's own public methods; the request class only against a fixed table.
+default) or JSON. The request class is resolved only against a fixed table.
 Anything read back that does not fit raises :class:`DecodeError`, never
 another exception.
+
+Callbacks and errbacks follow Scrapy's own rule (``Request.to_dict`` and
+``request_from_dict``): any method of the spider instance, public, private,
+name-mangled or inherited from Scrapy's classes (``CrawlSpider._callback``,
+``SitemapSpider._parse_sitemap``) travels by the name it has on the spider.
+A name read back is looked up only as an attribute of the spider instance and
+accepted only if that attribute is a method bound to that same spider: nothing
+is imported, no module function or class is ever reached, properties are not
+evaluated, and special names (``__init__``) are refused.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
+import inspect
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import msgpack
@@ -59,30 +69,69 @@ class Codec(Protocol):
 
 
 def method_name(func: Callable[..., Any] | None, spider: Spider) -> str | None:
-    """The name under which ``func`` can be looked up on ``spider``."""
+    """The name under which ``func``, a method of ``spider``, is found on it again."""
     if func is None:
         return None
+    if not inspect.ismethod(func) or func.__self__ is not spider:
+        raise EncodeError(
+            f"callback {func!r} is not a method of spider {spider.name!r}: queued requests"
+            " name their callback and errback, so use a method of the spider itself"
+            " (not a function, a lambda, a partial or another object's method)"
+        )
+    for name in _candidate_names(func, spider):
+        if _is_method_of(spider, name, func):
+            return name
+    raise EncodeError(f"callback {func!r} cannot be found by name on spider {spider.name!r}")
+
+
+def _candidate_names(func: Callable[..., Any], spider: Spider) -> Iterator[str]:
+    """Its own name, its name-mangled forms (``__name`` in a class body), then any attribute."""
     name = str(getattr(func, "__name__", ""))
+    yield name
+    if name.startswith("__") and not name.endswith("__"):
+        yield from (f"_{klass.__name__.lstrip('_')}{name}" for klass in type(spider).__mro__)
+    yield from dir(spider)  # an alias, or a decorator that renamed the function
+
+
+def _is_method_of(spider: Spider, name: str, func: Callable[..., Any]) -> bool:
     try:
         own = resolve_method(spider, name)
     except DecodeError:
-        own = None
-    if own is None or getattr(own, "__func__", own) is not getattr(func, "__func__", func):
-        raise EncodeError(f"callback {func!r} is not a public method of spider {spider.name!r}")
-    return name
+        return False
+    return getattr(own, "__func__", None) is getattr(func, "__func__", func)
 
 
 def resolve_method(spider: Spider, name: str) -> Callable[..., Any]:
-    """Look ``name`` up among the spider's own public methods, and nowhere else."""
-    if not name.isidentifier() or name.startswith("_"):
-        raise DecodeError("unknown_callback", f"{name!r} is not a public method name")
-    for klass in type(spider).__mro__:
+    """The method ``name`` of this spider instance, the way Scrapy resolves it, and nothing else.
+
+    Never imports: ``name`` is only looked up on ``spider``, and the result must be a
+    method bound to ``spider``. Special names, properties and names found nowhere (which
+    ``__getattr__`` would answer) are refused without running any code.
+    """
+    if not name.isidentifier() or (name.startswith("__") and name.endswith("__")):
+        raise DecodeError("unknown_callback", f"{name!r} is not a callback name")
+    on_class = _class_attribute(type(spider).__mro__, name)
+    if on_class is _UNSAFE or (on_class is None and name not in vars(spider)):
+        raise DecodeError("unknown_callback", f"spider {spider.name!r} has no method {name!r}")
+    method = getattr(spider, name)
+    if not inspect.ismethod(method) or method.__self__ is not spider:
+        raise DecodeError("unknown_callback", f"{name!r} is not a method of spider {spider.name!r}")
+    return method
+
+
+_UNSAFE = object()
+
+
+@functools.lru_cache(maxsize=4096)
+def _class_attribute(mro: tuple[type, ...], name: str) -> object | None:
+    """``name`` as the classes define it; ``_UNSAFE`` if reading it runs code (a property)."""
+    for klass in mro:
         if name in vars(klass):
-            own = not klass.__module__.startswith("scrapy.") or name == "parse"
-            if own and callable(vars(klass)[name]):
-                return getattr(spider, name)  # type: ignore[no-any-return]
-            break
-    raise DecodeError("unknown_callback", f"spider {spider.name!r} has no public method {name!r}")
+            found = vars(klass)[name]
+            data_descriptor = hasattr(type(found), "__set__") or hasattr(type(found), "__delete__")
+            cached = isinstance(found, functools.cached_property)
+            return _UNSAFE if data_descriptor or cached else found
+    return None
 
 
 def to_record(request: Request, spider: Spider) -> list[Any]:

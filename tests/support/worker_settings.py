@@ -2,7 +2,10 @@
 
 from tasks.settings import *  # noqa: F403
 
-SPIDER_MODULES = ["tasks.spiders", "tests.support.paths_spider"]
+SPIDER_MODULES = ["tasks.spiders", "tests.support.paths_spider", "tests.support.kinds_spiders"]
+# of the spider kinds, only the CrawlSpider runs hosted: an idle hosted crawler keeps a
+# reactor thread waiting for work, so the workers host no crawler that no test uses
+CELERY_CRAWL_SPIDERS = ["forum", "forum_detail", "paths", "kind_crawl"]
 SCHEDULER_LEASE_SECONDS = 4
 SCHEDULER_REQUEUE_INTERVAL = 1
 CELERY_CRAWL_PROGRESS_INTERVAL = 0.5

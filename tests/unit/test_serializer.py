@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+from typing import Any
 
+import msgpack
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
+from scrapy.spiders import CrawlSpider, CSVFeedSpider, SitemapSpider, XMLFeedSpider
 
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.serializer import JsonCodec, MsgpackCodec, codec_from_name
-from tests.support.stub_spider import ForumSpider
+from tests.support.stub_spider import CallbackKindsSpider, ForumSpider
 
 CODECS = [MsgpackCodec(), JsonCodec()]
 SPIDER = ForumSpider()  # hypothesis tests take no function-scoped fixtures
@@ -77,9 +81,70 @@ def test_allowed_request_subclasses(cls: type[Request], spider: Spider) -> None:
     assert type(decoded) is cls
 
 
-def test_foreign_callback_cannot_be_encoded(spider: Spider) -> None:
-    with pytest.raises(EncodeError, match="not a public method of spider"):
-        MsgpackCodec().encode(Request("http://a/", callback=print), spider)
+def round_trip(callback: Any, spider: Spider, errback: Any = None) -> Request:
+    codec = MsgpackCodec()
+    request = Request("http://a/", callback=callback, errback=errback)
+    return codec.decode(codec.encode(request, spider), spider)
+
+
+def test_private_and_name_mangled_methods_round_trip(spider: Spider) -> None:
+    kinds = CallbackKindsSpider()
+    decoded = round_trip(spider._private, spider, errback=spider._private)  # type: ignore[attr-defined]
+    assert decoded.callback == decoded.errback == spider._private  # type: ignore[attr-defined]
+    assert round_trip(kinds.hidden(), kinds).callback == kinds.hidden()
+    assert round_trip(kinds.decorated, kinds).callback == kinds.decorated  # __name__ "wrapper"
+    # stored under the attribute name Scrapy finds it by, not the function's own name
+    for method, name in [
+        (kinds.hidden(), "_CallbackKindsSpider__hidden"),
+        (kinds.decorated, "decorated"),
+    ]:
+        record = msgpack.unpackb(
+            MsgpackCodec().encode(Request("http://a/", callback=method), kinds)
+        )
+        assert record[2] == name
+
+
+@pytest.mark.parametrize(
+    ("spidercls", "callback", "errback"),
+    [
+        (CrawlSpider, "_callback", "_errback"),
+        (SitemapSpider, "_parse_sitemap", None),
+        (XMLFeedSpider, "_parse", None),
+        (CSVFeedSpider, "parse_rows", None),
+        (Spider, "parse", None),
+    ],
+)
+def test_methods_inherited_from_scrapy_round_trip(
+    spidercls: type[Spider], callback: str, errback: str | None
+) -> None:
+    spider = spidercls(name="kinds")
+    own_errback = getattr(spider, errback) if errback else None
+    decoded = round_trip(getattr(spider, callback), spider, errback=own_errback)
+    assert decoded.callback == getattr(spider, callback)
+    assert decoded.errback == own_errback
+
+
+def test_a_method_of_another_instance_is_not_this_spiders(spider: Spider) -> None:
+    other = ForumSpider()
+    with pytest.raises(EncodeError, match="not a method of spider 'forum'"):
+        MsgpackCodec().encode(Request("http://a/", callback=other.parse_post), spider)
+
+
+@pytest.mark.parametrize(
+    "callback",
+    [print, lambda response: None, functools.partial(ForumSpider.parse, None)],
+    ids=["builtin", "lambda", "partial"],
+)
+def test_a_callback_that_is_no_method_cannot_be_encoded(callback: Any, spider: Spider) -> None:
+    with pytest.raises(EncodeError, match="not a method of spider"):
+        MsgpackCodec().encode(Request("http://a/", callback=callback), spider)
+
+
+@pytest.mark.parametrize("name", ["static", "klass"])
+def test_static_and_class_methods_are_not_callbacks(name: str) -> None:
+    kinds = CallbackKindsSpider()
+    with pytest.raises(EncodeError):
+        MsgpackCodec().encode(Request("http://a/", callback=getattr(kinds, name)), kinds)
 
 
 def test_unserializable_meta_is_an_encode_error(spider: Spider) -> None:
@@ -88,36 +153,50 @@ def test_unserializable_meta_is_an_encode_error(spider: Spider) -> None:
 
 
 @pytest.mark.parametrize(
-    ("name", "kind"),
+    "name",
     [
-        ("_private", "unknown_callback"),
-        ("close", "unknown_callback"),
-        ("nope", "unknown_callback"),
-        ("__class__", "unknown_callback"),
-        ("from_crawler", "unknown_callback"),
+        "nope",  # no such attribute
+        "name",  # an attribute that is no method
+        "close",  # a static method
+        "from_crawler",  # a class method: bound to the class, not to the spider
+        "static",
+        "klass",
+        "__init__",  # special names never
+        "__class__",
+        "os.system",  # never an import path
+        "builtins.print",
+        "tests.support.stub_spider.renamed",
+        "parse ",
     ],
 )
-def test_callbacks_resolve_only_to_the_spiders_public_methods(
-    name: str, kind: str, spider: Spider
-) -> None:
-    import msgpack
-
-    data = msgpack.packb([1, "http://a/", name])
+def test_names_resolve_only_to_methods_of_the_spider_instance(name: str) -> None:
+    kinds = CallbackKindsSpider()
     with pytest.raises(DecodeError) as info:
-        MsgpackCodec().decode(data, spider)
-    assert info.value.kind == kind
+        MsgpackCodec().decode(msgpack.packb([1, "http://a/", name]), kinds)
+    assert info.value.kind == "unknown_callback"
+
+
+def test_a_property_is_refused_without_being_evaluated() -> None:
+    kinds = CallbackKindsSpider()
+    with pytest.raises(DecodeError) as info:
+        MsgpackCodec().decode(msgpack.packb([1, "http://a/", "looks_like_a_method"]), kinds)
+    assert info.value.kind == "unknown_callback"
+    assert CallbackKindsSpider.reads == 0
+
+
+def test_an_instance_attribute_holding_another_objects_method_is_refused(spider: Spider) -> None:
+    spider.borrowed = ForumSpider().parse  # type: ignore[attr-defined]
+    with pytest.raises(DecodeError) as info:
+        MsgpackCodec().decode(msgpack.packb([1, "http://a/", None, "borrowed"]), spider)
+    assert info.value.kind == "unknown_callback"
 
 
 def test_parse_is_allowed(spider: Spider) -> None:
-    import msgpack
-
     request = MsgpackCodec().decode(msgpack.packb([1, "http://a/", "parse"]), spider)
     assert request.callback == spider.parse
 
 
 def test_unknown_request_class_is_refused(spider: Spider) -> None:
-    import msgpack
-
     record = [1, "http://a/", None, None, "GET", {}, b"", {}, {}, {}, 0, [], False, "utf-8", "os"]
     with pytest.raises(DecodeError) as info:
         MsgpackCodec().decode(msgpack.packb(record), spider)
@@ -155,8 +234,6 @@ def test_decoder_on_arbitrary_bytes_raises_only_decode_error(codec, data: bytes)
     )
 )
 def test_decoder_on_arbitrary_records_raises_only_decode_error(record: list) -> None:
-    import msgpack
-
     for head in ([], [1], [1, "http://a/"]):
         with contextlib.suppress(DecodeError):
             MsgpackCodec().decode(msgpack.packb(head + record), SPIDER)
