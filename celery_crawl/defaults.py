@@ -186,9 +186,26 @@ _ENTRIES = (
     Setting(
         "SCHEDULER_SERIALIZER",
         "msgpack",
-        "how queued requests are encoded: `msgpack` or `json` (`scrapy_redis.picklecompat` means"
-        " `msgpack`). Pickle is never used",
+        "how queued requests are encoded: `msgpack` or `json`, which keep the types of meta and"
+        " cb_kwargs without pickle, or `signed_pickle` (`scrapy_redis.picklecompat` means it),"
+        " which needs `SCHEDULER_PICKLE_SECRET`. docs/requests.md compares them",
         SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_ALLOWED_MODULES",
+        [],
+        "modules and packages whose enums, Items, dataclasses and attrs classes may travel in"
+        " meta and cb_kwargs, besides the package of each module of `SPIDER_MODULES`",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_PICKLE_SECRET",
+        None,
+        "`signed_pickle`: the secret (16 bytes or more) that signs every queue entry; the same in"
+        " every process of the crawl. Also read from the environment variable of the same name",
+        SCHEDULER,
+        str,
+        env=True,
     ),
     Setting(
         "SCHEDULER_PERSIST",
@@ -443,9 +460,10 @@ def render() -> str:
         " given as a string, as the environment gives it, is read as the type of its default:"
         ' `"false"`, `"0.5"`, `"a,b"` for a list, JSON for a dict.',
         "",
-        f"Hosted crawlers (`create_app`) also take {' and '.join(env)} from the environment"
-        " when set there, over the settings module, and the settings that `CELERY_CRAWL_ENV`"
-        " names. The last table lists the environment variables that are not settings.",
+        f"Hosted crawlers (`create_app`) also take {', '.join(env[:-1])} and {env[-1]} from the"
+        " environment when set there, over the settings module, and the settings that"
+        " `CELERY_CRAWL_ENV` names. The last table lists the environment variables that are not"
+        " settings.",
         "",
         "Scrapy's own settings keep their meaning and defaults, except those listed here.",
     ]

@@ -29,7 +29,7 @@ from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
-from celery_crawl.serializer import codec_from_name
+from celery_crawl.serializer import codec_from_settings
 
 HOSTED_SETTINGS: dict[str, Any] = {
     "SCHEDULER": "celery_crawl.scheduler.Scheduler",
@@ -72,7 +72,7 @@ class Project:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.loader = SpiderLoader.from_settings(settings)
-        self.codec = codec_from_name(setting(settings, "SCHEDULER_SERIALIZER"))
+        self.codec = codec_from_settings(settings)
 
     @classmethod
     def from_module(cls, module: str | None, overrides: dict[str, Any] | None = None) -> Project:

@@ -45,7 +45,7 @@ from celery_crawl.jobs import job_of
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
 from celery_crawl.routing import Router, target_of
-from celery_crawl.serializer import Codec, codec_from_name
+from celery_crawl.serializer import Codec, codec_from_settings
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -119,7 +119,7 @@ class Scheduler(BaseScheduler):
         return cls(
             queue,
             dupefilter,
-            codec_from_name(setting(settings, "SCHEDULER_SERIALIZER")),
+            codec_from_settings(settings),
             crawler=crawler,
             router=Router(queue, settings),
             persist=setting(settings, "SCHEDULER_PERSIST"),

@@ -1,12 +1,25 @@
-"""Requests to bytes and back, without pickle or eval.
+"""Requests to bytes and back: msgpack, JSON, or pickle signed with a secret.
 
 A request becomes a positional record::
 
-    [1, url, callback, errback, method, headers, body, cookies, meta,
+    [version, url, callback, errback, method, headers, body, cookies, meta,
      cb_kwargs, priority, flags, dont_filter, encoding, class]
 
-with trailing default values left off, then encoded as msgpack (the
-default) or JSON. The request class is resolved only against a fixed table.
+with trailing default values left off. Callbacks travel by name and are
+resolved only against the spider's own methods (see below); the request
+class only against a fixed table.
+
+The default codec encodes the record as msgpack, :class:`JsonCodec` as JSON.
+Neither uses pickle: values beyond plain data (tuples, dates, Decimals,
+Items, dataclasses...) travel as the tagged values of
+:mod:`celery_crawl.tags`, and a class is rebuilt only from the modules that
+``SCHEDULER_ALLOWED_MODULES`` and ``SPIDER_MODULES`` allow. A record that
+holds tagged values is version 2; one without is version 1, byte for byte
+what earlier versions wrote and read. :class:`SignedPickleCodec` pickles the
+record, for meta of any kind, and unpickles only what carries a valid
+HMAC-SHA256 made with the crawl's secret. docs/requests.md has the threat
+model.
+
 Anything read back that does not fit raises :class:`DecodeError`, never
 another exception.
 
@@ -24,19 +37,26 @@ from __future__ import annotations
 
 import base64
 import functools
+import hashlib
+import hmac
 import inspect
 import json
-from collections.abc import Callable, Iterator
+import os
+import pickle
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
-import msgpack
 from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 
-from celery_crawl.defaults import SETTINGS
+from celery_crawl import tags
+from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 
-VERSION = 1
+VERSION = 1  # what to_record writes: plain values only
+TAGGED_VERSION = 2  # meta, cb_kwargs or cookies hold tagged values
+VERSIONS = (VERSION, TAGGED_VERSION)
+TAGGED_FROM = 7  # record index of the first field that may hold tagged values (cookies)
 REQUEST_CLASSES: dict[str, type[Request]] = {
     "Request": Request,
     "FormRequest": FormRequest,
@@ -159,8 +179,8 @@ def to_record(request: Request, spider: Spider) -> list[Any]:
 
 
 def from_record(record: Any, spider: Spider) -> Request:
-    if not isinstance(record, list) or len(record) < 2 or record[0] != VERSION:
-        raise DecodeError("malformed", "not a version-1 request record")
+    if not isinstance(record, list) or len(record) < 2 or record[0] not in VERSIONS:
+        raise DecodeError("malformed", "not a request record of version 1 or 2")
     if len(record) > 2 + len(FIELDS):
         raise DecodeError("malformed", "request record has extra fields")
     fields = {name: default for name, default in FIELDS}
@@ -226,53 +246,101 @@ def build_request(url: str, fields: dict[str, Any], spider: Spider) -> Request:
         raise DecodeError("invalid_request", f"{type(exc).__name__}: {exc}") from exc
 
 
+def encode_error(request: Request, exc: EncodeError, classes: tags.Classes) -> EncodeError:
+    """``exc``, saying where in the request the value sits that cannot be encoded."""
+    roots = {"meta": request.meta, "cb_kwargs": request.cb_kwargs, "cookies": request.cookies}
+    found = tags.locate(roots, classes)
+    where = f"{found[0]} holds {found[1]}" if found is not None else str(exc)
+    return EncodeError(f"cannot encode {request}: {where}")
+
+
 class MsgpackCodec:
-    """The default: compact, and carries bytes natively."""
+    """The default: compact, carries bytes natively, and tagged values as msgpack ext types."""
 
     name = "msgpack"
 
+    def __init__(self, classes: tags.Classes | None = None) -> None:
+        self.classes = classes if classes is not None else tags.Classes()
+
     def encode(self, request: Request, spider: Spider) -> bytes:
+        record = to_record(request, spider)
+        packer = tags.Packer(self.classes)
+        data = self._pack(packer, record, request)
+        if packer.tagged:  # written again as version 2, which a version-1 reader refuses
+            record[0] = TAGGED_VERSION
+            data = self._pack(tags.Packer(self.classes), record, request)
+        return data
+
+    def _pack(self, packer: tags.Packer, record: list[Any], request: Request) -> bytes:
         try:
-            return msgpack.packb(to_record(request, spider), use_bin_type=True)  # type: ignore[no-any-return]
-        except (TypeError, ValueError, OverflowError) as exc:
+            return packer.pack(record)
+        except EncodeError as exc:
+            raise encode_error(request, exc, self.classes) from exc
+        except (TypeError, ValueError, OverflowError, RecursionError) as exc:
             raise EncodeError(f"cannot encode {request}: {exc}") from exc
 
     def decode(self, data: bytes, spider: Spider) -> Request:
+        unpacker = tags.Unpacker(self.classes)
         try:
-            record = msgpack.unpackb(data, raw=False, strict_map_key=False)
+            record = unpacker.unpack(data)
+        except DecodeError:
+            raise
         except Exception as exc:  # msgpack raises several unrelated types on garbage
             raise DecodeError("undecodable", f"not msgpack: {type(exc).__name__}") from exc
+        if unpacker.tagged and isinstance(record, list) and record[:1] == [VERSION]:
+            raise DecodeError("malformed", "a version-1 record holds tagged values")
         return from_record(record, spider)
 
 
 class JsonCodec:
-    """Readable entries; header and body bytes travel as base64 strings."""
+    """Readable entries: header and body bytes as base64, tagged values as ``{"$kind": ...}``."""
 
     name = "json"
 
+    def __init__(self, classes: tags.Classes | None = None) -> None:
+        self.classes = classes if classes is not None else tags.Classes()
+
     def encode(self, request: Request, spider: Spider) -> bytes:
         record = to_record(request, spider)
+        tree = tags.JsonTree(self.classes)
+        try:
+            record[TAGGED_FROM:] = [tree.dump(value) for value in record[TAGGED_FROM:]]
+        except EncodeError as exc:
+            raise encode_error(request, exc, self.classes) from exc
+        except RecursionError as exc:
+            raise EncodeError(f"cannot encode {request}: {exc}") from exc
+        if tree.tagged:
+            record[0] = TAGGED_VERSION
         if len(record) > 5:
             record[5] = {_b64(k): [_b64(v) for v in vs] for k, vs in record[5].items()}
         if len(record) > 6:
             record[6] = _b64(record[6])
         try:
-            return json.dumps(record, separators=(",", ":")).encode()
+            return json.dumps(record, separators=(",", ":"), allow_nan=False).encode()
         except (TypeError, ValueError) as exc:
             raise EncodeError(f"cannot encode {request}: {exc}") from exc
 
     def decode(self, data: bytes, spider: Spider) -> Request:
         try:
-            record = json.loads(data)
-            if isinstance(record, list) and len(record) > 5:
-                record[5] = {_unb64(k): [_unb64(v) for v in vs] for k, vs in record[5].items()}
-            if isinstance(record, list) and len(record) > 6:
-                record[6] = _unb64(record[6])
+            record = self._record(data)
         except DecodeError:
             raise
         except Exception as exc:
             raise DecodeError("undecodable", f"not a JSON request record: {exc}") from exc
         return from_record(record, spider)
+
+    def _record(self, data: bytes) -> Any:
+        record = json.loads(data)
+        if not isinstance(record, list):
+            return record
+        if len(record) > 5:
+            record[5] = {_unb64(k): [_unb64(v) for v in vs] for k, vs in record[5].items()}
+        if len(record) > 6:
+            record[6] = _unb64(record[6])
+        if record[:1] == [TAGGED_VERSION]:  # version 1 meta is plain, "$" keys and all
+            tree = tags.JsonTree(self.classes)
+            record[TAGGED_FROM:] = [tree.load(value) for value in record[TAGGED_FROM:]]
+        return record
 
 
 def _b64(value: bytes) -> str:
@@ -288,20 +356,109 @@ def _unb64(value: Any) -> bytes:
         raise DecodeError("malformed", "invalid base64") from exc
 
 
-CODECS: dict[str, type[MsgpackCodec] | type[JsonCodec]] = {
-    "msgpack": MsgpackCodec,
-    "json": JsonCodec,
-    # scrapy-redis names, so its settings carry over
-    "scrapy_redis.picklecompat": MsgpackCodec,
+MIN_SECRET_BYTES = 16
+SECRET_HOWTO = (
+    "set SCHEDULER_PICKLE_SECRET, in the settings or the environment of every process of the"
+    " crawl, to one long random string, e.g. the output of"
+    ' `python -c "import secrets; print(secrets.token_hex(32))"`; or use'
+    " SCHEDULER_SERIALIZER = 'msgpack', which needs no secret (see docs/requests.md)"
+)
+
+
+class SignedPickleCodec:
+    """Meta of any picklable kind, for a Redis that only the crawl's own processes can write.
+
+    An entry is ``MAGIC + HMAC-SHA256(secret, MAGIC + body) + body``, ``body`` the pickled
+    record. Decoding compares the MAC in constant time before anything is unpickled: an
+    entry without one, or with a wrong one (forged, or made with another secret), is
+    refused with :class:`DecodeError`, and the scheduler dead-letters it.
+    """
+
+    name = "signed_pickle"
+    MAGIC = b"ccsp1:"
+
+    def __init__(self, secret: str | bytes | None) -> None:
+        if not secret:
+            raise ConfigError(
+                "SCHEDULER_SERIALIZER 'signed_pickle' ('scrapy_redis.picklecompat' means it too)"
+                f" signs every queue entry and needs a secret: {SECRET_HOWTO}"
+            )
+        key = secret.encode() if isinstance(secret, str) else secret
+        if len(key) < MIN_SECRET_BYTES:
+            raise ConfigError(
+                f"SCHEDULER_PICKLE_SECRET is shorter than {MIN_SECRET_BYTES} bytes: {SECRET_HOWTO}"
+            )
+        self._key = key
+        self._head = len(self.MAGIC) + hashlib.sha256().digest_size
+
+    def _mac(self, body: bytes) -> bytes:
+        return hmac.new(self._key, self.MAGIC + body, hashlib.sha256).digest()
+
+    def encode(self, request: Request, spider: Spider) -> bytes:
+        record = to_record(request, spider)
+        try:
+            body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as exc:  # PicklingError, TypeError, AttributeError...: one meaning
+            raise EncodeError(f"cannot pickle {request}: {type(exc).__name__}: {exc}") from exc
+        return self.MAGIC + self._mac(body) + body
+
+    def decode(self, data: bytes, spider: Spider) -> Request:
+        if len(data) <= self._head or not data.startswith(self.MAGIC):
+            raise DecodeError("unsigned", "not a signed entry; it was not unpickled")
+        mac, body = data[len(self.MAGIC) : self._head], data[self._head :]
+        if not hmac.compare_digest(mac, self._mac(body)):
+            raise DecodeError(
+                "bad_signature",
+                "the signature does not match (forged, or made with another"
+                " SCHEDULER_PICKLE_SECRET); it was not unpickled",
+            )
+        try:
+            record = pickle.loads(body)
+        except Exception as exc:  # signed by us, but made by another version of the code
+            raise DecodeError("undecodable", f"signed, but {type(exc).__name__}: {exc}") from exc
+        return from_record(record, spider)
+
+
+# SCHEDULER_SERIALIZER -> the codec, from the allowed classes and the secret
+CODECS: dict[str, Callable[[tags.Classes, str | None], Codec]] = {
+    "msgpack": lambda classes, _: MsgpackCodec(classes),
+    "json": lambda classes, _: JsonCodec(classes),
+    "signed_pickle": lambda _, secret: SignedPickleCodec(secret),
+    # the scrapy-redis name: pickle, which is read back here only when signed
+    "scrapy_redis.picklecompat": lambda _, secret: SignedPickleCodec(secret),
 }
 
 
-def codec_from_name(name: str | None) -> Codec:
-    """``SCHEDULER_SERIALIZER``: ``msgpack`` (default) or ``json``."""
+def codec_from_name(
+    name: str | None, *, allowed_modules: Iterable[str] = (), secret: str | None = None
+) -> Codec:
+    """``SCHEDULER_SERIALIZER``: ``msgpack`` (default), ``json`` or ``signed_pickle``."""
     key = name or SETTINGS["SCHEDULER_SERIALIZER"].default
     if key not in CODECS:
         raise ConfigError(
-            f"SCHEDULER_SERIALIZER {key!r} is not supported; use 'msgpack' or 'json' "
-            "(pickle is never used on data read back from Redis)"
+            f"SCHEDULER_SERIALIZER {key!r} is not supported; use 'msgpack', 'json' or"
+            " 'signed_pickle' (unsigned pickle is never read back from Redis)"
         )
-    return CODECS[key]()
+    return CODECS[key](tags.Classes(allowed_modules), secret)
+
+
+def codec_from_settings(settings: Any) -> Codec:
+    """The codec ``SCHEDULER_SERIALIZER`` names, with its allowed modules or its secret."""
+    secret = setting(settings, "SCHEDULER_PICKLE_SECRET") or os.environ.get(
+        "SCHEDULER_PICKLE_SECRET"
+    )
+    return codec_from_name(
+        setting(settings, "SCHEDULER_SERIALIZER"),
+        allowed_modules=allowed_modules(settings),
+        secret=secret,
+    )
+
+
+def allowed_modules(settings: Any) -> list[str]:
+    """``SCHEDULER_ALLOWED_MODULES``, and the package of each module of ``SPIDER_MODULES``.
+
+    ``SPIDER_MODULES = ["myproject.spiders"]`` allows ``myproject`` and what is below it.
+    """
+    spiders = settings.getlist("SPIDER_MODULES") if hasattr(settings, "getlist") else []
+    packages = [name.rpartition(".")[0] or name for name in spiders]
+    return [*packages, *setting(settings, "SCHEDULER_ALLOWED_MODULES")]

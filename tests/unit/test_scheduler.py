@@ -189,3 +189,68 @@ def test_unreachable_redis_is_a_clear_error(make_crawler: Any) -> None:
     scheduler = Scheduler.from_crawler(crawler)
     with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1:1"):
         scheduler.open(ForumSpider())
+
+
+def test_rich_meta_comes_back_equal_through_another_scheduler(make_crawler: Any) -> None:
+    """Types included: the class's package is allowed as the package of SPIDER_MODULES."""
+    from tests.support.rich_values import rich_meta, same
+
+    settings = {"SCHEDULER_PERSIST": True, "SPIDER_MODULES": ["tests.support.stub_spider"]}
+    producer = open_scheduler(make_crawler(**settings))
+    consumer = open_scheduler(make_crawler(**settings))
+    meta = rich_meta()
+    spider = producer.spider
+    request = Request(
+        "http://127.0.0.1/post/1", callback=spider.parse_post, meta=meta, cb_kwargs={"m": meta}
+    )
+    assert producer.enqueue_request(request)
+    producer.flush()
+    leased = consumer.next_request()
+    assert leased is not None
+    assert same({k: leased.meta[k] for k in meta}, meta)
+    assert same(leased.cb_kwargs, {"m": meta})
+
+
+def test_a_class_outside_the_allowed_modules_is_dropped_with_the_reason(
+    make_crawler: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.support.rich_values import Product
+
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    assert not scheduler.enqueue_request(Request("http://127.0.0.1/x", meta={"p": Product()}))
+    assert crawler.stats.get_value("scheduler/unserializable") == 1
+    assert "meta['p'] holds a tests.support.rich_values.Product" in caplog.text
+    assert "add 'tests' to SCHEDULER_ALLOWED_MODULES" in caplog.text
+
+
+def test_signed_pickle_needs_a_secret_and_dead_letters_forgeries(
+    make_crawler: Any, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import pickle
+
+    from tests.support.rich_values import CALLS, NotAKind
+
+    monkeypatch.delenv("SCHEDULER_PICKLE_SECRET", raising=False)
+    with pytest.raises(ConfigError, match="set SCHEDULER_PICKLE_SECRET"):
+        Scheduler.from_crawler(make_crawler(SCHEDULER_SERIALIZER="scrapy_redis.picklecompat"))
+    settings = {
+        "SCHEDULER_SERIALIZER": "scrapy_redis.picklecompat",
+        "SCHEDULER_PICKLE_SECRET": "one-secret-for-the-whole-crawl",
+    }
+    crawler = make_crawler(**settings)
+    scheduler = open_scheduler(crawler)
+    scheduler.queue.push(pickle.dumps([1, "http://127.0.0.1/evil"]))
+    forged = make_crawler(**{**settings, "SCHEDULER_PICKLE_SECRET": "not-the-secret-of-the-crawl"})
+    other = open_scheduler(forged)
+    other.enqueue_request(Request("http://127.0.0.1/forged"))
+    other.flush()
+    scheduler.enqueue_request(Request("http://127.0.0.1/good", meta={"any": NotAKind}))
+    scheduler.flush()
+    CALLS.clear()
+    requests = drain(scheduler)
+    assert [(r.url, r.meta["any"]) for r in requests] == [("http://127.0.0.1/good", NotAKind)]
+    records = [json.loads(r) for r in client.lrange(scheduler.queue.keys.deadletter, 0, -1)]
+    assert sorted(r["reason"] for r in records) == ["bad_signature", "unsigned"]
+    assert crawler.stats.get_value("celery_crawl/dead_letter/bad_signature") == 1
+    assert CALLS == []

@@ -203,9 +203,12 @@ def test_unknown_request_class_is_refused(spider: Spider) -> None:
     assert info.value.kind == "unknown_class"
 
 
-def test_pickle_serializer_name_is_mapped_and_unknown_names_fail() -> None:
-    assert codec_from_name("scrapy_redis.picklecompat").name == "msgpack"
-    with pytest.raises(ConfigError, match="pickle"):
+def test_pickle_serializer_name_means_the_signed_codec_and_unknown_names_fail() -> None:
+    codec = codec_from_name("scrapy_redis.picklecompat", secret="s" * 32)
+    assert codec.name == "signed_pickle"
+    with pytest.raises(ConfigError, match="SCHEDULER_PICKLE_SECRET"):
+        codec_from_name("scrapy_redis.picklecompat")
+    with pytest.raises(ConfigError, match="unsigned pickle is never read back"):
         codec_from_name("pickle")
 
 
