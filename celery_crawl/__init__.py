@@ -45,6 +45,7 @@ _EXPORTS = {
             "UnknownJob",
             "JobTimeout",
             "JobFailed",
+            "JobIncomplete",
             "ScriptError",
         )
     },
@@ -57,6 +58,7 @@ __all__ = [
     "EncodeError",
     "Job",
     "JobFailed",
+    "JobIncomplete",
     "JobStatus",
     "JobTimeout",
     "RedisUnavailable",
@@ -78,6 +80,7 @@ if TYPE_CHECKING:
         DecodeError,
         EncodeError,
         JobFailed,
+        JobIncomplete,
         JobTimeout,
         RedisUnavailable,
         ScriptError,

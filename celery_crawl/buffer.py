@@ -1,11 +1,12 @@
-"""The scheduler's write-behind buffer: requests, acks and job stats, written together.
+"""The scheduler's write-behind buffer: requests, acks, job stats and dead letters, together.
 
 The requests one callback yields, the acks of the responses whose processing
-finished, and the job stat changes of the same moment reach Redis in one
-script call (:meth:`celery_crawl.queue.Base.push_many`), ``delay`` seconds
-after the first of them was buffered, or at once when ``batch_size``
-requests wait. The children always go in before, or with, their parent's
-ack, so a crash never leaves a finished parent whose children are missing.
+finished, and the job stat changes and dead-letter records (requests that
+could not be queued) of the same moment reach Redis in one script call
+(:meth:`celery_crawl.queue.Base.push_many`), ``delay`` seconds after the
+first of them was buffered, or at once when ``batch_size`` requests wait.
+The children always go in before, or with, their parent's ack, so a crash
+never leaves a finished parent whose children are missing.
 
 If Redis is away, the buffer keeps everything and tries again a second
 later: nothing buffered is lost while the process lives.
@@ -49,7 +50,7 @@ class Pending(NamedTuple):
 
 
 class WriteBehind:
-    """Buffered requests, acks and job stats of one scheduler."""
+    """Buffered requests, acks, job stats and dead-letter records of one scheduler."""
 
     def __init__(
         self,
@@ -69,6 +70,7 @@ class WriteBehind:
         self.batch_size = max(1, batch_size)
         self.pending: list[Pending] = []
         self.acks: list[bytes] = []
+        self.dead_letters: list[str] = []
         self.job_stats = JobStats()
         self._timer: Timer | None = None
 
@@ -87,6 +89,11 @@ class WriteBehind:
         self.acks.append(member)
         self.schedule(self.delay)
 
+    def dead_letter(self, record: str) -> None:
+        """Keep ``record`` in the dead-letter list at the next flush, before any ack after it."""
+        self.dead_letters.append(record)
+        self.schedule(self.delay)
+
     def schedule(self, delay: float) -> None:
         if self.call_later is None or (self._timer is not None and self._timer.active()):
             return
@@ -95,17 +102,18 @@ class WriteBehind:
     def flush(self) -> None:
         """Write buffered requests, job stats and acks to Redis in one round trip."""
         job_stats = self.job_stats.drain()
-        if not self.pending and not self.acks and not job_stats:
+        if not (self.pending or self.acks or job_stats or self.dead_letters):
             return
         pending = sorted(self.pending, key=lambda p: p.target or "")  # own first, then by target
-        acks = self.acks
-        self.pending, self.acks = [], []
+        acks, letters = self.acks, self.dead_letters
+        self.pending, self.acks, self.dead_letters = [], [], []
         try:
             own, routed = self._batches(pending)
-            flags = self.queue.push_many(own, acks, job_stats, routed)
+            flags = self.queue.push_many(own, acks, job_stats, routed, letters)
         except connection.TRANSIENT_ERRORS:
             # Redis is away (restarting?): keep everything for the next flush
             self.pending, self.acks = pending + self.pending, acks + self.acks
+            self.dead_letters = letters + self.dead_letters
             self.job_stats.restore(job_stats)
             logger.warning(
                 "Redis unreachable; %d requests and %d acks kept", len(pending), len(acks)

@@ -20,7 +20,7 @@ from celery.exceptions import Reject
 from celery_crawl import connection
 from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
 from celery_crawl.defaults import setting
-from celery_crawl.errors import JobFailed, JobTimeout
+from celery_crawl.errors import JobFailed, JobIncomplete, JobTimeout
 from celery_crawl.jobs import Job
 from celery_crawl.keys import job_spider, stopping_worker
 from celery_crawl.project import parse_seed, project_of
@@ -54,9 +54,10 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
 
 
 def finished(job: Job, result: dict[str, Any]) -> dict[str, Any]:
-    """Log the job's end; a failed job raises, so that Flower shows a failure."""
+    """Log the job's end; a failed or incomplete job raises, so that Flower shows a failure."""
     logger.info(
-        "job %s finished: spider=%s seeds=%s state=%s pages=%s items=%s errors=%s duration=%ss",
+        "job %s finished: spider=%s seeds=%s state=%s pages=%s items=%s errors=%s dropped=%s"
+        " duration=%ss",
         job.id,
         job.spider,
         result["seeds"],
@@ -64,11 +65,23 @@ def finished(job: Job, result: dict[str, Any]) -> dict[str, Any]:
         result["pages"],
         result["items"],
         sum(result["errors"].values()),
+        result["dropped"],
         result["duration"],
     )
     if result["state"] == "failed":
         raise JobFailed(f"job {job.id} fetched no page: errors {result['errors']}")
+    if result["state"] == "incomplete":
+        raise JobIncomplete(incomplete_message(job, result))
     return result
+
+
+def incomplete_message(job: Job, result: dict[str, Any]) -> str:
+    kinds = {k[8:]: v for k, v in result["errors"].items() if k.startswith("dropped/")}
+    return (
+        f"job {job.id} ended incomplete: {result['pages']} pages, but {result['dropped']}"
+        f" requests could not be queued ({kinds}); they are in the dead-letter list"
+        f" {job.keys.deadletter}, with the reason"
+    )
 
 
 def report_progress(task: Task, job: Job) -> None:

@@ -210,8 +210,9 @@ _ENTRIES = (
     Setting(
         "SCHEDULER_PERSIST",
         False,
-        "keep the queue and the dedup filter when the spider closes; when false they are deleted,"
-        " as scrapy-redis does. Hosted crawlers set it to true",
+        "keep the queue and the dedup filter when the spider closes; when false they are deleted"
+        " by the last process of the spider to close (processes killed without closing stop"
+        " counting after 3 maintenance intervals, at least 30 s). Hosted crawlers set it to true",
         SCHEDULER,
     ),
     Setting(
@@ -223,7 +224,8 @@ _ENTRIES = (
     Setting(
         "SCHEDULER_IDLE_BEFORE_CLOSE",
         0.0,
-        "seconds the spider stays open with an empty queue, waiting for work from other processes",
+        "seconds the spider stays open once nothing is queued or leased anywhere, waiting for work"
+        " from other processes (while any process holds a lease, every process stays open)",
         SCHEDULER,
     ),
     Setting(
@@ -250,7 +252,13 @@ _ENTRIES = (
         "seconds between checks for expired leases (at most a third of the lease time)",
         SCHEDULER,
     ),
-    Setting("SCHEDULER_DEADLETTER_MAX", 10_000, "entries kept in the dead-letter list", SCHEDULER),
+    Setting(
+        "SCHEDULER_DEADLETTER_MAX",
+        10_000,
+        "records kept in the dead-letter list: entries that cannot be decoded, and requests that"
+        " could not be queued",
+        SCHEDULER,
+    ),
     Setting(
         "CELERY_CRAWL_ACK_REPLICAS",
         0,

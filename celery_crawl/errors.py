@@ -12,6 +12,7 @@ All derive from :class:`CeleryCrawlError`::
     ├── UnknownJob        no job with this id exists
     ├── JobTimeout        ``Job.wait`` ran out of time (the job goes on)
     ├── JobFailed         the job fetched no page and counted errors
+    ├── JobIncomplete     the job ended, but some of its requests could not be queued
     └── ScriptError       a Lua script cannot be assembled from its files
 """
 
@@ -63,6 +64,14 @@ class JobTimeout(CeleryCrawlError):
 
 class JobFailed(CeleryCrawlError):
     """The job ended without fetching a single page, and with errors (the job task raises it)."""
+
+
+class JobIncomplete(CeleryCrawlError):
+    """The job ended, but requests of it were dropped: they could not be queued.
+
+    The job task raises it, so that the job is not reported as a clean success;
+    ``Job.wait`` returns the statistics with ``"state": "incomplete"``.
+    """
 
 
 class ScriptError(CeleryCrawlError):

@@ -27,6 +27,7 @@ from celery_crawl.keys import SpiderKeys
 from celery_crawl.middleware import LAST_RESPONSE
 
 NS = "celery_crawl"
+DROPPED = "scheduler/dropped/"  # stats field prefix of requests that could not be queued
 
 # stats hash field -> (metric, help): plain counters per spider
 COUNTERS = {
@@ -48,9 +49,14 @@ LABELLED = {
     "downloader/exception_type_count/": ("errors", "kind", "Download errors and callback errors."),
     "spider_exceptions/": ("errors", "kind", "Download errors and callback errors."),
     "celery_crawl/dead_letter/": ("dead_lettered", "reason", "Queue entries dead-lettered."),
+    DROPPED: (
+        "dropped",
+        "kind",
+        "Requests that could not be queued (dead-lettered with the reason).",
+    ),
 }
 JOB_GAUGES = ("queued", "running")  # current counts
-JOB_COUNTERS = ("done", "failed", "cancelled")  # only grow
+JOB_COUNTERS = ("done", "incomplete", "failed", "cancelled")  # only grow
 
 
 @dataclass
@@ -63,6 +69,12 @@ class Reading:
     fingerprints: int
     stats: dict[str, str]
     jobs: dict[str, int] | None  # None for a group member: its group's spider reports jobs
+
+    @property
+    def dropped(self) -> int:
+        """Requests of this spider that could not be queued, over every kind."""
+        fields = (v for k, v in self.stats.items() if k.startswith(DROPPED))
+        return int(sum(number(v) for v in fields))
 
 
 def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:

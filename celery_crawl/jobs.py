@@ -32,8 +32,19 @@ job_error = object()
 # sent by the spider middleware once per callback: how many items it yielded
 job_items = object()
 
-TERMINAL_STATES = ("done", "failed", "cancelled")
-_COUNTERS = ("pending", "leased", "done", "pages", "items", "retries", "duplicates", "purged")
+# incomplete: pages were fetched, but requests of the job could not be queued (dropped)
+TERMINAL_STATES = ("done", "incomplete", "failed", "cancelled")
+_COUNTERS = (
+    "pending",
+    "leased",
+    "done",
+    "pages",
+    "items",
+    "retries",
+    "duplicates",
+    "purged",
+    "dropped",
+)
 
 
 def job_of(obj: Any) -> str:
@@ -109,6 +120,7 @@ class JobStatus:
     pages: int
     items: int
     retries: int
+    dropped: int  # requests that could not be queued: in the dead-letter list
     errors: dict[str, int]
     status_codes: dict[str, int]
     seeds: list[Any]
@@ -135,6 +147,7 @@ class JobStatus:
             "pages": self.pages,
             "items": self.items,
             "retries": self.retries,
+            "dropped": self.dropped,
             "errors": self.errors,
             "status_codes": self.status_codes,
             "seeds": self.seeds,
@@ -156,6 +169,7 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus
         pages=counts["pages"],
         items=counts["items"],
         retries=counts["retries"],
+        dropped=counts["dropped"],
         errors={k[7:]: v for k, v in prefixed.items() if k.startswith("errors/")},
         status_codes={k[7:]: v for k, v in prefixed.items() if k.startswith("status/")},
         seeds=json.loads(fields.get("seeds", "[]")),
@@ -191,7 +205,12 @@ class Job:
         return parse_status(self.id, self.spider, raw)
 
     def wait(self, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:
-        """Block until the job is done; return its statistics."""
+        """Block until the job has ended; return its statistics.
+
+        ``state`` says how it ended: ``done``, ``incomplete`` (``dropped``
+        requests could not be queued: see the dead-letter list), ``failed``
+        (not one page, and errors) or ``cancelled``.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
         done_key = self.keys.job(self.id) + ":done"
         while True:

@@ -74,7 +74,8 @@ class SpiderKeys:
 
     Queue layout (see ``celery_crawl.queue``): ``queue`` is a sorted set of
     priority levels, ``queue:<priority>`` one list per level, ``queue:inflight``
-    the leases, ``queue:seq`` the lease counter, ``queue:signal`` the wake-up list.
+    the leases, ``queue:seq`` the lease counter, ``queue:signal`` the wake-up list,
+    ``queue:schedulers`` the processes that have the queue open.
     """
 
     spider: str
@@ -97,6 +98,11 @@ class SpiderKeys:
     @property
     def signal(self) -> str:
         return self.queue + ":signal"
+
+    @property
+    def open_schedulers(self) -> str:
+        """Sorted set of the schedulers open on the queue, score = registration deadline (ms)."""
+        return self.queue + ":schedulers"
 
     def level(self, priority: int) -> str:
         return f"{self.queue}:{priority}"

@@ -7,7 +7,9 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 - ``Q:<p>``       a list per level, holding encoded requests in arrival order;
 - ``Q:inflight``  sorted set of leases, score = deadline in unix ms;
 - ``Q:seq``       lease counter;
-- ``Q:signal``    short list of wake-up tokens for blocked pops.
+- ``Q:signal``    short list of wake-up tokens for blocked pops;
+- ``Q:schedulers`` sorted set of the schedulers that have the queue open, score =
+                  registration deadline in unix ms (renewed while they run).
 
 A list entry is ``1-byte job id length + job id + encoded request``. A lease
 member is ``8-byte lease id + 4-byte priority + entry``: unique, so identical
@@ -99,6 +101,7 @@ class Base:
         *,
         ack_replicas: int = SETTINGS["CELERY_CRAWL_ACK_REPLICAS"].default,
         ack_timeout: float = SETTINGS["CELERY_CRAWL_ACK_TIMEOUT"].default,
+        deadletter_max: int = SETTINGS["SCHEDULER_DEADLETTER_MAX"].default,
     ) -> None:
         self.client = client
         self.keys = keys
@@ -106,6 +109,7 @@ class Base:
         self.dedup = dedup
         self.ack_replicas = ack_replicas
         self.ack_timeout = ack_timeout
+        self.deadletter_max = max(1, deadletter_max)
         if ack_replicas and connection.is_cluster(client):
             raise ConfigError("CELERY_CRAWL_ACK_REPLICAS is not supported on a Redis Cluster")
 
@@ -115,30 +119,35 @@ class Base:
         acks: Sequence[bytes] = (),
         job_stats: Sequence[tuple[str, str, int]] = (),
         routed: Sequence[tuple[Base, Sequence[Entry]]] = (),
+        dead_letters: Sequence[str] = (),
     ) -> list[bool]:
-        """Enqueue ``entries``, add ``job_stats``, then ack ``acks``: one atomic round trip.
+        """Enqueue ``entries``, add ``job_stats``, keep ``dead_letters``, then ack ``acks``.
 
-        ``routed`` holds requests for the queues of other spiders of the same
-        group (same hash tag, same dupefilter class): they go in the same step.
-        Returns a flag per entry, ``entries`` first and then each routed batch
-        in order: False when the dedup filter had seen it, or its job no longer
-        runs. Acking the parent in the same step as its children means a crash
-        never leaves a finished parent whose children were not enqueued, and a
-        job is never seen done while one is missing.
+        One atomic round trip. ``routed`` holds requests for the queues of
+        other spiders of the same group (same hash tag, same dupefilter
+        class): they go in the same step. ``dead_letters`` are records of
+        requests that could not be queued, pushed onto the dead-letter list
+        (kept to ``deadletter_max``). Returns a flag per entry, ``entries``
+        first and then each routed batch in order: False when the dedup filter
+        had seen it, or its job no longer runs. Acking the parent in the same
+        step as its children means a crash never leaves a finished parent
+        whose children were not enqueued, and a job is never seen done while
+        one is missing.
         """
         batches = [entries, *(batch for _, batch in routed)]
         count = sum(len(batch) for batch in batches)
-        if not count and not acks and not job_stats:
+        if not (count or acks or job_stats or dead_letters):
             return []
-        args: list[Any] = [count, len(job_stats), len(acks)]
+        args: list[Any] = [count, len(job_stats), len(acks), len(dead_letters)]
+        args.append(self.deadletter_max)
         for lane, batch in enumerate(batches):
             for entry in batch:
                 args += entry.args(self.uses_priority, lane)
         for stat in job_stats:
             args += stat
-        args += acks
-        args += self.dedup.params
-        keys = self._push_keys() + [key for queue, _ in routed for key in queue._lane_keys()]
+        args += [*acks, *dead_letters, *self.dedup.params]
+        keys = [*self._push_keys(), self.keys.deadletter]
+        keys += [key for queue, _ in routed for key in queue._lane_keys()]
         script = self._script("enqueue", dupefilter=self.dedup.lua)
         flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
         return [bool(flag) for flag in flags]
@@ -249,22 +258,40 @@ class Base:
         keys = [self.keys.queue, self.keys.inflight, self.keys.signal, self.keys.job_prefix]
         return int(self._script("requeue")(keys=keys, args=args))
 
-    def dead_letter(self, record: str, limit: int) -> None:
-        """Keep a record of an entry that cannot be read, newest first, at most ``limit``."""
-        with self.client.pipeline(transaction=True) as pipe:
-            pipe.lpush(self.keys.deadletter, record)
-            pipe.ltrim(self.keys.deadletter, 0, limit - 1)
-            pipe.execute()
-
     def __len__(self) -> int:
         return int(self._script("queue_size")(keys=[self.keys.queue]))
 
     def in_flight(self) -> int:
         return int(self.client.zcard(self.keys.inflight))
 
+    def pending(self) -> tuple[int, int]:
+        """(queued, leased by any process): both counted in one atomic step."""
+        keys = [self.keys.queue, self.keys.inflight]
+        queued, leased = self._script("queue_pending")(keys=keys)
+        return int(queued), int(leased)
+
     def clear(self) -> None:
-        keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.signal]
-        self._script("queue_clear")(keys=keys)
+        self._script("queue_clear")(keys=self._queue_keys())
+
+    def _queue_keys(self) -> list[str]:
+        return [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.signal]
+
+    def join(self, scheduler_id: str, seconds: float) -> int:
+        """Register (or renew) an open scheduler for ``seconds``; how many are open."""
+        args = [scheduler_id, max(1, int(seconds * 1000))]
+        return int(self._script("scheduler_join")(keys=[self.keys.open_schedulers], args=args))
+
+    def leave(self, scheduler_id: str, clear: bool) -> tuple[int, int]:
+        """Unregister a scheduler; with ``clear``, the last one open clears queue and dedup.
+
+        Returns (schedulers still open, keys deleted), in one atomic step.
+        """
+        keys = [self.keys.open_schedulers, *self._queue_keys()]
+        keys += [self.keys.dupefilter, self.keys.dupefilter_count]
+        args = [scheduler_id, 1 if clear else 0, *self.dedup.params]
+        script = self._script("scheduler_leave", dupefilter=self.dedup.lua)
+        still_open, deleted = script(keys=keys, args=args)
+        return int(still_open), int(deleted)
 
 
 class PriorityQueue(Base):

@@ -19,6 +19,20 @@ A request's path through it:
    the children.
 5. Leases that expire (a process died) are put back by any running
    scheduler's maintenance; leases held at close are handed back at once.
+
+A request that cannot be queued (its meta or callback cannot be encoded, or
+it is routed outside the spider's group) is never silent: a record of it goes
+to the dead-letter list, its job counts it (``dropped`` and
+``errors/dropped/<kind>``, so the job ends ``incomplete``), the stats count it
+(``scheduler/dropped/<kind>``), and the first of each kind is logged with
+what to change. Record and job stat reach Redis in the next flush's script call.
+
+Several processes may share the queue. One has work pending while anything is
+queued or leased anywhere (a leased request may still yield children), so a
+process that starts early or late does not close while work is still coming.
+Each open scheduler is registered in Redis, renewed by its maintenance; with
+``SCHEDULER_PERSIST`` false, only the last one to close clears the queue and
+the dedup filter, in the same script that unregisters it.
 """
 
 from __future__ import annotations
@@ -27,6 +41,7 @@ import base64
 import json
 import logging
 import time
+import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
@@ -52,6 +67,15 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# what to change, per kind of request that cannot be queued
+NEXT_STEPS = {
+    "unserializable": "change what the request carries so that the request codec can encode it"
+    " (see the error: a meta or cb_kwargs value, a callback that is not a method of the"
+    " spider, a request class)",
+    "unroutable": "route requests only to spiders of the same group (CELERY_CRAWL_SPIDER_GROUPS)",
+}
+MIN_REGISTRATION_SECONDS = 30.0  # an open scheduler's registration outlives a few missed renewals
+
 
 class Scheduler(BaseScheduler):
     """``SCHEDULER = "celery_crawl.scheduler.Scheduler"``."""
@@ -69,7 +93,6 @@ class Scheduler(BaseScheduler):
         prefetch: int = SETTINGS["SCHEDULER_PREFETCH"].default,
         batch_size: int = SETTINGS["SCHEDULER_BATCH_SIZE"].default,
         requeue_interval: float = SETTINGS["SCHEDULER_REQUEUE_INTERVAL"].default,
-        deadletter_max: int = SETTINGS["SCHEDULER_DEADLETTER_MAX"].default,
         wake_timeout: float = 1.0,
         flush_delay: float = SETTINGS["SCHEDULER_FLUSH_DELAY"].default,
         router: Router | None = None,
@@ -84,7 +107,6 @@ class Scheduler(BaseScheduler):
         self.flush_on_start = flush_on_start
         self.idle_before_close = idle_before_close
         self.requeue_interval = requeue_interval
-        self.deadletter_max = deadletter_max
         self.wake_timeout = wake_timeout
         self.spider: Spider | None = None
         self.engine = EngineHooks(crawler)
@@ -102,6 +124,8 @@ class Scheduler(BaseScheduler):
         self._empty_since: float | None = None
         self._waiting = False
         self._open = False
+        self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
+        self._dropped_kinds: set[str] = set()  # logged once per kind
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -115,6 +139,7 @@ class Scheduler(BaseScheduler):
             dedup=dupefilter.script,
             ack_replicas=setting(settings, "CELERY_CRAWL_ACK_REPLICAS"),
             ack_timeout=setting(settings, "CELERY_CRAWL_ACK_TIMEOUT"),
+            deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),
         )
         return cls(
             queue,
@@ -128,7 +153,6 @@ class Scheduler(BaseScheduler):
             prefetch=setting(settings, "SCHEDULER_PREFETCH"),
             batch_size=setting(settings, "SCHEDULER_BATCH_SIZE"),
             requeue_interval=setting(settings, "SCHEDULER_REQUEUE_INTERVAL"),
-            deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),
             flush_delay=setting(settings, "SCHEDULER_FLUSH_DELAY"),
         )
 
@@ -140,6 +164,7 @@ class Scheduler(BaseScheduler):
         connection.check(self.queue.client)
         if self.flush_on_start:
             self.clear()
+        self.queue.join(self.id, self.registration_seconds)
         self.df.open()
         self.queue.requeue_expired()
         if self.engine.engine is not None:
@@ -155,27 +180,41 @@ class Scheduler(BaseScheduler):
         self.flush()
         self.queue.release(self.prefetch.held())
         self.prefetch.clear()
-        if not self.persist:
-            self.clear()
+        still_open, _ = self.queue.leave(self.id, clear=not self.persist)
+        if still_open and not self.persist:
+            logger.info(
+                "queue and dedup filter kept: %d other process(es) still have them open; "
+                "the last to close clears them (SCHEDULER_PERSIST is false)",
+                still_open,
+            )
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
         self.queue.clear()
         self.df.clear()
 
+    @property
+    def maintenance_interval(self) -> float:
+        return min(self.requeue_interval, self.queue.lease_seconds / 3)
+
+    @property
+    def registration_seconds(self) -> float:
+        """How long this scheduler counts as open without a renewal (a killed process's expires)."""
+        return max(3 * self.maintenance_interval, MIN_REGISTRATION_SECONDS)
+
     def _start_maintenance(self) -> None:
         from twisted.internet import task
 
-        interval = min(self.requeue_interval, self.queue.lease_seconds / 3)
         self._maintenance = task.LoopingCall(self.maintain)
-        self._maintenance.start(interval, now=False)
+        self._maintenance.start(self.maintenance_interval, now=False)
 
     def maintain(self) -> None:
-        """Requeue leases that expired anywhere; renew the leases this process holds."""
+        """Requeue leases that expired anywhere; renew this process's leases and registration."""
         try:
             self.flush()
             requeued = self.queue.requeue_expired()
             self.queue.extend(self.prefetch.held())
+            self.queue.join(self.id, self.registration_seconds)
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, scheduler maintenance will retry: %s", exc)
             return
@@ -192,13 +231,14 @@ class Scheduler(BaseScheduler):
         assert self.spider is not None, "scheduler not open"
         try:
             payload = self.codec.encode(request, self.spider)
-        except EncodeError as exc:
-            logger.error("dropped a request that cannot be queued: %s", exc)
-            self._inc("scheduler/unserializable")
-            return False
+        except (EncodeError, ConfigError) as exc:
+            return self.drop(request, drop_kind(exc, "unserializable"), exc)
         target = target_of(request, self.spider.name)
-        if target is not None and not self._routable(target):
-            return False
+        if target is not None:
+            try:
+                self._check_route(target)
+            except ConfigError as exc:
+                return self.drop(request, "unroutable", exc)
         fingerprint = None if request.dont_filter else self.df.fingerprint(request)
         job = job_of(request)
         if request.meta.get("retry_times"):
@@ -207,16 +247,55 @@ class Scheduler(BaseScheduler):
         self.buffer.add(Pending(request, entry, target))
         return True
 
-    def _routable(self, target: str) -> bool:
-        try:
-            if self.router is None:
-                raise ConfigError("this scheduler routes no requests to other spiders")
-            self.router.queue(target)
-        except ConfigError as exc:
-            logger.error("dropped a request: %s", exc)
-            self._inc("scheduler/unroutable")
-            return False
-        return True
+    def _check_route(self, target: str) -> None:
+        if self.router is None:
+            raise ConfigError("this scheduler routes no requests to other spiders")
+        self.router.queue(target)
+
+    def drop(self, request: Request, kind: str, error: Exception) -> bool:
+        """A request that cannot be queued: dead-lettered and counted at the next flush.
+
+        The record and the job's count go in the same script call as the
+        parent's ack (or before it), so the job cannot end without them.
+        Returns False, for ``enqueue_request`` (the engine then sends
+        ``request_dropped``).
+        """
+        job = job_of(request)
+        self.buffer.dead_letter(self._record(kind, error, "enqueue", request=shown(request)))
+        self.job_stats.add(job, "dropped")
+        self.job_stats.add(job, f"errors/dropped/{kind}")
+        self._inc(f"scheduler/dropped/{kind}")
+        self._log_drop(kind, error)
+        return False
+
+    def _log_drop(self, kind: str, error: Exception) -> None:
+        if kind in self._dropped_kinds:
+            logger.debug("dropped a request that cannot be queued (%s): %s", kind, error)
+            return
+        self._dropped_kinds.add(kind)
+        logger.error(
+            "dropped a request that cannot be queued (%s): %s. To fix: %s. Each such request"
+            " is kept in the dead-letter list %s and counted in its job (errors/dropped/%s)"
+            " and in the stats (scheduler/dropped/%s); further drops of this kind are not logged",
+            kind,
+            error,
+            NEXT_STEPS.get(kind, "see the error"),
+            self.queue.keys.deadletter,
+            kind,
+            kind,
+        )
+
+    def _record(self, kind: str, error: Exception, stage: str, **what: Any) -> str:
+        """A dead-letter record: why, where, when, and what can be shown of the request."""
+        record = {
+            "reason": kind,
+            "error": str(error),
+            "stage": stage,
+            "spider": self.queue.keys.spider,
+            "at": datetime.now(UTC).isoformat(),
+            **what,
+        }
+        return json.dumps(record)
 
     def ack(self, request: Request) -> None:
         """The engine is done with ``request``: finish its lease at the next flush."""
@@ -301,15 +380,12 @@ class Scheduler(BaseScheduler):
             return None
 
     def dead_letter(self, lease: Lease, error: DecodeError) -> None:
-        """Move an entry that cannot become a request out of the queue, with the reason."""
-        record = {
-            "reason": error.kind,
-            "error": str(error),
-            "spider": self.queue.keys.spider,
-            "at": datetime.now(UTC).isoformat(),
-            "entry": base64.b64encode(lease.payload).decode("ascii"),
-        }
-        self.queue.dead_letter(json.dumps(record), self.deadletter_max)
+        """Move an entry that cannot become a request out of the queue, with the reason.
+
+        Record, job stat and ack are one script call.
+        """
+        entry = base64.b64encode(lease.payload).decode("ascii")
+        self.buffer.dead_letter(self._record(error.kind, error, "dequeue", entry=entry))
         self.job_stats.add(lease.job, f"errors/dead_letter/{error.kind}")
         self.buffer.ack(lease.member)  # finished: its job must not wait for it
         self.flush()
@@ -317,13 +393,20 @@ class Scheduler(BaseScheduler):
         self._inc(f"celery_crawl/dead_letter/{error.kind}")
 
     def has_pending_requests(self) -> bool:
+        """Work is pending while anything is queued, or leased by any process.
+
+        A leased request may still yield children, so a process whose queue
+        is momentarily empty keeps waiting while another holds leases. When
+        both are zero, ``SCHEDULER_IDLE_BEFORE_CLOSE`` still applies.
+        """
         if self.buffer.pending or self.prefetch.waiting:
             return True
         try:
-            queued = len(self.queue)
+            self.buffer.flush()  # this process's own acks first: its finished leases don't count
+            queued, leased = self.queue.pending()
         except connection.TRANSIENT_ERRORS:
             return True  # cannot tell: stay open until Redis answers again
-        if queued > 0:
+        if queued or leased:
             self._empty_since = None
             return True
         return self._waiting_before_close()
@@ -342,3 +425,24 @@ class Scheduler(BaseScheduler):
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
             self.stats.inc_value(key, count)
+
+
+def drop_kind(error: Exception, default: str) -> str:
+    """The short label of a drop, for stats keys and the dead-letter record."""
+    return str(getattr(error, "kind", "") or default)
+
+
+def shown(request: Request) -> dict[str, str | None]:
+    """What a dead-letter record holds of a request that could not be queued: plain text only."""
+    return {
+        "url": request.url,
+        "method": request.method,
+        "callback": callback_name(request.callback),
+        "errback": callback_name(request.errback),
+        "job": job_of(request),
+    }
+
+
+def callback_name(func: Any) -> str | None:
+    """What a dead-letter record can show of a callback: its name, never the object."""
+    return None if func is None else str(getattr(func, "__name__", type(func).__name__))

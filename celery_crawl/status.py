@@ -1,7 +1,8 @@
 """``celery-crawl status``: the crawl at a glance, per spider, from Redis and Celery.
 
-Per spider: queue length, in flight, dedup size, pages/s and items/s over the
-last minute (from the per-minute counts the stats collector keeps), the
+Per spider: queue length, in flight, dedup size, requests dropped because
+they could not be queued (in the dead-letter list), pages/s and items/s over
+the last minute (from the per-minute counts the stats collector keeps), the
 running jobs with their progress; and the Celery workers online.
 """
 
@@ -32,7 +33,17 @@ def rates(previous: Raw, current: Raw, now: float) -> dict[str, float]:
     }
 
 
-PROGRESS = ("job_id", "spider", "state", "queued", "in_flight", "done", "pages", "items")
+PROGRESS = (
+    "job_id",
+    "spider",
+    "state",
+    "queued",
+    "in_flight",
+    "done",
+    "pages",
+    "items",
+    "dropped",
+)
 
 
 def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> dict[str, Any]:
@@ -55,6 +66,7 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
             "queue": reading.queued,
             "in_flight": reading.in_flight,
             "dedup": reading.fingerprints,
+            "dropped": reading.dropped,
             **spider_rates,
             "jobs": spider_jobs,
         }
@@ -111,7 +123,8 @@ def workers(app: Any, timeout: float = 1.0) -> list[str]:
 
 def render(data: dict[str, Any]) -> Group:
     spiders = Table(title="celery_crawl status")
-    for column in ("spider", "queue", "in flight", "dedup", "pages/s", "items/s", "jobs"):
+    columns = ("spider", "queue", "in flight", "dedup", "dropped", "pages/s", "items/s", "jobs")
+    for column in columns:
         spiders.add_column(column, justify="left" if column == "spider" else "right")
     for s in data["spiders"]:
         spiders.add_row(
@@ -119,6 +132,7 @@ def render(data: dict[str, Any]) -> Group:
             f"{s['queue']:,}",
             f"{s['in_flight']:,}",
             f"{s['dedup']:,}",
+            f"{s['dropped']:,}",
             f"{s['pages_per_s']:.1f}",
             f"{s['items_per_s']:.1f}",
             str(len(s["jobs"])),

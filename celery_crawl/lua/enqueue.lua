@@ -1,7 +1,8 @@
 -- Enqueue a batch of requests, each checked against the dedup filter first;
--- add per-job stats; then finish (ack) the leases of the requests that
+-- add per-job stats; keep the records of requests that could not be queued
+-- in the dead-letter list; then finish (ack) the leases of the requests that
 -- produced them. One atomic step, so a crash never leaves a finished parent
--- whose children were not enqueued.
+-- whose children were not enqueued, or whose dropped children went unrecorded.
 --
 -- KEYS[1]  queue levels: sorted set of priority levels, score = -priority
 -- KEYS[2]  signal list: wake-up tokens for blocked pops
@@ -9,16 +10,20 @@
 -- KEYS[4]  dupefilter count
 -- KEYS[5]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[6]  job key prefix: a job's hash is KEYS[6] .. job id
--- KEYS[7..] four per other spider of the group whose queue takes requests
+-- KEYS[7]  dead-letter list: newest first
+-- KEYS[8..] four per other spider of the group whose queue takes requests
 --          (the vertical split): its queue levels, signal, dupefilter key and
---          dupefilter count; lane j is KEYS[3 + 4j .. 6 + 4j], lane 0 the own
+--          dupefilter count; lane j is KEYS[4 + 4j .. 7 + 4j], lane 0 the own
 -- ARGV[1]  number of requests n
 -- ARGV[2]  number of job stat changes s
 -- ARGV[3]  number of leases to ack m
+-- ARGV[4]  number of dead-letter records d
+-- ARGV[5]  the most records the dead-letter list keeps
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
 --          payload, lane (0 = this spider's queue)
 -- then s groups: job id, field, delta
 -- then m lease members to ack
+-- then d dead-letter records (JSON text), pushed in order
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
 -- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
@@ -29,23 +34,27 @@
 -- group and the parent's ack are still one atomic step.
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
-local n, s, m = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local DEDUP_ARGV = 4 + 5 * n + 3 * s + m
+local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local FIRST = 6
+local DEDUP_ARGV = FIRST + 5 * n + 3 * s + m + d
 --!slot dupefilter
 --!include jobs
 --!include push
 
 local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
-for j = 1, (#KEYS - 6) / 4 do
-    local at = 3 + 4 * j
+for j = 1, (#KEYS - 7) / 4 do
+    local at = 4 + 4 * j
     lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
 end
-local accepted = push_requests(lanes, ARGV, 4, n)
+local accepted = push_requests(lanes, ARGV, FIRST, n)
 
-local base = 4 + 5 * n
+local base = FIRST + 5 * n
 for i = 0, s - 1 do
     job_add(ARGV[base + 3 * i], ARGV[base + 3 * i + 1], ARGV[base + 3 * i + 2])
 end
+local letters = base + 3 * s + m
+for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
+if d > 0 then redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[5]) - 1) end
 base = base + 3 * s
 ack_leases(KEYS[5], ARGV, base, base + m - 1)
 return accepted

@@ -6,9 +6,6 @@
 -- KEYS[4]  signal list
 -- ARGV     none
 -- Returns  the number of keys deleted
+--!include queue_delete
 
-local deleted = 0
-for _, level in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
-    deleted = deleted + redis.call('DEL', KEYS[1] .. ':' .. level)
-end
-return deleted + redis.call('DEL', KEYS[1], KEYS[2], KEYS[3], KEYS[4])
+return queue_delete(KEYS[1], KEYS[2], KEYS[3], KEYS[4])

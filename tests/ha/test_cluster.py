@@ -269,3 +269,27 @@ def test_a_hung_shard_keeps_the_schedulers_buffer_until_it_answers(
         time.sleep(0.1)
     assert len(scheduler.queue) == 5
     scheduler.clear()
+
+
+def test_drops_pending_counts_and_the_last_close_run_on_the_cluster(
+    cluster_client: RedisCluster, prefix: str
+) -> None:
+    """The scripts of dropped requests and of several processes, each in the spider's slot."""
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    queue = PriorityQueue(cluster_client, keys, lease_seconds=60)
+    queue.start_job("j3", [Entry(b"seed", 0, b"fp-s", "j3")], {"spider": "forum"})
+    (lease,) = queue.lease(1)
+    assert queue.pending() == (0, 1)  # nothing queued, one leased: work may still come
+    stats = [("j3", "pages", 1), ("j3", "dropped", 1), ("j3", "errors/dropped/unserializable", 1)]
+    queue.push_many([], [lease.member], stats, dead_letters=['{"reason": "unserializable"}'])
+    assert cluster_client.lrange(keys.deadletter, 0, -1) == [b'{"reason": "unserializable"}']
+    status = Job("j3", "forum", cluster_client, keys).status()
+    assert (status.state, status.dropped) == ("incomplete", 1)
+    assert queue.pending() == (0, 0)
+    queue.join("a", 60)
+    queue.join("b", 60)
+    queue.push_many([Entry(b"x", fingerprint=b"fp-x")])
+    assert queue.leave("a", clear=True) == (1, 0)
+    assert len(queue) == 1 and cluster_client.get(keys.dupefilter_count) == b"2"
+    assert queue.leave("b", clear=True)[0] == 0
+    assert len(queue) == 0 and cluster_client.get(keys.dupefilter_count) is None

@@ -16,7 +16,6 @@ from typing import Any
 import redis
 import yaml
 from celery import Celery
-from prometheus_client.parser import text_string_to_metric_families
 
 from celery_crawl import crawl
 from celery_crawl.exporter import CrawlCollector, serve
@@ -26,34 +25,11 @@ from celery_crawl.queue import Entry, PriorityQueue
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
 from tests.support.forum import assert_complete_forum_crawl, forum_seeds
+from tests.support.metrics import scrape, total
 from tests.support.ports import free_port
 from tests.support.workers import WORKER_APP, Worker
 
 SPIDERS = ("forum", "forum_detail")
-
-
-def scrape(client: redis.Redis, keys: list[SpiderKeys]) -> dict[tuple[str, tuple[Any, ...]], float]:
-    """GET /metrics from a real exporter; {(sample name, sorted labels): value}."""
-    port = free_port()
-    server, _ = serve(client, keys, port, "127.0.0.1")
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-            text = reply.read().decode()
-    finally:
-        server.shutdown()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(metrics: dict[tuple[str, tuple[Any, ...]], float], name: str, **labels: str) -> float:
-    return sum(
-        value
-        for (sample, pairs), value in metrics.items()
-        if sample == name and labels.items() <= dict(pairs).items()
-    )
 
 
 def test_exporter_metrics_match_the_stats_the_job_reported(
@@ -119,6 +95,7 @@ def exporter_names(client: redis.Redis, prefix: str) -> set[str]:
         "downloader/response_status_count/200": 1,
         "downloader/exception_type_count/TimeoutError": 1,
         "celery_crawl/dead_letter/bad_record": 1,
+        "scheduler/dropped/unserializable": 1,
         "celery_crawl/last_response_time": 1,
     }
     client.hset(keys.stats, mapping=fields)
@@ -138,6 +115,7 @@ def test_alert_rules_are_valid_and_name_only_exported_metrics(
         "CrawlLeasesExpiring",
         "CrawlNoPageFetched",
         "CrawlJobsFailing",
+        "CrawlRequestsDropped",
     }
     for alert in alerts:
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}
@@ -196,7 +174,7 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
     try:
         groups = wait_for_evaluated_rules(port, deadline=time.monotonic() + 60)
         rules_seen = [rule for group in groups for rule in group["rules"]]
-        assert len(rules_seen) == 5
+        assert len(rules_seen) == 6
         assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
         items = prometheus_api(port, "query", query="celery_crawl_items_total")["result"]
         assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]
@@ -263,10 +241,12 @@ def test_status_json_shows_spiders_jobs_and_workers(
             "queue",
             "in_flight",
             "dedup",
+            "dropped",
             "pages_per_s",
             "items_per_s",
             "jobs",
         }
+        assert entry["dropped"] == 0
     assert spiders["forum_detail"]["pages_per_s"] > 0  # pages of the last minute
     assert spiders["forum_detail"]["items_per_s"] > 0
     assert spiders["forum"]["jobs"] == []  # both jobs finished
@@ -285,7 +265,7 @@ def test_status_lists_each_running_job_once_with_its_progress(app: Celery) -> No
     client, spiders = spider_keys(app)
     data = snapshot(client, spiders, app)
     by_spider = {s["spider"]: s for s in data["spiders"]}
-    waiting = {"state": "running", "in_flight": 0, "done": 0, "pages": 0, "items": 0}
+    waiting = {"state": "running", "in_flight": 0, "done": 0, "pages": 0, "items": 0, "dropped": 0}
     assert by_spider["forum"]["jobs"] == [
         {"job_id": forum.id, "spider": "forum", "queued": len(seeds), **waiting}
     ]

@@ -4,7 +4,9 @@ Each seed is ``{"path": KIND}``; the site answers each kind its own way:
 redirects, 404, 500 until retries give up, a 503 that a retry fixes, a
 callback that raises, an errback that yields a request, a request dropped by
 a downloader middleware, a duplicate child, a slow page whose child comes
-last, and a connection refused (a download error). ``EXPECTED_ITEMS`` is what a complete job yields.
+last, and a connection refused (a download error). ``EXPECTED_ITEMS`` is what
+a complete job yields. A ``{"unqueueable": ID}`` seed's page yields a request
+whose meta cannot be encoded.
 """
 
 from __future__ import annotations
@@ -54,6 +56,9 @@ class PathsSpider(Spider):
         if "probe" in seed:  # a one-page job: /ok/probe-<id>
             url = f"{self.base}/ok/probe-{seed['probe']}"
             return [Request(url, callback=self.parse_leaf, dont_filter=True)]
+        if "unqueueable" in seed:  # a page whose callback yields a request that cannot be queued
+            url = f"{self.base}/ok/unqueueable-{seed['unqueueable']}"
+            return [Request(url, callback=self.parse_unqueueable, dont_filter=True)]
         if "chain" in seed:  # a slow job: one page after another, 0.5 s each
             url = f"{self.base}/chain/{seed['chain']}/{seed.get('length', 8)}"
             return [Request(url, callback=self.parse, dont_filter=True)]
@@ -75,6 +80,11 @@ class PathsSpider(Spider):
 
     def parse_leaf(self, response: Response) -> Iterator[Any]:
         yield {"path": response.url}
+
+    def parse_unqueueable(self, response: Response) -> Iterator[Any]:
+        yield {"path": response.url}
+        yield Request(response.url + "/child", callback=self.parse_leaf)
+        yield Request(response.url + "/never", callback=self.parse_leaf, meta={"handle": object()})
 
     def parse_raise(self, response: Response) -> Iterator[Any]:
         raise ValueError("a callback that fails")

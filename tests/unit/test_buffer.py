@@ -167,3 +167,26 @@ def test_prefetch_leases_a_batch_and_hands_it_out_one_by_one(queue: Base) -> Non
 
 def test_prefetch_on_an_empty_queue_gives_none(queue: Base) -> None:
     assert Prefetch(queue.lease, size=4).next() is None
+
+
+def test_dead_letters_go_with_the_job_stats_and_the_ack_and_wait_out_an_outage(
+    queue: Base,
+) -> None:
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    queue.start_job("j", [Entry(b"parent", job="j")], {})
+    (lease,) = queue.lease(1)
+    live = queue.client
+    queue.client = redis.Redis(port=free_port(), socket_connect_timeout=1)  # nobody listens
+    buffer.dead_letter('{"reason": "unserializable"}')
+    buffer.job_stats.add("j", "dropped")
+    buffer.ack(lease.member)
+    clock.advance(0.01)
+    assert buffer.dead_letters and buffer.acks  # kept for the retry
+    queue.client = live
+    with RoundTrips(live) as trips:
+        clock.advance(RETRY_DELAY)
+    assert trips.count == 1
+    assert live.lrange(queue.keys.deadletter, 0, -1) == [b'{"reason": "unserializable"}']
+    job = live.hgetall(queue.keys.job("j"))
+    assert (job[b"dropped"], job[b"state"]) == (b"1", b"incomplete")

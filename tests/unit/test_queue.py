@@ -172,3 +172,58 @@ def test_lease_carries_its_priority(client: redis.Redis, prefix: str) -> None:
     (lease,) = queue.pop()
     assert lease.priority == -7
     assert lease.payload == b"x"
+
+
+def test_pending_counts_queued_and_leased_in_one_call(queue: Base) -> None:
+    assert queue.pending() == (0, 0)
+    queue.push_many([Entry(b"a"), Entry(b"b", 3), Entry(b"c")])
+    (lease,) = queue.lease(1)
+    assert queue.pending() == (2, 1)
+    queue.lease(5)
+    assert queue.pending() == (0, 3)  # the queue is empty, but work may still come
+    queue.ack([lease.member])
+    assert queue.pending() == (0, 2)
+
+
+def test_dead_letters_are_kept_newest_first_up_to_the_limit(queue: Base) -> None:
+    queue.deadletter_max = 3
+    records = [f'{{"n": {i}}}' for i in range(5)]
+    assert queue.push_many([Entry(b"ok")], dead_letters=records[:2]) == [True]
+    assert queue.push_many([], dead_letters=records[2:]) == []
+    kept = queue.client.lrange(queue.keys.deadletter, 0, -1)
+    assert kept == [r.encode() for r in reversed(records[2:])]
+    assert len(queue) == 1
+
+
+def test_the_last_scheduler_to_leave_clears_queue_and_dedup(queue: Base) -> None:
+    client, keys = queue.client, queue.keys
+    assert queue.join("a", 60) == 1
+    assert queue.join("b", 60) == 2
+    assert queue.join("a", 60) == 2  # a renewal, not a third
+    queue.push_many([Entry(b"x", fingerprint=b"f" * 20), Entry(b"y", 2, b"g" * 20)])
+    assert queue.leave("a", clear=True) == (1, 0)  # b still has them open
+    assert len(queue) == 2 and client.exists(keys.dupefilter_count)
+    assert queue.leave("b", clear=True)[0] == 0
+    assert len(queue) == 0
+    assert not client.keys(f"{keys.queue}*") and not client.keys(f"{keys.dupefilter}*")
+
+
+def test_leaving_without_clear_keeps_the_state(queue: Base) -> None:
+    queue.join("a", 60)
+    queue.push_many([Entry(b"x", fingerprint=b"f" * 20)])
+    assert queue.leave("a", clear=False) == (0, 0)
+    assert len(queue) == 1
+    assert not queue.client.exists(queue.keys.open_schedulers)
+
+
+def test_a_registration_not_renewed_stops_counting(queue: Base) -> None:
+    """A killed process never blocks the clear for good: its registration runs out."""
+    queue.join("killed", 0.05)
+    queue.join("alive", 60)
+    queue.push_many([Entry(b"x")])
+    time.sleep(0.1)
+    assert queue.leave("alive", clear=True)[0] == 0
+    assert len(queue) == 0
+    queue.join("short", 0.05)
+    time.sleep(0.1)
+    assert not queue.client.exists(queue.keys.open_schedulers)  # the key expires too

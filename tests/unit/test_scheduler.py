@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import pytest
@@ -10,7 +11,8 @@ import redis
 from scrapy import Request
 
 from celery_crawl.errors import ConfigError, RedisUnavailable
-from celery_crawl.queue import FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.jobs import JOB_META, Job
+from celery_crawl.queue import Entry, FifoQueue, LifoQueue, PriorityQueue
 from celery_crawl.routing import to_spider
 from celery_crawl.scheduler import Scheduler
 from tests.support.round_trips import RoundTrips
@@ -165,11 +167,81 @@ def test_undecodable_entries_go_to_the_dead_letter_list(
     assert scheduler.queue.in_flight() == 1  # only the good one is leased
 
 
-def test_unserializable_request_is_dropped_and_counted(make_crawler: Any) -> None:
+def start_job_with_a_leased_parent(scheduler: Scheduler, job: str) -> Request:
+    """A job whose one seed the scheduler has leased, and a page counted for it."""
+    assert scheduler.spider is not None
+    payload = scheduler.codec.encode(Request("http://127.0.0.1/seed"), scheduler.spider)
+    scheduler.queue.start_job(job, [Entry(payload, job=job)], {"spider": "forum"})
+    parent = scheduler.next_request()
+    assert parent is not None
+    scheduler.job_stats.add(job, "pages")  # as the response signal does
+    return parent
+
+
+def test_a_request_that_cannot_be_queued_is_dead_lettered_counted_and_logged_once(
+    make_crawler: Any, client: redis.Redis, caplog: pytest.LogCaptureFixture
+) -> None:
     crawler = make_crawler()
     scheduler = open_scheduler(crawler)
-    assert scheduler.enqueue_request(Request("http://127.0.0.1/x", meta={"o": object()})) is False
-    assert crawler.stats.get_value("scheduler/unserializable") == 1
+    parent = start_job_with_a_leased_parent(scheduler, "j1")
+    callback = scheduler.spider.parse_post  # type: ignore[union-attr]
+    for i in range(3):
+        meta = {JOB_META: "j1", "handle": object()}
+        request = Request(f"http://127.0.0.1/bad/{i}", meta=meta, callback=callback)
+        assert scheduler.enqueue_request(request) is False
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/good", meta={JOB_META: "j1"}))
+    scheduler.ack(parent)
+    with RoundTrips(client) as trips:
+        scheduler.flush()
+    assert trips.commands == ["EVALSHA"]  # drops, the good child and the ack: one step
+    records = [json.loads(r) for r in client.lrange(scheduler.queue.keys.deadletter, 0, -1)]
+    urls = [r["request"].pop("url") for r in records]
+    assert urls == [f"http://127.0.0.1/bad/{i}" for i in (2, 1, 0)]  # newest first
+    first = records[-1]
+    assert (first["reason"], first["stage"], first["spider"]) == (
+        "unserializable",
+        "enqueue",
+        "forum",
+    )
+    assert first["request"] == {
+        "method": "GET",
+        "job": "j1",
+        "callback": "parse_post",
+        "errback": None,
+    }
+    assert first["error"] and first["at"]
+    job = Job("j1", "forum", client, scheduler.queue.keys).status()
+    assert (job.dropped, job.errors) == (3, {"dropped/unserializable": 3})
+    assert crawler.stats.get_value("scheduler/dropped/unserializable") == 3
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, "one line per kind, not one per request"
+    assert "unserializable" in errors[0] and "To fix:" in errors[0]
+    assert scheduler.queue.keys.deadletter in errors[0]
+
+
+def test_a_job_whose_requests_were_dropped_ends_incomplete(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    scheduler = open_scheduler(make_crawler())
+    parent = start_job_with_a_leased_parent(scheduler, "j2")
+    stray = to_spider(Request("http://127.0.0.1/x", meta={JOB_META: "j2"}), "not_in_the_group")
+    assert scheduler.enqueue_request(stray) is False
+    scheduler.ack(parent)
+    scheduler.flush()
+    result = Job("j2", "forum", client, scheduler.queue.keys).wait(timeout=5)
+    assert (result["state"], result["pages"], result["dropped"]) == ("incomplete", 1, 1)
+    assert result["errors"] == {"dropped/unroutable": 1}
+    (record,) = [json.loads(r) for r in client.lrange(scheduler.queue.keys.deadletter, 0, -1)]
+    assert record["reason"] == "unroutable" and "CELERY_CRAWL_SPIDER_GROUPS" in record["error"]
+
+
+def test_a_job_without_drops_still_ends_done(make_crawler: Any, client: redis.Redis) -> None:
+    scheduler = open_scheduler(make_crawler())
+    parent = start_job_with_a_leased_parent(scheduler, "j3")
+    scheduler.ack(parent)
+    scheduler.flush()
+    result = Job("j3", "forum", client, scheduler.queue.keys).wait(timeout=5)
+    assert (result["state"], result["dropped"]) == ("done", 0)
 
 
 def test_idle_before_close_keeps_the_spider_waiting(make_crawler: Any) -> None:
@@ -180,6 +252,31 @@ def test_idle_before_close_keeps_the_spider_waiting(make_crawler: Any) -> None:
     time.sleep(0.35)
     assert scheduler.has_pending_requests() is False
     assert open_scheduler(make_crawler()).has_pending_requests() is False
+
+
+def test_a_lease_held_anywhere_keeps_every_process_waiting(make_crawler: Any) -> None:
+    """The queue is empty, but another process's lease may still yield children."""
+    busy = open_scheduler(make_crawler(SCHEDULER_PERSIST=True, SCHEDULER_PREFETCH=1))
+    idle = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    busy.enqueue_request(Request("http://127.0.0.1/parent"))
+    busy.flush()
+    assert idle.has_pending_requests() is True  # queued
+    parent = busy.next_request()
+    assert parent is not None and len(busy.queue) == 0
+    assert idle.has_pending_requests() is True  # leased by the other process
+    busy.ack(parent)  # buffered: the process's own finished lease does not count
+    assert busy.has_pending_requests() is False
+    assert idle.has_pending_requests() is False
+
+
+def test_without_persist_only_the_last_scheduler_to_close_clears(make_crawler: Any) -> None:
+    first = open_scheduler(make_crawler())
+    second = open_scheduler(make_crawler())
+    first.enqueue_request(Request("http://127.0.0.1/x"))
+    first.close("finished")
+    assert len(second.queue) == 1 and len(second.df) == 1  # second still uses them
+    second.close("finished")
+    assert len(second.queue) == 0 and len(second.df) == 0
 
 
 def test_unreachable_redis_is_a_clear_error(make_crawler: Any) -> None:
@@ -219,7 +316,8 @@ def test_a_class_outside_the_allowed_modules_is_dropped_with_the_reason(
     crawler = make_crawler()
     scheduler = open_scheduler(crawler)
     assert not scheduler.enqueue_request(Request("http://127.0.0.1/x", meta={"p": Product()}))
-    assert crawler.stats.get_value("scheduler/unserializable") == 1
+    scheduler.flush()
+    assert crawler.stats.get_value("scheduler/dropped/unserializable") == 1
     assert "meta['p'] holds a tests.support.rich_values.Product" in caplog.text
     assert "add 'tests' to SCHEDULER_ALLOWED_MODULES" in caplog.text
 

@@ -1,7 +1,7 @@
 -- Job bookkeeping: included by the queue scripts, never run alone.
 --
 -- A job is a hash JOB_PREFIX .. job_id in the spider's hash tag, with fields
--- state (running, done, failed, cancelled), pending (requests enqueued and not yet
+-- state (running, done, incomplete, failed, cancelled), pending (requests enqueued and not yet
 -- acked), leased (of those, the ones in flight), done (acked), per-job stats,
 -- and finished_at. A job is done when pending drops to 0 on an ack: the ack
 -- comes after the children of the acked request were counted in, so pending
@@ -11,11 +11,14 @@
 --
 -- A job ends failed instead of done when not one page was fetched and errors
 -- were counted (fields errors/<kind>): the site was down, every download failed.
+-- It ends incomplete when pages were fetched but requests of it were dropped
+-- because they could not be queued (field dropped, with errors/dropped/<kind>):
+-- the crawl did not cover what the spider asked for.
 --
 -- A job's phase (field phase) is queued (no request leased yet), running,
--- done, failed or cancelled. The hash JOB_PREFIX .. '~states' counts jobs per phase,
--- so the exporter reads them in one command: queued and running are current
--- counts, done, failed and cancelled only ever grow. The set JOB_PREFIX .. '~active'
+-- done, incomplete, failed or cancelled. The hash JOB_PREFIX .. '~states' counts
+-- jobs per phase, so the exporter reads them in one command: queued and running
+-- are current counts, the final phases only ever grow. The set JOB_PREFIX .. '~active'
 -- holds the ids of the queued and running jobs.
 --
 -- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_phase,
@@ -29,7 +32,7 @@ local function entry_job(entry, offset)
     return string.sub(entry, offset + 1, offset + length)
 end
 
-local FINAL = {done = true, failed = true, cancelled = true}
+local FINAL = {done = true, incomplete = true, failed = true, cancelled = true}
 
 local function job_exists(job)
     return job ~= '' and redis.call('EXISTS', JOB_PREFIX .. job) == 1
@@ -71,23 +74,27 @@ local function job_leased(job)
     end
 end
 
--- How a running job ends: failed when no page came back and errors were counted.
+-- How a running job ends: failed when no page came back and errors were counted,
+-- incomplete when requests were dropped (and a page came back, or no error was
+-- counted), done otherwise.
 local function job_outcome(key)
-    if tonumber(redis.call('HGET', key, 'pages') or '0') > 0 then return 'done' end
+    local counts = redis.call('HMGET', key, 'pages', 'dropped')
+    local ended = tonumber(counts[2] or '0') > 0 and 'incomplete' or 'done'
+    if tonumber(counts[1] or '0') > 0 then return ended end
     local fields = redis.call('HGETALL', key)
     for i = 1, #fields, 2 do
         if string.sub(fields[i], 1, 7) == 'errors/' and tonumber(fields[i + 1]) > 0 then
             return 'failed'
         end
     end
-    return 'done'
+    return ended
 end
 
 local function job_finish_if_done(job)
     local key = JOB_PREFIX .. job
     if tonumber(redis.call('HGET', key, 'pending') or '1') > 0 then return end
     local state = redis.call('HGET', key, 'state')
-    if state == 'done' or state == 'failed' then return end
+    if state ~= 'running' and state ~= 'cancelled' then return end
     local now = redis.call('TIME')
     local final = state == 'running' and job_outcome(key) or state
     redis.call('HSET', key, 'state', final, 'finished_at', now[1] + now[2] / 1000000)

@@ -1,0 +1,34 @@
+-- A scheduler closes: it leaves the open schedulers and, if asked and it was
+-- the last one open (registrations past their deadline do not count), deletes
+-- the queue and the dedup filter. One step, so two processes closing at once
+-- never both clear, nor both leave the state behind.
+--
+-- KEYS[1]  open schedulers: sorted set of scheduler ids, score = deadline (ms)
+-- KEYS[2]  queue levels: sorted set of priority levels
+-- KEYS[3]  in-flight leases
+-- KEYS[4]  lease counter
+-- KEYS[5]  signal list
+-- KEYS[6]  dupefilter key (the filter's other keys are derived from it)
+-- KEYS[7]  dupefilter count
+-- ARGV[1]  this scheduler's id
+-- ARGV[2]  1: clear the queue and the dedup filter if no other scheduler is open; 0: never
+-- then     the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
+-- Returns  {schedulers still open, keys deleted}
+-- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
+--          dedup_bloom.lua or dedup_expiring.lua (it defines dedup_each_key)
+
+local DEDUP_KEY, COUNT_KEY, DEDUP_ARGV = KEYS[6], KEYS[7], 3
+--!slot dupefilter
+--!include queue_delete
+
+local now = redis.call('TIME')
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now_ms)
+local open = redis.call('ZCARD', KEYS[1])
+if open > 0 or ARGV[2] ~= '1' then return {open, 0} end
+
+local function delete(key) return redis.call('DEL', key) end
+local deleted = queue_delete(KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+deleted = deleted + dedup_each_key(delete) + delete(DEDUP_KEY .. ':kind')
+return {0, deleted}
