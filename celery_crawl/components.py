@@ -11,6 +11,7 @@ from typing import Any
 
 from scrapy.utils.misc import load_object
 
+from celery_crawl import compat
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import DUPEFILTER_CLASSES, RFPDupeFilter
 from celery_crawl.errors import ConfigError
@@ -26,6 +27,8 @@ def load_class(path: str | type, known: dict[str, Any], setting: str) -> Any:
         return path
     if path in known:
         return known[path]
+    if compat.is_scrapy_redis(path):  # never import scrapy-redis's own classes
+        raise compat.refusal(setting, path)
     try:
         return load_object(path)
     except (ImportError, NameError, ValueError) as exc:

@@ -131,7 +131,7 @@ def url_from_settings(settings: Any) -> str:
     url = setting(settings, "REDIS_URL")
     host = setting(settings, "REDIS_HOST")
     if not url and host:
-        url = f"redis://{host}:{setting(settings, 'REDIS_PORT')}/0"
+        url = f"redis://{host}:{setting(settings, 'REDIS_PORT')}/{setting(settings, 'REDIS_DB')}"
     url = str(url or os.environ.get("REDIS_URL") or DEFAULT_URL)
     if urlsplit(url).scheme not in _SCHEMES:
         raise ConfigError(f"REDIS_URL {redact(url)!r} must start with one of {_SCHEMES}")

@@ -40,8 +40,9 @@ DEDUP = "Dedup"
 STATS = "Stats"
 HOSTING = "Jobs and hosting"
 PRODUCER = "Producer"
+SPIDERS = "Start URLs and items (scrapy-redis spiders and pipeline)"
 ENVIRONMENT = "Environment variables"
-SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, ENVIRONMENT)
+SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, SPIDERS, ENVIRONMENT)
 
 # the server a client talks to when neither the settings nor the environment name one
 FALLBACK_REDIS_URL = "redis://localhost:6379/0"
@@ -128,6 +129,13 @@ _ENTRIES = (
         "REDIS_HOST", None, "scrapy-redis style: the host, when `REDIS_URL` is unset", REDIS, str
     ),
     Setting("REDIS_PORT", 6379, "scrapy-redis style: the port that goes with `REDIS_HOST`", REDIS),
+    Setting("REDIS_DB", 0, "scrapy-redis style: the database that goes with `REDIS_HOST`", REDIS),
+    Setting(
+        "REDIS_DECODE_RESPONSES",
+        False,
+        "scrapy-redis's client option; must stay false (queue entries are bytes): true is refused",
+        REDIS,
+    ),
     Setting(
         "REDIS_PARAMS",
         {"socket_connect_timeout": 5, "socket_timeout": 30, "health_check_interval": 30},
@@ -277,6 +285,13 @@ _ENTRIES = (
         DEDUP,
     ),
     Setting(
+        "SCHEDULER_DUPEFILTER_CLASS",
+        "",
+        "in scrapy-redis's defaults but never read by it: set `DUPEFILTER_CLASS`. A value other"
+        " than `DUPEFILTER_CLASS`'s is refused",
+        DEDUP,
+    ),
+    Setting(
         "DUPEFILTER_BLOOM_CAPACITY",
         1_000_000,
         "bloom filter: fingerprints the first sub-filter holds at its rate; past it, a sub-filter"
@@ -359,6 +374,66 @@ _ENTRIES = (
         100_000,
         "produce nothing while the spider's queue holds at least this many requests",
         PRODUCER,
+    ),
+    # -- Start URLs and items ------------------------------------------------
+    Setting(
+        "REDIS_START_URLS_KEY",
+        "%(prefix)s:%(name)s:start_urls",
+        "key template of the start URLs a `celery_crawl.spiders.RedisSpider` reads; `%(name)s`"
+        " (or `%(spider)s`) becomes the hash tag `{name}`, a key without it is used as is",
+        SPIDERS,
+    ),
+    Setting(
+        "REDIS_START_URLS_AS_SET",
+        False,
+        "the start key is a set (`SPOP`) instead of a list (`LPOP`)",
+        SPIDERS,
+    ),
+    Setting(
+        "REDIS_START_URLS_AS_ZSET",
+        False,
+        "the start key is a sorted set, highest score first (`ZPOPMAX`)",
+        SPIDERS,
+    ),
+    Setting(
+        "REDIS_START_URLS_BATCH_SIZE",
+        0,
+        "start URLs popped per round trip; 0: `CONCURRENT_REQUESTS`, as scrapy-redis does",
+        SPIDERS,
+    ),
+    Setting(
+        "REDIS_ENCODING",
+        "utf-8",
+        "the encoding of the start URLs and data in the start key",
+        SPIDERS,
+    ),
+    Setting(
+        "MAX_IDLE_TIME_BEFORE_CLOSE",
+        0.0,
+        "seconds a `RedisSpider` waits, idle with an empty start key, before it closes;"
+        " 0 waits forever",
+        SPIDERS,
+    ),
+    Setting(
+        "REDIS_ITEMS_KEY",
+        "%(prefix)s:%(spider)s:items",
+        "key template of the list `celery_crawl.pipelines.RedisPipeline` appends items to"
+        + _KEY_TEMPLATE,
+        SPIDERS,
+    ),
+    Setting(
+        "REDIS_ITEMS_SERIALIZER",
+        "json",
+        "how the pipeline encodes an item: `json` (Scrapy's JSON encoder) or the import path of"
+        " a function of the item that returns `str` or `bytes`",
+        SPIDERS,
+    ),
+    Setting("REDIS_ITEMS_BATCH_SIZE", 100, "items that force an immediate write to Redis", SPIDERS),
+    Setting(
+        "REDIS_ITEMS_FLUSH_DELAY",
+        0.05,
+        "seconds an item waits in the pipeline so that several reach Redis in one round trip",
+        SPIDERS,
     ),
     # -- Environment variables -----------------------------------------------
     Setting(

@@ -7,12 +7,18 @@ The scheduler needs two things Scrapy's public API does not give:
   scheduler, or the request failed for good), so that its lease is acked
   only then. The engine's slot calls ``remove_request(request)`` at exactly
   that moment; :meth:`EngineHooks.on_request_done` wraps it.
+- to know whether the engine has **work** besides its start requests
+  (:func:`has_work`), which ``Spider.start()`` of a
+  :class:`~celery_crawl.spiders.RedisSpider` needs to measure idle time while
+  it keeps polling for start URLs (``engine.spider_is_idle()`` is false as
+  long as ``start()`` runs);
 - to **wake** the engine's scheduling loop as soon as another process
   pushes work, instead of at its next 5-second heartbeat:
   ``slot.nextcall.schedule(delay)``.
 
 Checked against Scrapy 2.19 (``ExecutionEngine._slot``, a ``_Slot`` with
-``remove_request`` and ``nextcall``). If an upgrade removes them, opening
+``remove_request``, ``nextcall`` and ``scheduler``; ``engine.downloader.active``,
+``engine.scraper.slot.is_idle()``). If an upgrade removes them, opening
 the scheduler fails with a :class:`~celery_crawl.errors.ConfigError`
 instead of silently never acking. Nothing else in celery_crawl touches a
 private Scrapy name.
@@ -63,3 +69,15 @@ class EngineHooks:
         slot = getattr(self.engine, "_slot", None)
         if slot is not None:
             slot.nextcall.schedule(delay)
+
+
+def has_work(crawler: Any) -> bool:
+    """Whether the engine downloads, scrapes or has scheduled requests (start requests aside)."""
+    engine = EngineHooks(crawler).engine
+    slot = getattr(engine, "_slot", None)
+    if slot is None:
+        return False
+    scraper_slot = engine.scraper.slot
+    if scraper_slot is not None and not scraper_slot.is_idle():
+        return True
+    return bool(engine.downloader.active) or bool(slot.scheduler.has_pending_requests())

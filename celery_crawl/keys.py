@@ -56,6 +56,39 @@ def render(template: str, spider: str, prefix: str, group: str | None = None) ->
     return template % {"spider": tagged, "prefix": prefix}
 
 
+def render_loose(template: str, spider: str, prefix: str, group: str | None = None) -> str:
+    """A scrapy-redis start key: ``%(name)s`` means ``%(spider)s``; a key without it is kept as is.
+
+    scrapy-redis spiders name literal keys (``redis_key = "myspider:start_urls"``);
+    those still work, also on a Redis Cluster, because the start key is only
+    ever read by single commands.
+    """
+    template = template.replace("%(name)s", "%(spider)s")
+    if "%(spider)s" not in template:
+        return template.replace("%(prefix)s", prefix)
+    return render(template, spider, prefix, group)
+
+
+def start_urls_key(spider: str, settings: Any, template: str | None = None) -> str:
+    """The start key of ``spider``: ``template`` (the spider's ``redis_key``) or the setting."""
+    return render_loose(
+        template or setting(settings, "REDIS_START_URLS_KEY"),
+        spider,
+        setting(settings, "CELERY_CRAWL_KEY_PREFIX"),
+        group_of(spider, settings),
+    )
+
+
+def items_key(spider: str, settings: Any) -> str:
+    """The list ``celery_crawl.pipelines.RedisPipeline`` appends ``spider``'s items to."""
+    return render(
+        setting(settings, "REDIS_ITEMS_KEY"),
+        spider,
+        setting(settings, "CELERY_CRAWL_KEY_PREFIX"),
+        group_of(spider, settings),
+    )
+
+
 def group_of(spider: str, settings: Any) -> str:
     """The spider's group (``CELERY_CRAWL_SPIDER_GROUPS``); a spider is its own by default."""
     return str(setting(settings, "CELERY_CRAWL_SPIDER_GROUPS").get(spider) or spider)

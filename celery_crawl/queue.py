@@ -319,4 +319,7 @@ QUEUE_CLASSES: dict[str, type[Base]] = {
     "scrapy_redis.queue.PriorityQueue": PriorityQueue,
     "scrapy_redis.queue.FifoQueue": FifoQueue,
     "scrapy_redis.queue.LifoQueue": LifoQueue,
+    "scrapy_redis.queue.SpiderPriorityQueue": PriorityQueue,
+    "scrapy_redis.queue.SpiderQueue": FifoQueue,
+    "scrapy_redis.queue.SpiderStack": LifoQueue,
 }

@@ -49,7 +49,7 @@ from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from twisted.python.failure import Failure
 
-from celery_crawl import connection
+from celery_crawl import compat, connection
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.defaults import SETTINGS, setting
@@ -130,6 +130,7 @@ class Scheduler(BaseScheduler):
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = crawler.settings
+        compat.check_settings(settings, crawler.spidercls)
         client = connection.from_settings(settings)
         dupefilter = dupefilter_class(settings).from_crawler(crawler)
         queue = queue_class(settings)(

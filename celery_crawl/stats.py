@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 from scrapy.statscollectors import StatsCollector, StatsT
 
-from celery_crawl import connection, scripts
+from celery_crawl import compat, connection, scripts
 from celery_crawl.defaults import setting
 from celery_crawl.keys import SpiderKeys
 
@@ -88,6 +88,7 @@ class RedisStatsCollector(StatsCollector):
 
     def __init__(self, crawler: Crawler, client: redis.Redis | None = None) -> None:
         super().__init__(crawler)
+        compat.check_settings(crawler.settings)
         self.client = client or connection.from_settings(crawler.settings)
         self.keys = SpiderKeys.from_settings(crawler.spidercls.name, crawler.settings)
         self.flush_interval: float = setting(crawler.settings, "STATS_FLUSH_INTERVAL")
