@@ -38,7 +38,7 @@ EQUIVALENTS: dict[str, str] = {
     "scrapy_redis.queue.SpiderQueue": "celery_crawl.queue.FifoQueue",
     "scrapy_redis.queue.LifoQueue": "celery_crawl.queue.LifoQueue",
     "scrapy_redis.queue.SpiderStack": "celery_crawl.queue.LifoQueue",
-    "scrapy_redis.picklecompat": "msgpack",
+    "scrapy_redis.picklecompat": "signed_pickle",
     "scrapy_redis.connection.get_redis": "celery_crawl.connection.get_redis",
     "scrapy_redis.connection.get_redis_from_settings": "celery_crawl.connection.from_settings",
     "scrapy_redis.connection.from_settings": "celery_crawl.connection.from_settings",
