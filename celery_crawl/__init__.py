@@ -46,6 +46,7 @@ _EXPORTS = {
             "JobTimeout",
             "JobFailed",
             "ScriptError",
+            "CookieError",
         )
     },
 }
@@ -53,6 +54,7 @@ __all__ = [
     "BadSeed",
     "CeleryCrawlError",
     "ConfigError",
+    "CookieError",
     "DecodeError",
     "EncodeError",
     "Job",
@@ -75,6 +77,7 @@ if TYPE_CHECKING:
         BadSeed,
         CeleryCrawlError,
         ConfigError,
+        CookieError,
         DecodeError,
         EncodeError,
         JobFailed,

@@ -40,8 +40,9 @@ DEDUP = "Dedup"
 STATS = "Stats"
 HOSTING = "Jobs and hosting"
 PRODUCER = "Producer"
+COOKIES = "Shared cookies"
 ENVIRONMENT = "Environment variables"
-SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, ENVIRONMENT)
+SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, COOKIES, ENVIRONMENT)
 
 # the server a client talks to when neither the settings nor the environment name one
 FALLBACK_REDIS_URL = "redis://localhost:6379/0"
@@ -334,6 +335,29 @@ _ENTRIES = (
         100_000,
         "produce nothing while the spider's queue holds at least this many requests",
         PRODUCER,
+    ),
+    # -- Shared cookies ------------------------------------------------------
+    Setting(
+        "COOKIES_SHARED",
+        False,
+        "share the spider's cookie jars through Redis, so a login made by one process serves"
+        " every process (`celery_crawl.cookies.SharedCookiesMiddleware`; see docs/cookies.md)."
+        " Set it in the spider's `custom_settings`",
+        COOKIES,
+    ),
+    Setting(
+        "COOKIES_SHARED_REFRESH",
+        1.0,
+        "seconds a process sends requests with its copy of a shared jar before it checks for"
+        " changes made by other processes (requests derived from a response always see what that"
+        " response stored); 0 checks before every request",
+        COOKIES,
+    ),
+    Setting(
+        "COOKIES_SHARED_TTL",
+        86_400,
+        "seconds a shared jar is kept in Redis after its last change",
+        COOKIES,
     ),
     # -- Environment variables -----------------------------------------------
     Setting(
