@@ -47,6 +47,7 @@ _EXPORTS = {
             "JobFailed",
             "JobIncomplete",
             "ScriptError",
+            "CookieError",
         )
     },
 }
@@ -54,6 +55,7 @@ __all__ = [
     "BadSeed",
     "CeleryCrawlError",
     "ConfigError",
+    "CookieError",
     "DecodeError",
     "EncodeError",
     "Job",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:
         BadSeed,
         CeleryCrawlError,
         ConfigError,
+        CookieError,
         DecodeError,
         EncodeError,
         JobFailed,

@@ -41,8 +41,9 @@ STATS = "Stats"
 HOSTING = "Jobs and hosting"
 PRODUCER = "Producer"
 SPIDERS = "Start URLs and items (scrapy-redis spiders and pipeline)"
+COOKIES = "Shared cookies"
 ENVIRONMENT = "Environment variables"
-SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, SPIDERS, ENVIRONMENT)
+SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, SPIDERS, COOKIES, ENVIRONMENT)
 
 # the server a client talks to when neither the settings nor the environment name one
 FALLBACK_REDIS_URL = "redis://localhost:6379/0"
@@ -434,6 +435,29 @@ _ENTRIES = (
         0.05,
         "seconds an item waits in the pipeline so that several reach Redis in one round trip",
         SPIDERS,
+    ),
+    # -- Shared cookies ------------------------------------------------------
+    Setting(
+        "COOKIES_SHARED",
+        False,
+        "share the spider's cookie jars through Redis, so a login made by one process serves"
+        " every process (`celery_crawl.cookies.SharedCookiesMiddleware`; see docs/cookies.md)."
+        " Set it in the spider's `custom_settings`",
+        COOKIES,
+    ),
+    Setting(
+        "COOKIES_SHARED_REFRESH",
+        1.0,
+        "seconds a process sends requests with its copy of a shared jar before it checks for"
+        " changes made by other processes (requests derived from a response always see what that"
+        " response stored); 0 checks before every request",
+        COOKIES,
+    ),
+    Setting(
+        "COOKIES_SHARED_TTL",
+        86_400,
+        "seconds a shared jar is kept in Redis after its last change",
+        COOKIES,
     ),
     # -- Environment variables -----------------------------------------------
     Setting(

@@ -13,7 +13,8 @@ All derive from :class:`CeleryCrawlError`::
     ├── JobTimeout        ``Job.wait`` ran out of time (the job goes on)
     ├── JobFailed         the job fetched no page and counted errors
     ├── JobIncomplete     the job ended, but some of its requests could not be queued
-    └── ScriptError       a Lua script cannot be assembled from its files
+    ├── ScriptError       a Lua script cannot be assembled from its files
+    └── CookieError       a cookie read back from a shared jar is malformed
 """
 
 from __future__ import annotations
@@ -76,3 +77,7 @@ class JobIncomplete(CeleryCrawlError):
 
 class ScriptError(CeleryCrawlError):
     """A Lua script cannot be assembled: unknown script or fragment, or a slot left unfilled."""
+
+
+class CookieError(CeleryCrawlError):
+    """A cookie read back from a shared cookie jar is malformed (it is skipped and counted)."""

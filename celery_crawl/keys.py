@@ -29,6 +29,7 @@ STATS_TEMPLATE: str = SETTINGS["STATS_KEY"].default
 DEADLETTER_TEMPLATE: str = SETTINGS["SCHEDULER_DEADLETTER_KEY"].default
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
 PRODUCER_TEMPLATE = "%(prefix)s:%(spider)s:producer"
+COOKIES_TEMPLATE = "%(prefix)s:%(spider)s:cookies"
 
 
 def job_spider(prefix: str, job_id: str) -> str:
@@ -119,6 +120,7 @@ class SpiderKeys:
     deadletter: str
     job_prefix: str
     producer: str
+    cookies: str
 
     @property
     def inflight(self) -> str:
@@ -143,6 +145,14 @@ class SpiderKeys:
     def job(self, job_id: str) -> str:
         """A job's hash: state, counters and per-job stats (``lua/include/jobs.lua``)."""
         return self.job_prefix + job_id
+
+    def cookie_jar(self, job: str, jar: str) -> str:
+        """A shared cookie jar (``celery_crawl.cookie_store``): one per job and jar name.
+
+        ``job`` is ``""`` outside hosted jobs: the jar is then the spider's own.
+        """
+        owner = f"job:{job}" if job else "spider"
+        return f"{self.cookies}:{owner}:{jar}"
 
     @property
     def sources(self) -> str:
@@ -203,6 +213,7 @@ class SpiderKeys:
             deadletter=render(deadletter, spider, prefix, group),
             job_prefix=render(job, group, prefix),  # shared by the group: jobs span it
             producer=render(PRODUCER_TEMPLATE, spider, prefix, group),
+            cookies=render(COOKIES_TEMPLATE, spider, prefix, group),
         )
 
     @classmethod

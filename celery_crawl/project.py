@@ -41,9 +41,14 @@ HOSTED_SETTINGS: dict[str, Any] = {
 }
 # added to Scrapy's *_BASE dicts, so a spider's own custom_settings
 # (DOWNLOADER_MIDDLEWARES = {...}) cannot drop them
-HOSTED_MIDDLEWARES = {
+HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
     "SPIDER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
-    "DOWNLOADER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobDownloaderMiddleware": 950},
+    "DOWNLOADER_MIDDLEWARES_BASE": {
+        "celery_crawl.middleware.JobDownloaderMiddleware": 950,
+        # Scrapy's, unless the spider sets COOKIES_SHARED: then its jars are shared
+        "scrapy.downloadermiddlewares.cookies.CookiesMiddleware": None,
+        "celery_crawl.cookies.SharedCookiesMiddleware": 700,
+    },
 }
 # settings always taken from the environment when set there (marked env in
 # celery_crawl.defaults); a project adds its own with CELERY_CRAWL_ENV = [...]

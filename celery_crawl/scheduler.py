@@ -52,6 +52,7 @@ from twisted.python.failure import Failure
 from celery_crawl import compat, connection
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.components import dupefilter_class, queue_class
+from celery_crawl.cookies import check_installed
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
@@ -172,6 +173,7 @@ class Scheduler(BaseScheduler):
             self.engine.on_request_done(self.ack)
             self._start_maintenance()
         if self.crawler is not None:
+            check_installed(self.crawler.settings)
             self.job_stats.connect(self.crawler.signals)
 
     def close(self, reason: str) -> None:

@@ -293,3 +293,32 @@ def test_drops_pending_counts_and_the_last_close_run_on_the_cluster(
     assert len(queue) == 1 and cluster_client.get(keys.dupefilter_count) == b"2"
     assert queue.leave("b", clear=True)[0] == 0
     assert len(queue) == 0 and cluster_client.get(keys.dupefilter_count) is None
+
+
+def test_shared_cookie_jars_live_in_their_spiders_slot_on_the_cluster(
+    cluster: list[Server], cluster_client: RedisCluster, make_crawler: Any, prefix: str
+) -> None:
+    from scrapy import Request
+    from scrapy.http import Response
+
+    from celery_crawl.cookies import SharedCookiesMiddleware
+    from celery_crawl.jobs import JOB_META
+
+    url = cluster_url(cluster)
+    login, other = (
+        SharedCookiesMiddleware.from_crawler(make_crawler(REDIS_URL=url, COOKIES_SHARED=True))
+        for _ in range(2)
+    )
+    request = Request("http://www.site.test/login", meta={JOB_META: "j1"})
+    login.process_request(request)
+    login.process_response(request, Response(request.url, headers={"Set-Cookie": "s=1; Path=/"}))
+    member = Request("http://www.site.test/members/1.html", meta={JOB_META: "j1"})
+    other.process_request(member)
+    assert member.headers["Cookie"] == b"s=1"
+    forum = SpiderKeys.build("forum", prefix=prefix)
+    detail = SpiderKeys.build("forum_detail", group="forum", prefix=prefix)
+    jar = forum.cookie_jar("j1", "default")
+    assert cluster_client.exists(jar) == 1
+    slots = {cluster_client.keyslot(key) for key in (jar, detail.cookie_jar("", "int.1"))}
+    assert slots == {cluster_client.keyslot("{forum}")}
+    cluster_client.delete(jar)

@@ -14,7 +14,8 @@
   cookie; ``/members/{n}.html``: 200 with that cookie, 403 without.
 
 Every request is recorded (``hits``: path -> count) so a test can check that
-each page was fetched, and fetched once. Bounded: a ``ThreadingHTTPServer`` on
+each page was fetched, and fetched once; so is every answer's status
+(``statuses``: status -> count). Bounded: a ``ThreadingHTTPServer`` on
 127.0.0.1, stopped when the context manager exits.
 """
 
@@ -40,6 +41,7 @@ class StaticSite:
     feed_items: int = 50
     url: str = ""
     hits: Counter[str] = field(default_factory=Counter)
+    statuses: Counter[int] = field(default_factory=Counter)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def links(self, n: int) -> list[int]:
@@ -56,6 +58,10 @@ class StaticSite:
     def record(self, path: str) -> None:
         with self._lock:
             self.hits[path] += 1
+
+    def record_status(self, status: int) -> None:
+        with self._lock:
+            self.statuses[status] += 1
 
     def html(self, n: int) -> str:
         links = "".join(f'<li><a href="/page/{t}.html">page {t}</a></li>' for t in self.links(n))
@@ -105,6 +111,10 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         pass
+
+    def send_response(self, code: int, message: str | None = None) -> None:
+        self.site.record_status(code)
+        super().send_response(code, message)
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]

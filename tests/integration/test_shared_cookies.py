@@ -1,0 +1,84 @@
+"""A login made by one ``scrapy crawl`` process serves another that shares its queue."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import redis
+
+from celery_crawl.keys import SpiderKeys
+from tests.support import ROOT
+from tests.support.static_site import StaticSite, serve
+
+PAGES = 120
+
+
+def read_items(path: Path) -> list[dict[str, int]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line]
+
+
+def crawl(args: list[str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-m", "tests.support.members_crawl", *args], cwd=ROOT)
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert proc.poll() is None, "the waiting process ended before its spider opened"
+        assert time.monotonic() < deadline, f"{path.name} not written in {timeout} s"
+        time.sleep(0.1)
+
+
+def run_pair(redis_url: str, prefix: str, site: StaticSite, tmp: Path, shared: str) -> list[Path]:
+    """The waiting process first; once its spider is open, the one that logs in."""
+    feeds, ready = [tmp / "login.jsonl", tmp / "other.jsonl"], tmp / "ready"
+    common = [redis_url, prefix, site.url]
+    other = crawl([*common, str(feeds[1]), f"wait:{ready}", shared, str(PAGES)])
+    procs = [other]
+    try:
+        wait_for_file(ready, other)
+        procs.append(crawl([*common, str(feeds[0]), "login", shared, str(PAGES)]))
+        for proc in procs:
+            assert proc.wait(timeout=180) == 0
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    return feeds
+
+
+def test_a_login_in_one_process_serves_the_other(
+    redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    with serve(StaticSite(pages=PAGES)) as site:
+        feeds = run_pair(redis_url, prefix, site, tmp_path, "on")
+        hits, statuses = Counter(site.hits), Counter(site.statuses)
+    login, other = read_items(feeds[0]), read_items(feeds[1])
+    assert login and other, "both processes fetched member pages"
+    assert sorted(item["n"] for item in login + other) == list(range(1, PAGES + 1))
+    assert {item["status"] for item in login + other} == {200}
+    assert hits["/login"] == 1, "only one process logged in"
+    assert all(hits[f"/members/{n}.html"] == 1 for n in range(1, PAGES + 1))
+    assert statuses == {200: PAGES + 1}, "not one 403 at the site"
+    jar = SpiderKeys.build("members_e2e", prefix=prefix).cookie_jar("", "default")
+    assert b"127.0.0.1|/|session" in client.hkeys(jar)
+
+
+def test_without_the_shared_jar_the_other_process_gets_403s(
+    redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    """The same crawl with COOKIES_SHARED off, as users saw it: the test above can fail."""
+    with serve(StaticSite(pages=PAGES)) as site:
+        feeds = run_pair(redis_url, prefix, site, tmp_path, "off")
+    login, other = read_items(feeds[0]), read_items(feeds[1])
+    assert {item["status"] for item in login} == {200}
+    assert other and {item["status"] for item in other} == {403}
+    assert not list(client.scan_iter(match=f"{prefix}:*cookies*"))
