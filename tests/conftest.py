@@ -39,10 +39,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """``REDIS_URL`` when set; otherwise an embedded Valkey on a free port."""
+def server_url() -> Iterator[str]:
+    """A plain server: ``REDIS_URL`` when set; otherwise an embedded Valkey on a free port."""
     with embedded.redis_url() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def redis_url(server_url: str) -> str:
+    """Where crawl state lives: the plain server, unless a module moves it (to a cluster)."""
+    return server_url
 
 
 @pytest.fixture
@@ -80,9 +86,9 @@ def make_crawler(settings: dict[str, Any]) -> Any:
 
 
 @pytest.fixture
-def db_url(redis_url: str) -> str:
-    """A database of this test's own: Celery's queues and results stay apart."""
-    base = redis_url.rsplit("/", 1)[0] if redis_url.count("/") > 2 else redis_url
+def db_url(server_url: str) -> str:
+    """A database of this test's own on the plain server: Celery's queues and results stay apart."""
+    base = server_url.rsplit("/", 1)[0] if server_url.count("/") > 2 else server_url
     url = f"{base}/{next(_databases)}"
     redis.Redis.from_url(url).flushdb()
     return url

@@ -6,9 +6,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_crawl import create_app
+from celery_crawl.connection import get_redis
 from tests.support.workers import WORKER_APP, WORKER_SETTINGS, Worker, worker_env
 
 
@@ -21,6 +23,12 @@ def env(
     for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
         monkeypatch.setenv(name, values[name])
     return values
+
+
+@pytest.fixture
+def state_client(env: dict[str, str]) -> redis.Redis:
+    """A client of the server that holds the workers' crawl state."""
+    return get_redis(env["REDIS_URL"])
 
 
 @pytest.fixture

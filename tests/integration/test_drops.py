@@ -18,7 +18,10 @@ from tests.support.workers import Worker
 
 
 def test_a_job_whose_callback_yields_an_unqueueable_request_ends_incomplete(
-    app: Celery, start_worker: Callable[..., Worker], paths_site: PathsSite, db_url: str
+    app: Celery,
+    start_worker: Callable[..., Worker],
+    paths_site: PathsSite,
+    state_client: redis.Redis,
 ) -> None:
     worker = start_worker(pool="solo")
     job = crawl("paths", [{"unqueueable": "1"}], app=app)
@@ -34,7 +37,7 @@ def test_a_job_whose_callback_yields_an_unqueueable_request_ends_incomplete(
     output = worker.output()
     assert output.count("dropped a request that cannot be queued (unserializable)") == 1
 
-    client = redis.Redis.from_url(db_url)
+    client = state_client
     keys = project_of(app).keys("paths")
     (record,) = [json.loads(r) for r in client.lrange(keys.deadletter, 0, -1)]
     assert record["reason"] == "unserializable" and record["error"]
