@@ -22,7 +22,10 @@ from tests.integration.test_scrapy_redis_examples import (
     test_mycrawler_redis_follows_every_link_from_a_start_url,
     test_myspider_redis_reads_urls_and_json_from_the_start_key,
 )
-from tests.integration.test_shared_cookies import test_a_login_in_one_process_serves_the_other
+from tests.integration.test_shared_cookies import (
+    test_a_hosted_jobs_login_serves_both_worker_processes_and_no_other_job,
+    test_a_login_in_one_process_serves_the_other,
+)
 from tests.integration.test_shared_queue import (
     crawl,
     site,
@@ -43,6 +46,7 @@ __all__ = [  # collected again here, with the fixtures below
     "start_worker",
     "state_client",
     "test_a_hosted_crawl_spider_runs_a_job_to_done",
+    "test_a_hosted_jobs_login_serves_both_worker_processes_and_no_other_job",
     "test_a_job_whose_callback_yields_an_unqueueable_request_ends_incomplete",
     "test_a_login_in_one_process_serves_the_other",
     "test_a_process_started_while_the_queue_is_empty_waits_and_crawls",

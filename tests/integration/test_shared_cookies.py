@@ -7,13 +7,18 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from celery import Celery
 
+from celery_crawl import crawl as crawl_job
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.project import project_of
 from tests.support import ROOT
 from tests.support.static_site import StaticSite, serve
+from tests.support.workers import Worker
 
 PAGES = 120
 
@@ -82,3 +87,39 @@ def test_without_the_shared_jar_the_other_process_gets_403s(
     assert {item["status"] for item in login} == {200}
     assert other and {item["status"] for item in other} == {403}
     assert not list(client.scan_iter(match=f"{prefix}:*cookies*"))
+
+
+def test_a_hosted_jobs_login_serves_both_worker_processes_and_no_other_job(
+    app: Celery,
+    start_worker: Callable[..., Worker],
+    state_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    """Job A logs in once; its member pages, leased by two processes, are all 200. Job B,
+    of the same spider at the same time, never logged in: its jar is its own, all 403."""
+    start_worker("w1", pool="solo")
+    start_worker("w2", pool="solo")
+    pages = 200
+    with serve(StaticSite(pages=pages)) as site:
+        seed = {"site": site.url, "pages": pages}
+        a = crawl_job("hosted_members", [{**seed, "tag": "a", "login": True}], app=app)
+        b = crawl_job("hosted_members", [{**seed, "tag": "b", "login": False}], app=app)
+        results = {tag: job.wait(timeout=180) for tag, job in (("a", a), ("b", b))}
+        assert site.hits["/login"] == 1
+    assert {tag: r["state"] for tag, r in results.items()} == {"a": "done", "b": "done"}
+    keys = project_of(app).keys("hosted_members")
+    jar = state_client.hgetall(keys.cookie_jar(a.id, "default"))
+    assert any(field.endswith(b"|session") for field in jar)  # job A's jar, in Redis
+    assert 0 < state_client.ttl(keys.cookie_jar(a.id, "default")) <= 86_400  # with an expiry
+    assert not state_client.exists(keys.cookie_jar(b.id, "default"))
+
+    feeds = sorted(tmp_path.glob("hosted_members-*.jsonl"))  # one per process
+    statuses: dict[str, Counter[int]] = {"a": Counter(), "b": Counter()}
+    members_per_process = []
+    for feed in feeds:
+        items = read_items(feed)
+        members_per_process.append(len(items))
+        for item in items:
+            statuses[str(item["tag"])][item["status"]] += 1
+    assert statuses == {"a": Counter({200: pages}), "b": Counter({403: pages})}
+    assert len(feeds) == 2 and min(members_per_process) > 0, members_per_process

@@ -2,10 +2,15 @@
 
 from tasks.settings import *  # noqa: F403
 
-SPIDER_MODULES = ["tasks.spiders", "tests.support.paths_spider", "tests.support.kinds_spiders"]
+SPIDER_MODULES = [
+    "tasks.spiders",
+    "tests.support.paths_spider",
+    "tests.support.kinds_spiders",
+    "tests.support.hosted_members",
+]
 # of the spider kinds, only the CrawlSpider runs hosted: an idle hosted crawler keeps a
 # reactor thread waiting for work, so the workers host no crawler that no test uses
-CELERY_CRAWL_SPIDERS = ["forum", "forum_detail", "paths", "kind_crawl"]
+CELERY_CRAWL_SPIDERS = ["forum", "forum_detail", "paths", "kind_crawl", "hosted_members"]
 SCHEDULER_LEASE_SECONDS = 4
 SCHEDULER_REQUEUE_INTERVAL = 1
 CELERY_CRAWL_PROGRESS_INTERVAL = 0.5

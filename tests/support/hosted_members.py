@@ -1,0 +1,51 @@
+"""A hosted spider with a login and shared cookie jars, for the per-job cookie test.
+
+A seed ``{"site": URL, "pages": N, "tag": T, "login": bool}`` either logs in
+(``POST /login``) and then yields the members-only pages 1..N, or yields them
+without logging in. Every member page becomes an item ``{"tag", "n",
+"status"}``, 403 included, in a feed file per worker process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from scrapy import FormRequest, Request, Spider
+from scrapy.http import Response
+
+
+class HostedMembersSpider(Spider):
+    name = "hosted_members"
+    custom_settings: ClassVar[dict[str, Any]] = {"COOKIES_SHARED": True}
+    handle_httpstatus_list: ClassVar[list[int]] = [403]  # a member page refused is an item too
+
+    @classmethod
+    def update_settings(cls, settings: Any) -> None:
+        super().update_settings(settings)
+        feed = settings.get("FORUM_FEED")  # the test workers' feed template, one file per pid
+        if feed:
+            settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
+
+    def requests_from_seed(self, seed: dict[str, Any]) -> list[Request]:
+        site, tag = seed["site"], seed["tag"]
+        if seed["login"]:
+            form = {"user": "crawler", "password": "secret"}
+            kwargs = {"site": site, "pages": seed["pages"], "tag": tag}
+            return [
+                FormRequest(
+                    f"{site}/login", formdata=form, callback=self.logged_in, cb_kwargs=kwargs
+                )
+            ]
+        return list(self.member_pages(site, seed["pages"], tag))
+
+    def logged_in(self, response: Response, site: str, pages: int, tag: str) -> Iterator[Request]:
+        yield from self.member_pages(site, pages, tag)
+
+    def member_pages(self, site: str, pages: int, tag: str) -> Iterator[Request]:
+        for n in range(1, pages + 1):
+            url = f"{site}/members/{n}.html"
+            yield Request(url, callback=self.parse_member, cb_kwargs={"tag": tag, "n": n})
+
+    def parse_member(self, response: Response, tag: str, n: int) -> Iterator[dict[str, Any]]:
+        yield {"tag": tag, "n": n, "status": response.status}
