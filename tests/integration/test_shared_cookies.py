@@ -97,8 +97,7 @@ def test_a_hosted_jobs_login_serves_both_worker_processes_and_no_other_job(
 ) -> None:
     """Job A logs in once; its member pages, leased by two processes, are all 200. Job B,
     of the same spider at the same time, never logged in: its jar is its own, all 403."""
-    start_worker("w1", pool="solo")
-    start_worker("w2", pool="solo")
+    workers = [start_worker("w1", pool="solo"), start_worker("w2", pool="solo")]
     pages = 200
     with serve(StaticSite(pages=pages)) as site:
         seed = {"site": site.url, "pages": pages}
@@ -113,6 +112,7 @@ def test_a_hosted_jobs_login_serves_both_worker_processes_and_no_other_job(
     assert 0 < state_client.ttl(keys.cookie_jar(a.id, "default")) <= 86_400  # with an expiry
     assert not state_client.exists(keys.cookie_jar(b.id, "default"))
 
+    assert [worker.stop() for worker in workers] == [0, 0]  # closes the feeds
     feeds = sorted(tmp_path.glob("hosted_members-*.jsonl"))  # one per process
     statuses: dict[str, Counter[int]] = {"a": Counter(), "b": Counter()}
     members_per_process = []

@@ -44,7 +44,7 @@ class HostedMembersSpider(Spider):
 
     def member_pages(self, site: str, pages: int, tag: str) -> Iterator[Request]:
         for n in range(1, pages + 1):
-            url = f"{site}/members/{n}.html"
+            url = f"{site}/members/{n}.html?tag={tag}"  # dedup is spider-wide: a URL per tag
             yield Request(url, callback=self.parse_member, cb_kwargs={"tag": tag, "n": n})
 
     def parse_member(self, response: Response, tag: str, n: int) -> Iterator[dict[str, Any]]:
