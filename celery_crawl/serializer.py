@@ -88,6 +88,10 @@ class Codec(Protocol):
     def decode(self, data: bytes, spider: Spider) -> Request: ...
 
 
+_NAMES: dict[tuple[type, Any], str] = {}  # (spider class, function) -> its name on the class
+_NAMES_MAX = 4096
+
+
 def method_name(func: Callable[..., Any] | None, spider: Spider) -> str | None:
     """The name under which ``func``, a method of ``spider``, is found on it again."""
     if func is None:
@@ -98,8 +102,16 @@ def method_name(func: Callable[..., Any] | None, spider: Spider) -> str | None:
             " name their callback and errback, so use a method of the spider itself"
             " (not a function, a lambda, a partial or another object's method)"
         )
+    key = (type(spider), func.__func__)
+    known = _NAMES.get(key)
+    if known is not None and known not in vars(spider):  # as the class defines it: unchanged
+        return known
     for name in _candidate_names(func, spider):
         if _is_method_of(spider, name, func):
+            if name not in vars(spider):  # an instance attribute may change; a class's does not
+                if len(_NAMES) >= _NAMES_MAX:
+                    _NAMES.clear()
+                _NAMES[key] = name
             return name
     raise EncodeError(f"callback {func!r} cannot be found by name on spider {spider.name!r}")
 

@@ -124,6 +124,17 @@ def test_methods_inherited_from_scrapy_round_trip(
     assert decoded.errback == own_errback
 
 
+def test_a_name_learnt_on_one_spider_is_not_trusted_where_an_instance_shadows_it() -> None:
+    first, second = ForumSpider(), ForumSpider()
+    round_trip(first.on_error, first)  # the name "on_error" is now known for the class
+    second.on_error = second.parse_post  # type: ignore[method-assign]
+    own = ForumSpider.on_error.__get__(second)  # its class's on_error: no longer found by name
+    with pytest.raises(EncodeError, match="cannot be found by name"):
+        MsgpackCodec().encode(Request("http://a/", callback=own), second)
+    decoded = round_trip(second.on_error, second)  # the name now leads to parse_post
+    assert decoded.callback == second.parse_post
+
+
 def test_a_method_of_another_instance_is_not_this_spiders(spider: Spider) -> None:
     other = ForumSpider()
     with pytest.raises(EncodeError, match="not a method of spider 'forum'"):
