@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -89,3 +91,29 @@ def test_every_name_on_the_path_exists() -> None:
 def test_every_lua_file_cited_exists() -> None:
     for cited in set(re.findall(r"`(lua/[\w/]+\.lua)`", DOC)):
         assert (PACKAGE / cited).is_file(), cited
+
+
+@pytest.mark.parametrize("module", library_modules())
+def test_the_library_never_imports_the_example_or_the_tests(module: str) -> None:
+    used = imports(PACKAGE / f"{module}.py")
+    example = {name for name in used if name.split(".")[0] in {"tasks", "tests", "benchmarks"}}
+    assert not example, f"celery_crawl.{module} imports {example}"
+
+
+def test_importing_every_library_module_loads_no_example_module() -> None:
+    names = [f"celery_crawl.{module}" for module in library_modules()]
+    code = (
+        "import importlib, sys\n"
+        f"for name in {names!r}: importlib.import_module(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'tasks', 'tests'}))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        check=False,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
