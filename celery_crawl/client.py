@@ -40,7 +40,8 @@ def crawl(
 
     app = app or current_app
     job, _ = start_job(project_of(app), spider, list(seeds), priority, job_id or uuid.uuid4().hex)
-    job.result = app.send_task(  # type: ignore[attr-defined]
+    job.app = app
+    app.send_task(
         JOB_TASK, args=(spider, list(seeds)), kwargs={"priority": priority}, task_id=job.id
     )
     return job
@@ -66,4 +67,4 @@ def find_job(app: Any, job_id: str) -> Job | None:
     if spider is None:
         return None
     name = spider.decode()
-    return Job(job_id, name, project.client, project.keys(name), project.job_queues(name))
+    return Job(job_id, name, project.client, project.keys(name), project.job_queues(name), app=app)

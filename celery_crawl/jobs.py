@@ -12,8 +12,11 @@ writes them in the same script call as the acks, before the job can finish.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import time
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -107,6 +110,28 @@ class JobStats:
         self.add(job_of(request), f"errors/{kind}")
 
 
+# the AsyncResults Job.result handed out, until they are freed
+_handed_out: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+@functools.cache
+def _release_at_exit() -> None:
+    atexit.register(release_results)
+
+
+def release_results() -> None:
+    """At exit: stop waiting on the backend for results handed out and still alive.
+
+    Celery's result backend keeps every result whose ``get()`` timed out, and
+    only its ``__del__`` stops waiting on it: at interpreter shutdown, when
+    the unsubscribe can no longer connect and prints a traceback. Done here,
+    while the interpreter still works, the later ``__del__`` has nothing left to do.
+    """
+    for result in list(_handed_out.values()):
+        result.backend.remove_pending_result(result)
+    _handed_out.clear()
+
+
 @dataclass(frozen=True)
 class JobStatus:
     """A job's live progress, read in one round trip."""
@@ -188,12 +213,30 @@ class Job:
         client: redis.Redis,
         keys: SpiderKeys,
         queues: Sequence[str] = (),
+        *,
+        app: Any = None,
     ) -> None:
         self.id = job_id
         self.spider = spider
         self.client = client
         self.keys = keys
         self.queues = list(queues) or [keys.queue]  # every queue the job may span
+        self.app = app
+
+    @property
+    def result(self) -> Any:
+        """The job's Celery ``AsyncResult`` (the task id is the job id).
+
+        Results handed out here stop waiting on the result backend at exit
+        (:func:`release_results`), so a script that ends after ``crawl()``
+        prints no traceback.
+        """
+        if self.app is None:
+            raise AttributeError(f"{self!r} was made without its Celery app: no task result")
+        result = self.app.AsyncResult(self.id)
+        _release_at_exit()
+        _handed_out[id(result)] = result
+        return result
 
     def __repr__(self) -> str:
         return f"<Job {self.id} spider={self.spider!r}>"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import re
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -412,3 +414,14 @@ def test_incremental_crawl_fetches_only_what_changed(
     pages, not_found = changed_posts(first_site, grown)
     assert pages > 0
     assert changed["pages"] == expected.list_pages + pages + not_found
+
+
+def test_a_script_that_starts_a_job_and_exits_prints_no_traceback(env: dict[str, str]) -> None:
+    """An ``AsyncResult`` alive at interpreter shutdown prints a traceback from its ``__del__``."""
+    script = [sys.executable, "-m", "tests.support.crawl_and_exit"]
+    done = subprocess.run(
+        script, check=False, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "no result yet"
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
