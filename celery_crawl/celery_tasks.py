@@ -21,17 +21,25 @@ from celery_crawl import connection
 from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
 from celery_crawl.defaults import setting
 from celery_crawl.errors import JobFailed, JobIncomplete, JobTimeout
-from celery_crawl.jobs import Job
+from celery_crawl.jobs import LIMITS, Job
 from celery_crawl.keys import job_spider, stopping_worker
 from celery_crawl.project import parse_seed, project_of
+from celery_crawl.registry import Registry, waiting_reason
 
 logger = logging.getLogger(__name__)
+TIMEOUT_REASON = LIMITS["seconds"][1]
 
 
-def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dict[str, Any]:
+def run_job(
+    task: Task,
+    spider: str,
+    seeds: list[Any],
+    priority: int = 0,
+    limits: dict[str, float] | None = None,
+) -> dict[str, Any]:
     """The body of ``celery_crawl.crawl``: start or join the job, report, return stats."""
     project = project_of(task.app)
-    job, created = start_job(project, spider, seeds, priority, task.request.id)
+    job, created = start_job(project, spider, seeds, priority, task.request.id, limits=limits)
     logger.info(
         "job %s %s: spider=%s seeds=%s", job.id, "started" if created else "joined", spider, seeds
     )
@@ -45,12 +53,21 @@ def run_job(task: Task, spider: str, seeds: list[Any], priority: int = 0) -> dic
             time.sleep(interval)
             continue
         except JobTimeout:
-            report_progress(task, job)
+            report_progress(task, job, Registry.from_settings(project.settings))
+            close_if_out_of_time(job)
             job.client.expire(job_spider(project.prefix, job.id), JOB_INDEX_TTL)
             if job.client.exists(stopping):
                 raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
             continue
         return finished(job, result)
+
+
+def close_if_out_of_time(job: Job) -> None:
+    """The ``seconds`` limit, which only the tracker sees: the job ends ``closed``."""
+    status = job.status()
+    limit = (status.limits or {}).get("seconds")
+    if limit and not status.finished and status.duration >= limit and job.close(TIMEOUT_REASON):
+        logger.info("job %s closed: its time limit of %s s was reached", job.id, limit)
 
 
 def finished(job: Job, result: dict[str, Any]) -> dict[str, Any]:
@@ -84,8 +101,12 @@ def incomplete_message(job: Job, result: dict[str, Any]) -> str:
     )
 
 
-def report_progress(task: Task, job: Job) -> None:
+def report_progress(task: Task, job: Job, registry: Registry) -> None:
+    """The job's progress as the task's state and as an event; says when no live worker hosts it."""
     progress = job.status().as_dict()
+    progress["waiting"] = waiting_reason(registry.read(job.client), job.spider)
+    if progress["waiting"]:
+        logger.warning("job %s: %s", job.id, progress["waiting"])
     task.update_state(state="PROGRESS", meta=progress)
     try:
         task.send_event("task-progress", progress=progress)

@@ -131,26 +131,56 @@ def crawl(
     as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
     app: AppOption = None,
     timeout: Annotated[float, typer.Option(help="seconds --wait waits at most")] = 3600.0,
+    limit: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--limit",
+            help="a job limit, NAME=NUMBER: pages, items or seconds, as Scrapy's CLOSESPIDER_*"
+            " settings mean them; the job ends closed when it is reached (repeatable)",
+        ),
+    ] = None,
 ) -> None:
     """Start crawl jobs; with --wait, follow them until they are done."""
     from celery_crawl import crawl as start
     from celery_crawl.project import parse_seed, project_of
+    from celery_crawl.registry import Registry
 
     celery_app = open_app(app)
     try:
         spidercls = project_of(celery_app).spider_class(spider)
-        jobs = [start(spider, [parse_seed(spidercls, s)], priority, app=celery_app) for s in seeds]
-    except CeleryCrawlError as exc:  # unknown spider, bad seed, Redis unreachable
+        limits = parse_limits(limit or [])
+        jobs = [
+            start(spider, [parse_seed(spidercls, s)], priority, app=celery_app, limits=limits)
+            for s in seeds
+        ]
+    except (CeleryCrawlError, ValueError) as exc:  # unknown spider, bad seed or limit, no Redis
         err.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(2) from None
     if not wait:
         ids = [job.id for job in jobs]
         typer.echo(json.dumps({"jobs": ids}) if as_json else "\n".join(ids))
         return
-    results = follow(jobs, timeout, quiet=as_json)
+    registry = Registry.from_settings(project_of(celery_app).settings)
+    results = follow(jobs, timeout, quiet=as_json, registry=registry)
     if as_json:
         typer.echo(json.dumps(results, indent=2))
     raise typer.Exit(0 if all(r["state"] == "done" for r in results) else 1)
+
+
+def parse_limits(texts: list[str]) -> dict[str, float]:
+    """``["pages=50", "seconds=600"]`` -> ``{"pages": 50.0, "seconds": 600.0}``."""
+    from celery_crawl.jobs import LIMITS
+
+    limits = {}
+    for text in texts:
+        name, _, value = text.partition("=")
+        if name not in LIMITS:
+            raise ValueError(f"--limit {text!r}: the limits are {', '.join(LIMITS)}")
+        try:
+            limits[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--limit {text!r}: {value!r} is not a number") from None
+    return limits
 
 
 def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:
@@ -215,9 +245,13 @@ def exporter(
 ) -> None:
     """Serve the crawl's metrics (queues, dedup, stats, jobs) for Prometheus."""
     from celery_crawl.exporter import serve
+    from celery_crawl.project import project_of
+    from celery_crawl.registry import Registry
 
-    client, spiders = spider_keys(open_app(app))
-    server, thread = serve(client, spiders, port, addr)
+    celery_app = open_app(app)
+    client, spiders = spider_keys(celery_app)
+    workers = Registry.from_settings(project_of(celery_app).settings)
+    server, thread = serve(client, spiders, port, addr, workers)
     err.print(f"serving http://{addr}:{port}/metrics for {len(spiders)} spiders")
     try:
         while thread.is_alive():
@@ -226,8 +260,16 @@ def exporter(
         server.shutdown()
 
 
-def follow(jobs: list[Any], timeout: float, quiet: bool) -> list[dict[str, Any]]:
-    """Poll the jobs until all are finished, with a progress bar per job."""
+def follow(
+    jobs: list[Any], timeout: float, quiet: bool, registry: Any = None
+) -> list[dict[str, Any]]:
+    """Poll the jobs until all are finished, with a progress bar per job.
+
+    A job that no live worker hosts says so in its bar (from ``registry``,
+    read once a second), and once on the error stream.
+    """
+    from celery_crawl.registry import waiting_reason
+
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -241,12 +283,28 @@ def follow(jobs: list[Any], timeout: float, quiet: bool) -> list[dict[str, Any]]
             job.id: progress.add_task(f"{job.spider} {job.id[:8]}", total=None, items=0)
             for job in jobs
         }
+        said: set[str] = set()
+        workers: list[Any] = []
+        next_read = 0.0
         while True:
             statuses = [job.status() for job in jobs]
+            if registry is not None and time.monotonic() >= next_read:
+                workers, next_read = registry.read(jobs[0].client), time.monotonic() + 1.0
             for status in statuses:
                 total = status.done + status.queued + status.in_flight
+                waiting = waiting_reason(workers, status.spider) if registry else ""
+                if waiting and not status.finished and waiting not in said and not quiet:
+                    said.add(waiting)
+                    err.print(f"[yellow]{waiting}[/yellow]")
+                label = f"{status.spider} {status.job_id[:8]}" + (
+                    f" ({waiting})" if waiting else ""
+                )
                 progress.update(
-                    bars[status.job_id], completed=status.done, total=total, items=status.items
+                    bars[status.job_id],
+                    description=label,
+                    completed=status.done,
+                    total=total,
+                    items=status.items,
                 )
             if all(s.finished for s in statuses) or time.monotonic() > deadline:
                 return [s.as_dict() for s in statuses]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_crawl import connection
-from celery_crawl.jobs import Job
+from celery_crawl.jobs import Job, limit_fields
 from celery_crawl.keys import job_spider
 from celery_crawl.project import Project, project_of
 
@@ -30,30 +30,47 @@ def crawl(
     *,
     app: Any = None,
     job_id: str | None = None,
+    limits: dict[str, float] | None = None,
 ) -> Job:
     """Start a crawl job; returns at once with a handle (``wait``, ``status``, ``cancel``).
 
-    Unknown spiders, bad seeds and an unreachable Redis raise here, in the
-    caller's process. The job is also a Celery task whose id is the job id.
+    Unknown spiders, spiders that no worker may host (``CELERY_CRAWL_SPIDERS``),
+    bad seeds and an unreachable Redis raise here, in the caller's process. A
+    spider that no live worker hosts yet is accepted: its job waits, and says
+    so in its progress. The job is also a Celery task whose id is the job id.
+
+    ``limits`` end the job ``closed`` once reached, with Scrapy's meanings:
+    ``pages``, ``items``, ``seconds``; by default the spider's
+    ``CLOSESPIDER_PAGECOUNT``, ``CLOSESPIDER_ITEMCOUNT`` and ``CLOSESPIDER_TIMEOUT``.
     """
     from celery import current_app
 
     app = app or current_app
-    job, _ = start_job(project_of(app), spider, list(seeds), priority, job_id or uuid.uuid4().hex)
+    project = project_of(app)
+    project.check_hostable(spider)
+    limits = project.job_limits(spider, limits)
+    job_id = job_id or uuid.uuid4().hex
+    job, _ = start_job(project, spider, list(seeds), priority, job_id, limits=limits)
     job.app = app
-    app.send_task(
-        JOB_TASK, args=(spider, list(seeds)), kwargs={"priority": priority}, task_id=job.id
-    )
+    kwargs = {"priority": priority, "limits": limits}
+    app.send_task(JOB_TASK, args=(spider, list(seeds)), kwargs=kwargs, task_id=job.id)
     return job
 
 
 def start_job(
-    project: Project, spider: str, seeds: Sequence[Any], priority: int, job_id: str
+    project: Project,
+    spider: str,
+    seeds: Sequence[Any],
+    priority: int,
+    job_id: str,
+    *,
+    limits: dict[str, float] | None = None,
 ) -> tuple[Job, bool]:
     """Create the job and enqueue its seeds; an existing job id is joined."""
     entries = project.seed_entries(spider, seeds, job_id, priority)
     queue = project.queue(spider)
     fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
+    fields.update(limit_fields(limits or {}))
     with connection.reachable(queue.client):
         created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
         queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)

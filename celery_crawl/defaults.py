@@ -221,7 +221,7 @@ _ENTRIES = (
         False,
         "keep the queue and the dedup filter when the spider closes; when false they are deleted"
         " by the last process of the spider to close (processes killed without closing stop"
-        " counting after 3 maintenance intervals, at least 30 s). Hosted crawlers set it to true",
+        " counting after 3 heartbeats, at least 30 s). Hosted crawlers set it to true",
         SCHEDULER,
     ),
     Setting(
@@ -239,9 +239,11 @@ _ENTRIES = (
     ),
     Setting(
         "SCHEDULER_LEASE_SECONDS",
-        300.0,
-        "seconds a leased request stays with its process before another may take it back;"
-        " running processes renew the leases they hold",
+        10.0,
+        "seconds a leased request stays with its process without a heartbeat; a live process"
+        " renews its leases from a thread of its own (every third of this, at most every"
+        " SCHEDULER_REQUEUE_INTERVAL), so only a dead or frozen process loses them, and its"
+        " requests are back in the queue within this plus one heartbeat",
         SCHEDULER,
     ),
     Setting("SCHEDULER_PREFETCH", 16, "requests leased per round trip", SCHEDULER),
@@ -258,7 +260,8 @@ _ENTRIES = (
     Setting(
         "SCHEDULER_REQUEUE_INTERVAL",
         5.0,
-        "seconds between checks for expired leases (at most a third of the lease time)",
+        "seconds between heartbeats: lease renewals and checks for expired leases (at most a"
+        " third of the lease time)",
         SCHEDULER,
     ),
     Setting(
@@ -341,6 +344,13 @@ _ENTRIES = (
         "CELERY_CRAWL_PROGRESS_INTERVAL",
         1.0,
         "seconds between progress reports of a job task",
+        HOSTING,
+    ),
+    Setting(
+        "CELERY_CRAWL_HEARTBEAT_SECONDS",
+        5.0,
+        "seconds between a worker process's heartbeats in the worker registry; it counts as"
+        " live until it has missed three (status, the exporter and waiting jobs read it)",
         HOSTING,
     ),
     Setting(

@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from celery_crawl import connection, scripts
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.middleware import LAST_RESPONSE
+from celery_crawl.registry import Registry, WorkerInfo, hosts
 
 NS = "celery_crawl"
 DROPPED = "scheduler/dropped/"  # stats field prefix of requests that could not be queued
@@ -56,7 +57,7 @@ LABELLED = {
     ),
 }
 JOB_GAUGES = ("queued", "running")  # current counts
-JOB_COUNTERS = ("done", "incomplete", "failed", "cancelled")  # only grow
+JOB_COUNTERS = ("done", "incomplete", "failed", "cancelled", "closed")  # only grow
 
 
 @dataclass
@@ -128,15 +129,23 @@ def parse_readings(
 class CrawlCollector(Collector):
     """A prometheus_client collector over the spiders' Redis keys."""
 
-    def __init__(self, client: redis.Redis, spiders: Sequence[SpiderKeys]) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        spiders: Sequence[SpiderKeys],
+        registry: Registry | None = None,
+    ) -> None:
         self.client = client
         self.spiders = list(spiders)
+        self.registry = registry
 
     def collect(self) -> Iterator[Metric]:
         readings = read(self.client, self.spiders)
         yield from gauges(readings)
         yield from counters(readings)
         yield from job_metrics(readings)
+        if self.registry is not None:
+            yield from worker_metrics(self.registry.read(self.client), self.spiders)
 
 
 def gauges(readings: list[Reading]) -> Iterator[Metric]:
@@ -196,6 +205,23 @@ def job_metrics(readings: list[Reading]) -> Iterator[Metric]:
     yield from (jobs, finished)
 
 
+def worker_metrics(workers: list[WorkerInfo], spiders: Sequence[SpiderKeys]) -> Iterator[Metric]:
+    """Per registered worker process, the age of its last heartbeat; per spider, live hosts."""
+    age = GaugeMetricFamily(
+        f"{NS}_worker_heartbeat_age_seconds",
+        "Seconds since a worker process's last heartbeat (lost ones stay listed for an hour).",
+        labels=["worker", "spiders"],
+    )
+    for worker in workers:
+        age.add_metric([worker.id, ",".join(worker.spiders)], worker.age)
+    live = GaugeMetricFamily(
+        f"{NS}_live_workers", "Live worker processes that host the spider.", labels=["spider"]
+    )
+    for keys in spiders:
+        live.add_metric([keys.spider], len(hosts(workers, keys.spider)))
+    yield from (age, live)
+
+
 def number(text: str) -> float:
     try:
         return float(text)
@@ -203,10 +229,16 @@ def number(text: str) -> float:
         return 0.0
 
 
-def serve(client: redis.Redis, spiders: Sequence[SpiderKeys], port: int, addr: str) -> Any:
+def serve(
+    client: redis.Redis,
+    spiders: Sequence[SpiderKeys],
+    port: int,
+    addr: str,
+    workers: Registry | None = None,
+) -> Any:
     """Serve ``/metrics`` in a background thread; returns (server, thread)."""
     from prometheus_client import CollectorRegistry, start_http_server
 
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(CrawlCollector(client, spiders))
+    registry.register(CrawlCollector(client, spiders, workers))
     return start_http_server(port, addr=addr, registry=registry)

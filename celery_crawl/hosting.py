@@ -9,6 +9,12 @@ process. Each crawler's engine consumes the shared queue whenever it has
 work, whichever job the work belongs to; job tasks only seed and watch. So
 the number of jobs in progress is not capped by the number of pool slots.
 
+A crawler that closes while the process runs (``CloseSpider`` from an
+extension, an error) is opened again; one that cannot be opened again makes
+the process exit non-zero, so that its supervisor replaces it. Jobs end on
+their own: ``CloseSpider`` in a job's callback and the ``CLOSESPIDER_*``
+limits close that job, not the crawler (:mod:`celery_crawl.jobs`).
+
 Once the crawlers are open, the process's startup heap (modules, the Celery
 app, the crawlers and their components) is frozen out of the cyclic garbage
 collector's reach (:func:`freeze_startup_heap`). Those objects live as long
@@ -20,17 +26,24 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 from scrapy.settings import Settings
 
+from celery_crawl import connection
 from celery_crawl.defaults import setting
+from celery_crawl.heartbeat import Heartbeat
+from celery_crawl.keys import workers_key
+from celery_crawl.registry import WorkerBeat
 
 logger = logging.getLogger(__name__)
 
 ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
+REOPEN_DELAY = 1.0  # seconds before a crawler that closed while hosted is opened again
+EXIT_UNHOSTED = 70  # EX_SOFTWARE: a crawler could not be opened again
 _setup_lock = threading.Lock()
 _reactor: dict[str, bool] = {"running": False}
 
@@ -53,17 +66,30 @@ def setup_reactor() -> None:
 class CrawlerHost:
     """One long-lived crawler per spider, sharing this process's reactor."""
 
-    def __init__(self, settings: Settings, spiders: Sequence[str]) -> None:
+    def __init__(self, settings: Settings, spiders: Sequence[str], hostname: str = "") -> None:
         self.settings = settings
         self.spiders = list(spiders)
         self.runner: Any = None
+        self._stopping = False
+        self.reopened = 0  # crawlers that closed while hosted, and were opened again
+        prefix = setting(settings, "CELERY_CRAWL_KEY_PREFIX")
+        self.registration = WorkerBeat(
+            connection.from_settings(settings), workers_key(prefix), self.spiders, hostname
+        )
+        self.heartbeat = Heartbeat(
+            "worker registry",
+            self.registration.beat,
+            setting(settings, "CELERY_CRAWL_HEARTBEAT_SECONDS"),
+        )
 
     def start(self, timeout: float = 60.0) -> None:
-        """Open every spider; returns once their engines run."""
+        """Open every spider; returns once their engines run, and the process is registered."""
         import crochet
 
         setup_reactor()
         crochet.run_in_reactor(self._start)().wait(timeout)
+        self.registration.beat()
+        self.heartbeat.start()
         logger.info("hosting crawlers for %s", ", ".join(self.spiders))
         if setting(self.settings, "CELERY_CRAWL_GC_FREEZE"):
             logger.info("%d startup objects frozen out of the GC", freeze_startup_heap())
@@ -89,13 +115,47 @@ class CrawlerHost:
         finished.addBoth(self._stopped, name, opened)
         return opened
 
-    @staticmethod
-    def _stopped(result: Any, name: str, opened: Any) -> Any:
+    def _stopped(self, result: Any, name: str, opened: Any) -> Any:
+        """A crawler stopped: at shutdown, as it should; otherwise it is opened again."""
         logger.info("crawler %s stopped", name)
-        if not opened.called:  # it failed to open: let start() raise
+        if not opened.called:  # it failed to open: let start() (or a reopening) see why
             opened.errback(result)
             return None
-        return result
+        if not self._stopping:
+            self._reopen_later(name)
+        return None
+
+    def _reopen_later(self, name: str) -> None:
+        """A hosted crawler closed while the worker runs (an extension, a bug): open it again.
+
+        Every job of the spider needs it; a worker that looks ready but crawls
+        nothing is the one failure that must never be quiet. If it cannot open
+        again, the process exits non-zero, so that its supervisor (or the
+        prefork pool) starts a new one.
+        """
+        from twisted.internet import reactor, task
+
+        self.reopened += 1
+        logger.error(
+            "crawler %s closed while hosted; opening it again in %s s (reopened %d times)",
+            name,
+            REOPEN_DELAY,
+            self.reopened,
+        )
+        task.deferLater(reactor, REOPEN_DELAY, self._reopen, name)
+
+    def _reopen(self, name: str) -> None:
+        if self._stopping:
+            return
+        try:
+            opened = self._open(name)
+        except Exception as exc:
+            exit_unhosted(name, exc)
+            return
+        opened.addCallbacks(
+            lambda _: logger.warning("crawler %s open again", name),
+            lambda failure: exit_unhosted(name, failure),
+        )
 
     def stop(self, timeout: float = 60.0) -> None:
         """Close every crawler: in-flight requests finish, leases held are handed back."""
@@ -103,10 +163,25 @@ class CrawlerHost:
 
         if self.runner is None:
             return
+        self._stopping = True
+        self.heartbeat.stop()
+        try:
+            self.registration.leave()
+        except connection.TRANSIENT_ERRORS as exc:
+            logger.warning("could not leave the worker registry: %s", exc)
         try:
             crochet.run_in_reactor(self.runner.stop)().wait(timeout)
         except crochet.TimeoutError:
             logger.warning("crawlers did not stop within %s s", timeout)
+
+
+def exit_unhosted(name: str, error: Any) -> None:
+    """A crawler closed and could not open again: the process exits, never idles on."""
+    message = error.getErrorMessage() if hasattr(error, "getErrorMessage") else str(error)
+    logger.critical(
+        "crawler %s could not open again, so this worker process exits: %s", name, message
+    )
+    os._exit(EXIT_UNHOSTED)
 
 
 def freeze_startup_heap() -> int:

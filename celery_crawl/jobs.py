@@ -35,8 +35,18 @@ job_error = object()
 # sent by the spider middleware once per callback: how many items it yielded
 job_items = object()
 
+# sent by the spider middleware: a callback of a job's response raised CloseSpider
+job_close = object()
+
 # incomplete: pages were fetched, but requests of the job could not be queued (dropped)
-TERMINAL_STATES = ("done", "incomplete", "failed", "cancelled")
+# closed: a limit was reached, or a callback raised CloseSpider (field reason)
+TERMINAL_STATES = ("done", "incomplete", "failed", "cancelled", "closed")
+# a job's limits, with Scrapy's meaning: name -> (CloseSpider setting, reason when reached)
+LIMITS = {
+    "pages": ("CLOSESPIDER_PAGECOUNT", "closespider_pagecount"),
+    "items": ("CLOSESPIDER_ITEMCOUNT", "closespider_itemcount"),
+    "seconds": ("CLOSESPIDER_TIMEOUT", "closespider_timeout"),
+}
 _COUNTERS = (
     "pending",
     "leased",
@@ -110,6 +120,14 @@ class JobStats:
         self.add(job_of(request), f"errors/{kind}")
 
 
+def limit_fields(limits: dict[str, float]) -> dict[str, str]:
+    """The job hash fields of ``limits`` (pages, items, seconds); 0 or None means no limit."""
+    unknown = set(limits) - set(LIMITS)
+    if unknown:
+        raise ValueError(f"unknown job limits {sorted(unknown)}: use {', '.join(LIMITS)}")
+    return {f"limit/{name}": format(float(value), "g") for name, value in limits.items() if value}
+
+
 # the AsyncResults Job.result handed out, until they are freed
 _handed_out: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
 
@@ -151,6 +169,8 @@ class JobStatus:
     seeds: list[Any]
     created_at: float
     finished_at: float | None
+    reason: str = ""  # why a closed job was closed
+    limits: dict[str, float] | None = None  # pages, items, seconds
 
     @property
     def finished(self) -> bool:
@@ -177,13 +197,19 @@ class JobStatus:
             "status_codes": self.status_codes,
             "seeds": self.seeds,
             "duration": self.duration,
+            "reason": self.reason,
+            "limits": self.limits or {},
         }
 
 
 def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus:
     fields = {k.decode(): v.decode() for k, v in raw.items()}
     counts = {name: int(fields.get(name, 0)) for name in _COUNTERS}
-    prefixed = {name: int(value) for name, value in fields.items() if "/" in name}
+    prefixed = {
+        name: int(value)
+        for name, value in fields.items()
+        if name.startswith(("errors/", "status/"))
+    }
     return JobStatus(
         job_id=job_id,
         spider=fields.get("spider", spider),
@@ -200,6 +226,8 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus
         seeds=json.loads(fields.get("seeds", "[]")),
         created_at=float(fields.get("created_at", 0)),
         finished_at=float(fields["finished_at"]) if "finished_at" in fields else None,
+        reason=fields.get("reason", ""),
+        limits={k[6:]: float(v) for k, v in fields.items() if k.startswith("limit/")},
     )
 
 
@@ -264,6 +292,15 @@ class Job:
             if remaining <= 0:
                 raise JobTimeout(f"job {self.id} not done after {timeout} s: {status.as_dict()}")
             self.client.blpop([done_key], timeout=max(min(remaining, poll), 0.01))
+
+    def close(self, reason: str) -> bool:
+        """End the job now, ``closed`` with ``reason``; False if it had ended already.
+
+        Unlike :meth:`cancel`, its queued requests are not purged at once: they
+        are discarded when a lease reaches them.
+        """
+        close = scripts.script(self.client, "job_close")
+        return bool(close(keys=[self.keys.job_prefix], args=[self.id, reason]))
 
     def cancel(self) -> int:
         """Stop the job and purge its queued requests; other jobs are untouched."""

@@ -37,6 +37,11 @@ def job_spider(prefix: str, job_id: str) -> str:
     return f"{prefix}:jobspider:{job_id}"
 
 
+def workers_key(prefix: str) -> str:
+    """The worker registry: live worker processes and their spiders (``celery_crawl.registry``)."""
+    return f"{prefix}:workers"
+
+
 def stopping_worker(prefix: str, hostname: str) -> str:
     """Set while a worker shuts down warmly, so its job trackers step aside."""
     return f"{prefix}:stopping:{hostname}"

@@ -1,7 +1,8 @@
 """Scrapy middlewares that carry a job through a crawl.
 
 ``JobSpiderMiddleware`` stamps the job id of a response onto every request
-its callback yields, so children belong to their parent's job.
+its callback yields, so children belong to their parent's job, and turns a
+``CloseSpider`` raised by a job's callback into the end of that job.
 ``JobDownloaderMiddleware`` reports download errors of a job's requests, so
 they show up in the job's statistics by kind, and records the time of the
 last response in the shared stats (``celery_crawl/last_response_time``).
@@ -14,8 +15,9 @@ from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Self
 
 from scrapy import Request
+from scrapy.exceptions import CloseSpider
 
-from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_error, job_items, job_of
+from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_close, job_error, job_items, job_of
 
 LAST_RESPONSE = "celery_crawl/last_response_time"
 
@@ -67,6 +69,15 @@ class JobSpiderMiddleware:
                 yield stamp(output, response)
         finally:
             self._count(response, items)
+
+    def process_spider_exception(self, response: Any, exception: Exception) -> Any:
+        """``raise CloseSpider`` in a callback of a job ends that job, not the shared crawler."""
+        job = job_of(response)
+        if not (job and isinstance(exception, CloseSpider)):
+            return None
+        reason = exception.reason or "cancelled"
+        self.crawler.signals.send_catch_log(job_close, response=response, reason=reason)
+        return []
 
     def _count(self, response: Any, items: int) -> None:
         if items and job_of(response):

@@ -6,10 +6,15 @@ once and hands them out one by one. It also remembers which lease each
 request handed to the engine came from, so that the request's ack finds its
 lease, and so that every lease this process holds can be renewed, or handed
 back at shutdown.
+
+The renewal runs in the scheduler's heartbeat thread
+(:mod:`celery_crawl.heartbeat`), so :meth:`Prefetch.held` may be called from
+another thread than the reactor's: a lock guards every change and that one read.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +30,7 @@ class Prefetch:
         self.size = max(1, size)
         self.waiting: deque[Lease] = deque()  # leased, not yet handed to the engine
         self.handed: dict[Any, bytes] = {}  # request -> lease member, until acked
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self.waiting)
@@ -32,20 +38,27 @@ class Prefetch:
     def next(self) -> Lease | None:
         """The next lease; ``size`` more are leased when none is left (None: queue empty)."""
         if not self.waiting:
-            self.waiting.extend(self.lease(self.size))
-        return self.waiting.popleft() if self.waiting else None
+            leased = self.lease(self.size)  # a round trip: not under the lock
+            with self._lock:
+                self.waiting.extend(leased)
+        with self._lock:
+            return self.waiting.popleft() if self.waiting else None
 
     def hand_out(self, request: Any, lease: Lease) -> None:
-        self.handed[request] = lease.member
+        with self._lock:
+            self.handed[request] = lease.member
 
     def finish(self, request: Any) -> bytes | None:
         """The lease of a request the engine is done with; None if it was not ours."""
-        return self.handed.pop(request, None)
+        with self._lock:
+            return self.handed.pop(request, None)
 
     def held(self) -> list[bytes]:
         """Every lease this process holds: waiting, or handed to the engine."""
-        return [lease.member for lease in self.waiting] + list(self.handed.values())
+        with self._lock:
+            return [lease.member for lease in self.waiting] + list(self.handed.values())
 
     def clear(self) -> None:
-        self.waiting.clear()
-        self.handed.clear()
+        with self._lock:
+            self.waiting.clear()
+            self.handed.clear()

@@ -26,7 +26,7 @@ from celery_crawl import connection
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
-from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META
+from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, LIMITS
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_settings
@@ -43,6 +43,9 @@ HOSTED_SETTINGS: dict[str, Any] = {
 # (DOWNLOADER_MIDDLEWARES = {...}) cannot drop them
 HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
     "SPIDER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
+    # CLOSESPIDER_* are per job limits when hosted (celery_crawl.jobs.LIMITS): the
+    # extension would close the crawler that every job of the spider shares
+    "EXTENSIONS_BASE": {"scrapy.extensions.closespider.CloseSpider": None},
     "DOWNLOADER_MIDDLEWARES_BASE": {
         "celery_crawl.middleware.JobDownloaderMiddleware": 950,
         # Scrapy's, unless the spider sets COOKIES_SHARED: then its jars are shared
@@ -97,6 +100,20 @@ class Project:
             known = ", ".join(self.spider_names()) or "none"
             raise UnknownSpider(f"unknown spider {name!r}; this project has: {known}") from None
 
+    def hosted_spiders(self) -> list[str]:
+        """``CELERY_CRAWL_SPIDERS``: the spiders a worker may host (default: all of them)."""
+        return list(setting(self.settings, "CELERY_CRAWL_SPIDERS")) or self.spider_names()
+
+    def check_hostable(self, spider: str) -> None:
+        """Refuse a job that no worker may run: unknown, or excluded by ``CELERY_CRAWL_SPIDERS``."""
+        self.spider_class(spider)
+        hosted = self.hosted_spiders()
+        if spider not in hosted:
+            raise ConfigError(
+                f"no worker may host spider {spider!r}: CELERY_CRAWL_SPIDERS lists only"
+                f" {', '.join(hosted)}; add it there to run its jobs"
+            )
+
     @property
     def prefix(self) -> str:
         """``CELERY_CRAWL_KEY_PREFIX``: what every key of this project starts with."""
@@ -119,6 +136,15 @@ class Project:
         settings = Crawler(self.spider_class(spider), self.settings).settings  # + custom_settings
         dedup = dupefilter_class(settings).script_from_settings(settings)
         return queue_class(settings)(self.client, self.keys(spider), dedup=dedup)
+
+    def job_limits(self, spider: str, limits: dict[str, float] | None) -> dict[str, float]:
+        """A job's limits: the spider's ``CLOSESPIDER_*`` settings, then ``limits`` over them."""
+        settings = Crawler(self.spider_class(spider), self.settings).settings  # + custom_settings
+        found = {
+            name: settings.getfloat(name_setting) for name, (name_setting, _) in LIMITS.items()
+        }
+        found.update(limits or {})
+        return {name: value for name, value in found.items() if value}
 
     def seed_entries(
         self, spider: str, seeds: Sequence[Any], job_id: str, priority: int

@@ -167,6 +167,11 @@ class Base:
         )
         return bool(created), int(accepted)
 
+    def close_job(self, job: str, reason: str) -> bool:
+        """End running job ``job`` now, ``closed`` with ``reason`` (``lua/job_close.lua``)."""
+        closed = self._script("job_close")(keys=[self.keys.job_prefix], args=[job, reason])
+        return bool(closed)
+
     def _push_keys(self) -> list[str]:
         return [*self._lane_keys(), self.keys.inflight, self.keys.job_prefix]
 

@@ -17,8 +17,10 @@ A request's path through it:
    handed to ``enqueue_request``, or the request failed for good:
    :mod:`celery_crawl.engine`), its lease is acked by the next flush, after
    the children.
-5. Leases that expire (a process died) are put back by any running
-   scheduler's maintenance; leases held at close are handed back at once.
+5. A process renews the leases it holds from a heartbeat thread
+   (:mod:`celery_crawl.heartbeat`); leases whose process stopped beating
+   expire (``SCHEDULER_LEASE_SECONDS``, 10 s) and are put back by any running
+   scheduler's heartbeat; leases held at close are handed back at once.
 
 A request that cannot be queued (its meta or callback cannot be encoded, or
 it is routed outside the spider's group) is never silent: a record of it goes
@@ -57,7 +59,8 @@ from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
-from celery_crawl.jobs import job_of
+from celery_crawl.heartbeat import Heartbeat
+from celery_crawl.jobs import job_close, job_of
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
 from celery_crawl.routing import Router, target_of
@@ -122,11 +125,15 @@ class Scheduler(BaseScheduler):
         self.prefetch = Prefetch(self._lease, prefetch)
         self.job_stats = self.buffer.job_stats
         self._maintenance: Any = None
+        self.heartbeat = Heartbeat(
+            f"leases of {queue.keys.spider}", self.renew, self.maintenance_interval
+        )
         self._empty_since: float | None = None
         self._waiting = False
         self._open = False
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
         self._dropped_kinds: set[str] = set()  # logged once per kind
+        self._closing: dict[str, str] = {}  # job -> reason: CloseSpider, closed at the ack
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -172,14 +179,17 @@ class Scheduler(BaseScheduler):
         if self.engine.engine is not None:
             self.engine.on_request_done(self.ack)
             self._start_maintenance()
+            self.heartbeat.start()
         if self.crawler is not None:
             check_installed(self.crawler.settings)
             self.job_stats.connect(self.crawler.signals)
+            self.crawler.signals.connect(self.close_job, signal=job_close)
 
     def close(self, reason: str) -> None:
         self._open = False
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
+        self.heartbeat.stop()
         self.flush()
         self.queue.release(self.prefetch.held())
         self.prefetch.clear()
@@ -190,6 +200,19 @@ class Scheduler(BaseScheduler):
                 "the last to close clears them (SCHEDULER_PERSIST is false)",
                 still_open,
             )
+
+    def close_job(self, response: Any, reason: str) -> None:
+        """A callback of the job raised CloseSpider: the job ends ``closed``; the crawler stays.
+
+        It ends once the engine is done with that response (:meth:`ack`), so
+        that what the callback yielded before it raised is counted in the job.
+        """
+        self._closing[job_of(response)] = reason
+
+    def _close_job(self, job: str, reason: str) -> None:
+        self.flush()  # the job's counts first
+        if self.queue.close_job(job, reason):
+            logger.info("job %s closed by its spider: %s", job, reason)
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
@@ -212,21 +235,31 @@ class Scheduler(BaseScheduler):
         self._maintenance.start(self.maintenance_interval, now=False)
 
     def maintain(self) -> None:
-        """Requeue leases that expired anywhere; renew this process's leases and registration."""
+        """In the reactor: write what the buffer holds, should no flush be due otherwise."""
         try:
             self.flush()
-            requeued = self.queue.requeue_expired()
-            self.queue.extend(self.prefetch.held())
-            self.queue.join(self.id, self.registration_seconds)
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, scheduler maintenance will retry: %s", exc)
-            return
         except Exception:
             logger.exception("scheduler maintenance failed; will retry")
-            return
+
+    def renew(self) -> None:
+        """The heartbeat, in its own thread: renew this process's leases and registration,
+        and requeue the leases that expired anywhere (their process stopped beating).
+
+        A thread, not the reactor: a callback that holds the reactor longer than
+        a lease must not let another process take the requests this one works on.
+        """
+        self.queue.extend(self.prefetch.held())
+        self.queue.join(self.id, self.registration_seconds)
+        requeued = self.queue.requeue_expired()
         if requeued:
             logger.info("requeued %d requests whose lease expired", requeued)
-            self._inc("scheduler/requeued/expired", requeued)
+            if self.stats is not None:
+                from twisted.internet import reactor
+
+                stats = self.stats
+                reactor.callFromThread(stats.inc_value, "scheduler/requeued/expired", requeued)
 
     # -- enqueue -----------------------------------------------------------
 
@@ -302,6 +335,9 @@ class Scheduler(BaseScheduler):
 
     def ack(self, request: Request) -> None:
         """The engine is done with ``request``: finish its lease at the next flush."""
+        if self._closing and job_of(request) in self._closing:
+            job = job_of(request)
+            self._close_job(job, self._closing.pop(job))  # before this ack could end it done
         member = self.prefetch.finish(request)
         if member is not None:
             self.buffer.ack(member)

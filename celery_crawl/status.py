@@ -3,7 +3,9 @@
 Per spider: queue length, in flight, dedup size, requests dropped because
 they could not be queued (in the dead-letter list), pages/s and items/s over
 the last minute (from the per-minute counts the stats collector keeps), the
-running jobs with their progress; and the Celery workers online.
+running jobs with their progress (and "waiting: no live worker hosts ..."
+while that is so); the Celery workers online; and the worker processes of the
+registry, with the age of their last heartbeat.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from rich.table import Table
 from celery_crawl.exporter import Reading, read
 from celery_crawl.jobs import parse_status
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.project import project_of
+from celery_crawl.registry import Registry, waiting_reason
 
 Raw = dict[bytes, bytes]
 
@@ -49,10 +53,10 @@ PROGRESS = (
 def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> dict[str, Any]:
     """Everything the status screen shows, as plain data (``--json``).
 
-    Three pipelined round trips, whatever the number of spiders: the
+    Four pipelined round trips, whatever the number of spiders: the
     exporter's reading (on a cluster, with a script call per spider before
     it), then the per-minute counts and running job ids, then the running
-    jobs' hashes.
+    jobs' hashes, then the worker registry.
     """
     now = time.time()
     readings = read(client, spiders)
@@ -60,6 +64,9 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
     jobs = running_jobs(
         client, [(r.keys, ids) for r, (_, ids) in zip(readings, counts, strict=True)]
     )
+    processes = Registry.from_settings(project_of(app).settings).read(client)
+    for job in (job for spider_jobs in jobs for job in spider_jobs):
+        job["waiting"] = waiting_reason(processes, job["spider"])
     per_spider = [
         {
             "spider": reading.keys.spider,
@@ -72,7 +79,11 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
         }
         for reading, (spider_rates, _), spider_jobs in zip(readings, counts, jobs, strict=True)
     ]
-    return {"spiders": per_spider, "workers": workers(app)}
+    return {
+        "spiders": per_spider,
+        "workers": workers(app),
+        "processes": [p.as_dict() for p in processes],
+    }
 
 
 def minute_counts(
@@ -140,10 +151,23 @@ def render(data: dict[str, Any]) -> Group:
     jobs = Table(title="running jobs")
     for column in PROGRESS:
         jobs.add_column(column.replace("_", " "))
+    jobs.add_column("waiting")
     for s in data["spiders"]:
         for job in s["jobs"]:
-            jobs.add_row(*(str(job[c]) for c in PROGRESS))
+            jobs.add_row(*(str(job[c]) for c in PROGRESS), job.get("waiting", ""))
     online = Table(title=f"workers online: {len(data['workers'])}", show_header=False)
     for name in data["workers"]:
         online.add_row(name)
-    return Group(spiders, jobs, online)
+    return Group(spiders, jobs, online, process_table(data["processes"]))
+
+
+def process_table(processes: list[dict[str, Any]]) -> Table:
+    """The worker registry: each process, its spiders, the age of its last heartbeat."""
+    live = sum(1 for p in processes if p["live"])
+    table = Table(title=f"worker processes: {live} live")
+    for column in ("process", "spiders", "heartbeat", "state"):
+        table.add_column(column)
+    for p in processes:
+        state = "live" if p["live"] else "[red]lost[/red]"
+        table.add_row(p["id"], ", ".join(p["spiders"]), f"{p['heartbeat_age']:.1f} s ago", state)
+    return table

@@ -28,7 +28,6 @@ from typing import Any, ClassVar
 from celery import bootsteps, signals
 
 from celery_crawl.client import find_job
-from celery_crawl.defaults import setting
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.keys import stopping_worker
 from celery_crawl.project import Project, project_of
@@ -122,7 +121,7 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         if not spiders:
             logger.warning("this worker's queues serve no spider: hosting no crawlers")
             return
-        self.host = CrawlerHost(self.project.settings, spiders)
+        self.host = CrawlerHost(self.project.settings, spiders, self.hostname)
         self.host.start()
 
     def stop_hosting(self) -> None:
@@ -137,7 +136,7 @@ def is_prefork(worker: Any) -> bool:
 
 def hosted_spiders(app: Any, project: Project) -> list[str]:
     """``CELERY_CRAWL_SPIDERS`` (default: all), less those whose queue this worker skips."""
-    spiders = setting(project.settings, "CELERY_CRAWL_SPIDERS") or project.spider_names()
+    spiders = project.hosted_spiders()
     queues = project.celery_queues()
     if not queues:
         return spiders

@@ -50,7 +50,9 @@ local accepted = push_requests(lanes, ARGV, FIRST, n)
 
 local base = FIRST + 5 * n
 for i = 0, s - 1 do
-    job_add(ARGV[base + 3 * i], ARGV[base + 3 * i + 1], ARGV[base + 3 * i + 2])
+    local job, field = ARGV[base + 3 * i], ARGV[base + 3 * i + 1]
+    job_add(job, field, ARGV[base + 3 * i + 2])
+    job_check_limits(job, field)
 end
 local letters = base + 3 * s + m
 for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end

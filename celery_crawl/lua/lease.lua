@@ -10,7 +10,8 @@
 -- Returns  the leased members: 8-byte lease id .. 4-byte priority .. entry
 --
 -- A lease member is unique, so identical payloads never merge in flight. An
--- entry is: 1 byte job id length, the job id, the encoded request.
+-- entry is: 1 byte job id length, the job id, the encoded request. An entry of
+-- a job that no longer runs (closed at a limit) is discarded instead of leased.
 
 local JOB_PREFIX = KEYS[4]
 --!include jobs
@@ -33,11 +34,17 @@ while #leased < want do
     if payloads then
         local first = redis.call('INCRBY', KEYS[3], #payloads) - #payloads
         for i, entry in ipairs(payloads) do
-            local member = struct.pack('>I4I4i4', math.floor((first + i) / 2 ^ 32),
-                (first + i) % 2 ^ 32, tonumber(top)) .. entry
-            redis.call('ZADD', inflight, deadline, member)
-            job_leased(entry_job(entry, 1))
-            leased[#leased + 1] = member
+            local job = entry_job(entry, 1)
+            if job_running(job) then
+                local member = struct.pack('>I4I4i4', math.floor((first + i) / 2 ^ 32),
+                    (first + i) % 2 ^ 32, tonumber(top)) .. entry
+                redis.call('ZADD', inflight, deadline, member)
+                job_leased(job)
+                leased[#leased + 1] = member
+            else
+                job_add(job, 'pending', -1)
+                job_add(job, 'purged', 1)
+            end
         end
     end
 end

@@ -20,8 +20,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
 
 from scrapy import Request, Spider
-from scrapy.exceptions import IgnoreRequest
+from scrapy.exceptions import CloseSpider, IgnoreRequest
 from scrapy.http import Response
+from scrapy.utils.defer import deferred_from_coro
 
 KINDS = [
     "refused",
@@ -40,6 +41,18 @@ EXPECTED_ITEMS = 9
 CHILDREN = {"/ok": ["/ok/child"], "/dup": ["/ok/child", "/ok/dup2"], "/slow": ["/ok/after-slow"]}
 
 
+# one-page seed kinds: seed key -> (path, with the seed's value in it; callback)
+SINGLE = {
+    "probe": ("/ok/probe-{}", "parse_leaf"),  # a one-page job
+    "unqueueable": ("/ok/unqueueable-{}", "parse_unqueueable"),  # yields what cannot be queued
+    "close": ("/ok/close-{}", "parse_close"),  # raises CloseSpider
+    "stop_crawler": (
+        "/ok/stop-{}",
+        "parse_stop_crawler",
+    ),  # closes the crawler, as an extension may
+}
+
+
 class PathsSpider(Spider):
     name = "paths"
     custom_settings: ClassVar[dict[str, Any]] = {
@@ -52,13 +65,26 @@ class PathsSpider(Spider):
     def base(self) -> str:
         return str(self.settings.get("PATHS_BASE_URL")).rstrip("/")
 
+    def single_request(self, seed: dict[str, str]) -> Request | None:
+        """The request of a one-page seed kind, or None for the other kinds."""
+        for key, (path, callback) in SINGLE.items():
+            if key in seed:
+                url = self.base + path.format(seed[key])
+                return Request(url, callback=getattr(self, callback), dont_filter=True)
+        if "sleep" in seed:  # a slow download: the site answers after this many seconds
+            url = f"{self.base}/sleep/{seed['id']}/{seed['sleep']}"
+            meta = {"download_timeout": float(seed["sleep"]) + 60}
+            return Request(url, callback=self.parse_leaf, meta=meta, dont_filter=True)
+        if "block" in seed:  # a callback that holds the reactor this many seconds
+            url = f"{self.base}/ok/block-{seed['id']}"
+            kwargs = {"seconds": float(seed["block"])}
+            return Request(url, callback=self.parse_block, cb_kwargs=kwargs, dont_filter=True)
+        return None
+
     def requests_from_seed(self, seed: dict[str, str]) -> list[Request]:
-        if "probe" in seed:  # a one-page job: /ok/probe-<id>
-            url = f"{self.base}/ok/probe-{seed['probe']}"
-            return [Request(url, callback=self.parse_leaf, dont_filter=True)]
-        if "unqueueable" in seed:  # a page whose callback yields a request that cannot be queued
-            url = f"{self.base}/ok/unqueueable-{seed['unqueueable']}"
-            return [Request(url, callback=self.parse_unqueueable, dont_filter=True)]
+        single = self.single_request(seed)
+        if single is not None:
+            return [single]
         if "chain" in seed:  # a slow job: one page after another, 0.5 s each
             url = f"{self.base}/chain/{seed['chain']}/{seed.get('length', 8)}"
             return [Request(url, callback=self.parse, dont_filter=True)]
@@ -80,6 +106,18 @@ class PathsSpider(Spider):
 
     def parse_leaf(self, response: Response) -> Iterator[Any]:
         yield {"path": response.url}
+
+    def parse_block(self, response: Response, seconds: float) -> Iterator[Any]:
+        time.sleep(seconds)  # on purpose: no reactor turn, so no renewal from the reactor
+        yield {"path": response.url}
+
+    def parse_close(self, response: Response) -> Iterator[Any]:
+        yield {"path": response.url}
+        raise CloseSpider("enough for this job")
+
+    def parse_stop_crawler(self, response: Response) -> Iterator[Any]:
+        yield {"path": response.url}
+        deferred_from_coro(self.crawler.engine.close_spider_async(reason="stopped by a test"))
 
     def parse_unqueueable(self, response: Response) -> Iterator[Any]:
         yield {"path": response.url}
@@ -150,6 +188,8 @@ class PathsSite:
             return 500 if path != "/flaky" else 503, {}, b"{}"
         if path == "/slow":
             time.sleep(1.0)
+        if path.startswith("/sleep/"):
+            time.sleep(float(path.rsplit("/", 1)[1]))
         children = CHILDREN.get(path, [])
         if path.startswith("/chain/"):
             time.sleep(0.5)

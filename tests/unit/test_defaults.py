@@ -109,7 +109,7 @@ request.meta.get("NOT_A_SETTING_READ")
         ("<not a literal: setting(settings, name)>", "setting", False),
     }
     modules = {r.where.split(":")[0] for r in READS}
-    assert {"scheduler.py", "app.py", "worker.py", "keys.py", "connection.py"} <= modules
+    assert {"scheduler.py", "app.py", "hosting.py", "keys.py", "connection.py"} <= modules
 
 
 def test_every_setting_the_code_reads_is_registered() -> None:

@@ -21,8 +21,13 @@
 -- are current counts, the final phases only ever grow. The set JOB_PREFIX .. '~active'
 -- holds the ids of the queued and running jobs.
 --
+-- A job ends closed (field reason) when it reaches one of its limits (fields
+-- limit/pages, limit/items: checked by job_check_limits as its stats grow), or
+-- when a callback raised CloseSpider (lua/job_close.lua): at once, with its
+-- queued requests left behind to be discarded when a lease reaches them.
+--
 -- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_phase,
--- job_ack, job_finish_if_done, ack_leases.
+-- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases.
 
 local JOB_TTL = 7 * 24 * 3600
 local DONE_TOKENS = 16
@@ -32,7 +37,7 @@ local function entry_job(entry, offset)
     return string.sub(entry, offset + 1, offset + length)
 end
 
-local FINAL = {done = true, incomplete = true, failed = true, cancelled = true}
+local FINAL = {done = true, incomplete = true, failed = true, cancelled = true, closed = true}
 
 local function job_exists(job)
     return job ~= '' and redis.call('EXISTS', JOB_PREFIX .. job) == 1
@@ -102,6 +107,32 @@ local function job_finish_if_done(job)
     for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
     redis.call('EXPIRE', key, JOB_TTL)
     redis.call('EXPIRE', key .. ':done', JOB_TTL)
+end
+
+-- End a running job now, closed, with the reason; returns 1, or 0 if it was not running.
+-- Its requests in flight finish as usual; queued ones are discarded when leased.
+local function job_close(job, reason)
+    local key = JOB_PREFIX .. job
+    if redis.call('HGET', key, 'state') ~= 'running' then return 0 end
+    local now = redis.call('TIME')
+    redis.call('HSET', key, 'state', 'closed', 'reason', reason,
+        'finished_at', now[1] + now[2] / 1000000)
+    job_phase(job, 'closed')
+    for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
+    redis.call('EXPIRE', key, JOB_TTL)
+    redis.call('EXPIRE', key .. ':done', JOB_TTL)
+    return 1
+end
+
+-- After the job's stat field grew: close the job if it reached that field's limit
+-- (pages: closespider_pagecount, items: closespider_itemcount, as Scrapy names them).
+local LIMITED = {pages = 'closespider_pagecount', items = 'closespider_itemcount'}
+local function job_check_limits(job, field)
+    if not LIMITED[field] or not job_exists(job) then return end
+    local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/' .. field, field)
+    if values[1] and tonumber(values[2] or '0') >= tonumber(values[1]) then
+        job_close(job, LIMITED[field])
+    end
 end
 
 -- A leased request of the job is finished (crawled, failed, or dropped).

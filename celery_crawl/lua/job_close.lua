@@ -1,0 +1,14 @@
+-- Close a running job now, with a reason: a callback raised CloseSpider, or a
+-- limit was reached that only the job's tracker sees (its time limit).
+-- Requests of the job in flight finish normally, their children are refused;
+-- its queued requests are discarded when a lease reaches them.
+--
+-- KEYS[1]  job key prefix: a job's hash is KEYS[1] .. job id
+-- ARGV[1]  job id
+-- ARGV[2]  the reason (CloseSpider's, or closespider_timeout)
+-- Returns  1 if the job was closed, 0 if it was not running
+
+local JOB_PREFIX = KEYS[1]
+--!include jobs
+
+return job_close(ARGV[1], ARGV[2])

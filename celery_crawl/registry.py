@@ -1,0 +1,140 @@
+"""The worker registry: which processes host which spiders, and when each last beat.
+
+Layout: ``<prefix>:workers`` (:func:`celery_crawl.keys.workers_key`), a sorted
+set with one member per worker process that hosts crawlers: its JSON entry
+(``id``, ``hostname``, ``pid``, ``spiders``, ``started``), scored with its last
+heartbeat in unix ms, taken from the server's clock (``lua/worker_beat.lua``).
+
+A process beats every ``CELERY_CRAWL_HEARTBEAT_SECONDS`` from a thread of its
+own (:class:`WorkerBeat`, run by :class:`celery_crawl.heartbeat.Heartbeat`),
+and counts as live until it has missed three beats. A clean stop removes its
+entry at once; a killed process's entry stays, shown as lost, for an hour.
+
+Readers: ``celery-crawl status``, the exporter, and the job trackers, which
+say "waiting: no live worker hosts <spider>" while that is so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from celery_crawl import scripts
+from celery_crawl.defaults import setting
+from celery_crawl.keys import workers_key
+
+MISSED_BEATS = 3  # a process is live until it has missed this many beats
+FORGET_AFTER = 3600.0  # seconds after its last beat that a lost process's entry is removed
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """A registered worker process, as read back."""
+
+    id: str
+    hostname: str
+    pid: int
+    spiders: list[str]
+    age: float  # seconds since its last beat
+    live: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "id": self.id,
+            "hostname": self.hostname,
+            "pid": self.pid,
+            "spiders": self.spiders,
+            "heartbeat_age": round(self.age, 1),
+            "live": self.live,
+        }
+
+
+class WorkerBeat:
+    """One process's entry in the registry; :meth:`beat` stamps it, :meth:`leave` removes it."""
+
+    def __init__(
+        self, client: redis.Redis, key: str, spiders: Sequence[str], hostname: str = ""
+    ) -> None:
+        self.client = client
+        self.key = key
+        hostname = hostname or socket.gethostname()
+        pid = os.getpid()
+        self.id = f"{hostname}/{pid}"
+        self.entry = json.dumps(
+            {
+                "id": self.id,
+                "hostname": hostname,
+                "pid": pid,
+                "spiders": sorted(spiders),
+                "started": round(time.time(), 3),
+            },
+            separators=(",", ":"),
+        )
+
+    def beat(self) -> None:
+        args: list[str | int] = [self.entry, int(FORGET_AFTER * 1000)]
+        scripts.script(self.client, "worker_beat")(keys=[self.key], args=args)
+
+    def leave(self) -> None:
+        self.client.zrem(self.key, self.entry)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """Where the worker registry is, and how often its processes beat."""
+
+    key: str
+    heartbeat: float
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Registry:
+        return cls(
+            workers_key(setting(settings, "CELERY_CRAWL_KEY_PREFIX")),
+            setting(settings, "CELERY_CRAWL_HEARTBEAT_SECONDS"),
+        )
+
+    def read(self, client: redis.Redis) -> list[WorkerInfo]:
+        return read_workers(client, self.key, self.heartbeat)
+
+
+def read_workers(client: redis.Redis, key: str, heartbeat: float) -> list[WorkerInfo]:
+    """Every registered process, live or lost, with the age of its last beat (one round trip)."""
+    with client.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.zrange(key, 0, -1, withscores=True)
+        (seconds, micros), members = pipe.execute()
+    now_ms = seconds * 1000 + micros / 1000
+    found = []
+    for member, score in members:
+        entry = json.loads(member)
+        age = max(now_ms - score, 0) / 1000
+        found.append(
+            WorkerInfo(
+                id=str(entry["id"]),
+                hostname=str(entry["hostname"]),
+                pid=int(entry["pid"]),
+                spiders=[str(s) for s in entry["spiders"]],
+                age=age,
+                live=age < MISSED_BEATS * heartbeat,
+            )
+        )
+    return sorted(found, key=lambda w: w.id)
+
+
+def hosts(workers: Sequence[WorkerInfo], spider: str) -> list[WorkerInfo]:
+    """The live processes that host ``spider``."""
+    return [w for w in workers if w.live and spider in w.spiders]
+
+
+def waiting_reason(workers: Sequence[WorkerInfo], spider: str) -> str:
+    """What a job of ``spider`` waits for, or ``""`` when a live worker hosts it."""
+    if hosts(workers, spider):
+        return ""
+    return f"waiting: no live worker hosts {spider}"

@@ -1,0 +1,250 @@
+"""Live workers: heartbeats renew leases, a killed worker's requests come back in seconds.
+
+These tests run the workers with the default lease and heartbeat times (the
+other integration tests shorten them), against real worker processes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_crawl import crawl
+from celery_crawl.defaults import SETTINGS
+from celery_crawl.errors import ConfigError
+from celery_crawl.project import project_of
+from celery_crawl.registry import Registry
+from tests.support import ROOT
+from tests.support.paths_spider import PathsSite
+from tests.support.ports import free_port
+from tests.support.workers import WORKER_APP, Worker
+
+RECOVERY_TARGET = 15.0  # seconds from kill -9 to the dead worker's requests queued again
+DEFAULTS = (
+    "SCHEDULER_LEASE_SECONDS",
+    "SCHEDULER_REQUEUE_INTERVAL",
+    "CELERY_CRAWL_HEARTBEAT_SECONDS",
+)
+
+
+@pytest.fixture
+def live_env(env: dict[str, str], paths_site: PathsSite) -> dict[str, str]:
+    """The workers' environment with the default lease and heartbeat times."""
+    return {**env, **{name: str(SETTINGS[name].default) for name in DEFAULTS}}
+
+
+@pytest.fixture
+def workers(live_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    started: list[Worker] = []
+
+    def start(name: str, pool: str = "solo", concurrency: int = 1) -> Worker:
+        worker = Worker(
+            name, live_env, tmp_path / f"{name}.log", pool, concurrency, None, WORKER_APP
+        )
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in started:
+        worker.stop()
+
+
+def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll ``check`` every 50 ms until it holds; returns the seconds it took."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if check():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def test_a_killed_workers_leases_are_queued_again_within_15_s(
+    app: Celery, workers: Callable[..., Worker], state_client: redis.Redis, paths_site: PathsSite
+) -> None:
+    inflight = project_of(app).keys("paths").inflight
+    victim = workers("victim")
+    seeds = [{"sleep": 6, "id": f"kill-{i}"} for i in range(4)]
+    job = crawl("paths", seeds, app=app)
+    wait_for(lambda: state_client.zcard(inflight) == 4, 30, "the victim leases the 4 requests")
+    survivor = workers("survivor")  # registered and beating while the victim holds the leases
+    held = state_client.zrange(inflight, 0, -1)
+    victim.signal(signal.SIGKILL)
+    took = wait_for(
+        lambda: not any(state_client.zmscore(inflight, held)),
+        60,
+        "the killed worker's leases leave the in-flight set",
+    )
+    print(f"kill -9 to requests queued again: {took:.1f} s")
+    assert took <= RECOVERY_TARGET
+    result = job.wait(timeout=60)  # the survivor fetches them again
+    assert result["state"] == "done" and result["pages"] == 4
+    assert {f"/sleep/kill-{i}/6" for i in range(4)} <= set(paths_site.hits)
+    assert survivor.proc.poll() is None
+    registry = Registry.from_settings(project_of(app).settings)
+    wait_for(
+        lambda: (
+            [w.live for w in registry.read(state_client) if w.hostname.startswith("victim@")]
+            == [False]
+        ),
+        3 * registry.heartbeat + 5,
+        "the killed worker shows as lost in the registry",
+    )
+
+
+@pytest.mark.parametrize("pool", ["prefork", "solo"])
+def test_a_slow_download_and_a_long_callback_are_never_leased_twice(
+    app: Celery,
+    workers: Callable[..., Worker],
+    state_client: redis.Redis,
+    paths_site: PathsSite,
+    pool: str,
+) -> None:
+    """A 60 s download, and a callback that holds the reactor for 15 s (longer than a lease).
+
+    Two workers: when a lease lapses, the other takes the request and the site
+    sees it twice. Renewing from the reactor would lose the blocked callback's lease.
+    """
+    workers("one", pool=pool)
+    workers("two", pool=pool)
+    seeds = [{"sleep": 60, "id": pool}, {"block": 15, "id": pool}]
+    result = crawl("paths", seeds, app=app).wait(timeout=150)
+    assert result["state"] == "done", result
+    assert (result["pages"], result["items"]) == (2, 2), (result, paths_site.hits)
+    assert paths_site.hits[f"/sleep/{pool}/60"] == 1
+    assert paths_site.hits[f"/ok/block-{pool}"] == 1
+    stats = state_client.hgetall(project_of(app).keys("paths").stats)
+    assert b"scheduler/requeued/expired" not in stats
+
+
+def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "celery_crawl.cli", *args, "--app", WORKER_APP]
+    return subprocess.run(
+        command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_status_and_the_exporter_list_live_workers_and_waiting_jobs(
+    app: Celery, workers: Callable[..., Worker], live_env: dict[str, str]
+) -> None:
+    job = crawl("paths", [{"probe": "waiting"}], app=app)  # accepted: workers may start later
+    waiting = json.loads(cli(live_env, "status", "--json").stdout)
+    (paths,) = [s for s in waiting["spiders"] if s["spider"] == "paths"]
+    assert [j["waiting"] for j in paths["jobs"]] == ["waiting: no live worker hosts paths"]
+    worker = workers("registered")
+    assert job.wait(timeout=60)["state"] == "done"
+    processes = json.loads(cli(live_env, "status", "--json").stdout)["processes"]
+    (entry,) = processes
+    assert entry["id"].startswith("registered@") and entry["live"]
+    assert "paths" in entry["spiders"] and entry["heartbeat_age"] < 3 * 5.0
+    assert entry["pid"] == worker.proc.pid  # solo: the crawlers run in the worker's process
+    metrics = exporter_metrics(live_env).splitlines()
+    assert 'celery_crawl_live_workers{spider="paths"} 1.0' in metrics
+    (age,) = [m for m in metrics if m.startswith("celery_crawl_worker_heartbeat_age_seconds{")]
+    assert f'worker="{entry["id"]}"' in age and float(age.rsplit(" ", 1)[1]) < 3 * 5.0
+    worker.stop()
+    assert json.loads(cli(live_env, "status", "--json").stdout)["processes"] == []  # left cleanly
+
+
+def exporter_metrics(env: dict[str, str]) -> str:
+    port = free_port()
+    command = [sys.executable, "-m", "celery_crawl.cli", "exporter", "--app", WORKER_APP]
+    proc = subprocess.Popen([*command, "--port", str(port)], env=env, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    return str(r.read().decode())
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_crawl_follows_a_waiting_job_and_refuses_a_spider_no_worker_may_host(
+    app: Celery, live_env: dict[str, str]
+) -> None:
+    with pytest.raises(ConfigError, match="no worker may host spider 'kind_sitemap'"):
+        crawl("kind_sitemap", ["http://127.0.0.1:1/"], app=app)
+    followed = cli(live_env, "crawl", "paths", '{"probe": "cli"}', "--wait", "--timeout", "3")
+    assert "waiting: no live worker hosts paths" in followed.stderr
+    assert followed.returncode == 1  # not done within the timeout: nothing runs it
+
+
+def test_a_job_ends_at_its_page_limit_and_the_next_job_of_the_spider_crawls_fully(
+    app: Celery, workers: Callable[..., Worker], state_client: redis.Redis
+) -> None:
+    """CLOSESPIDER_PAGECOUNT's meaning, per job: the job ends, the hosted crawler stays."""
+    worker = workers("limited", pool="prefork", concurrency=1)
+    limited = crawl("paths", [{"chain": "limited", "length": 8}], app=app, limits={"pages": 3})
+    result = limited.wait(timeout=60)
+    assert result["state"] == "closed" and result["reason"] == "closespider_pagecount"
+    assert 3 <= result["pages"] < 8
+    assert result["limits"] == {"pages": 3.0}
+    after = crawl("paths", [{"chain": "after-limit", "length": 4}], app=app).wait(timeout=60)
+    assert after["state"] == "done" and after["pages"] == 4
+    log = worker.output()
+    assert "crawler paths stopped" not in log and "closed while hosted" not in log
+    queue = project_of(app).keys("paths").queue
+    wait_for(lambda: state_client.zcard(queue) == 0, 10, "nothing of the closed job left queued")
+
+
+def test_close_spider_in_a_callback_ends_that_job_only(
+    app: Celery, workers: Callable[..., Worker]
+) -> None:
+    worker = workers("closing")
+    other = crawl("paths", [{"chain": "beside-close", "length": 6}], app=app)
+    closed = crawl("paths", [{"close": "a"}], app=app).wait(timeout=60)
+    assert closed["state"] == "closed" and closed["reason"] == "enough for this job"
+    assert closed["items"] == 1 and closed["pages"] == 1
+    assert other.wait(timeout=60)["state"] == "done"  # the other job of the spider went on
+    assert "crawler paths stopped" not in worker.output()
+
+
+def test_a_hosted_crawler_that_closes_anyway_is_opened_again(
+    app: Celery, workers: Callable[..., Worker]
+) -> None:
+    """An extension (here, a callback) closes the whole crawler: the next job still crawls."""
+    worker = workers("reopening")
+    stopped = crawl("paths", [{"stop_crawler": "x"}], app=app).wait(timeout=60)
+    assert stopped["state"] == "done" and stopped["pages"] == 1
+    wait_for(lambda: "crawler paths open again" in worker.output(), 30, "the crawler reopened")
+    after = crawl("paths", [{"chain": "after-reopen", "length": 3}], app=app).wait(timeout=60)
+    assert after["state"] == "done" and after["pages"] == 3
+    assert worker.proc.poll() is None
+    assert "closed while hosted; opening it again" in worker.output()
+
+
+def test_the_time_limit_closes_a_job(app: Celery, workers: Callable[..., Worker]) -> None:
+    workers("timed")
+    result = crawl("paths", [{"chain": "timed", "length": 40}], app=app, limits={"seconds": 2})
+    ended = result.wait(timeout=60)
+    assert ended["state"] == "closed" and ended["reason"] == "closespider_timeout"
+    assert 2 <= ended["duration"] < 10 and ended["pages"] < 40
+
+
+def test_the_cli_takes_job_limits(live_env: dict[str, str], workers: Callable[..., Worker]) -> None:
+    workers("cli-limits")
+    args = ("crawl", "paths", '{"chain": "cli", "length": 8}', "--limit", "pages=2", "--wait")
+    done = cli(live_env, *args, "--json")
+    assert done.stdout, done.stderr
+    (result,) = json.loads(done.stdout)
+    assert result["state"] == "closed" and result["reason"] == "closespider_pagecount"
+    assert done.returncode == 1  # not done: closed early
+    bad = cli(live_env, "crawl", "paths", '{"probe": "x"}', "--limit", "depth=2")
+    assert bad.returncode == 2 and "the limits are pages, items, seconds" in bad.stderr

@@ -1,0 +1,33 @@
+"""A job's limits: Scrapy's CLOSESPIDER_* settings by default, the caller's over them."""
+
+from __future__ import annotations
+
+import pytest
+
+from celery_crawl.jobs import limit_fields, parse_status
+from celery_crawl.project import Project
+
+
+def project(**settings: object) -> Project:
+    return Project.from_module("tests.support.worker_settings", dict(settings))
+
+
+def test_the_spiders_closespider_settings_are_the_default_limits() -> None:
+    limited = project(CLOSESPIDER_ITEMCOUNT=5, CLOSESPIDER_TIMEOUT=60)
+    assert limited.job_limits("paths", None) == {"items": 5.0, "seconds": 60.0}
+    assert limited.job_limits("paths", {"pages": 10}) == {
+        "items": 5.0,
+        "seconds": 60.0,
+        "pages": 10,
+    }
+    assert limited.job_limits("paths", {"items": 0}) == {"seconds": 60.0}  # 0: no limit
+    assert project().job_limits("paths", None) == {}
+
+
+def test_limits_go_into_the_job_hash_and_come_back() -> None:
+    fields = limit_fields({"pages": 3, "seconds": 2.5})
+    assert fields == {"limit/pages": "3", "limit/seconds": "2.5"}
+    raw = {k.encode(): v.encode() for k, v in {**fields, "state": "running"}.items()}
+    assert parse_status("j", "paths", raw).limits == {"pages": 3.0, "seconds": 2.5}
+    with pytest.raises(ValueError, match="unknown job limits \\['depth'\\]"):
+        limit_fields({"depth": 2})
