@@ -122,7 +122,10 @@ AppOption = Annotated[
 @cli.command()
 def crawl(
     spider: Annotated[str, typer.Argument(help="spider name")],
-    seeds: Annotated[list[str], typer.Argument(help="one job per seed")],
+    seeds: Annotated[
+        list[str] | None,
+        typer.Argument(help="one job per seed; none: one job of the spider's start requests"),
+    ] = None,
     *,
     priority: Annotated[int, typer.Option(help="job priority, added to every request")] = 0,
     wait: Annotated[
@@ -149,9 +152,10 @@ def crawl(
     try:
         spidercls = project_of(celery_app).spider_class(spider)
         limits = parse_limits(limit or [])
+        per_job = [[parse_seed(spidercls, s)] for s in seeds] if seeds else [[]]
         jobs = [
-            start(spider, [parse_seed(spidercls, s)], priority, app=celery_app, limits=limits)
-            for s in seeds
+            start(spider, job_seeds, priority, app=celery_app, limits=limits)
+            for job_seeds in per_job
         ]
     except (CeleryCrawlError, ValueError) as exc:  # unknown spider, bad seed or limit, no Redis
         err.print(f"[red]error:[/red] {exc}")

@@ -25,7 +25,7 @@ JOB_INDEX_TTL = 30 * 24 * 3600  # longer than any job, plus the week a finished 
 
 def crawl(
     spider: str,
-    seeds: Sequence[Any],
+    seeds: Sequence[Any] = (),
     priority: int = 0,
     *,
     app: Any = None,
@@ -33,6 +33,9 @@ def crawl(
     limits: dict[str, float] | None = None,
 ) -> Job:
     """Start a crawl job; returns at once with a handle (``wait``, ``status``, ``cancel``).
+
+    With no ``seeds``, the job crawls what the spider's ``start()`` yields (its
+    ``start_urls``): hosted spiders run their start requests only that way.
 
     Unknown spiders, spiders that no worker may host (``CELERY_CRAWL_SPIDERS``),
     bad seeds and an unreachable Redis raise here, in the caller's process. A

@@ -10,6 +10,7 @@ last response in the shared stats (``celery_crawl/last_response_time``).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Self
@@ -18,8 +19,10 @@ from scrapy import Request
 from scrapy.exceptions import CloseSpider
 
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_close, job_error, job_items, job_of
+from celery_crawl.spiders import RedisMixin
 
 LAST_RESPONSE = "celery_crawl/last_response_time"
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -82,6 +85,34 @@ class JobSpiderMiddleware:
     def _count(self, response: Any, items: int) -> None:
         if items and job_of(response):
             self.crawler.signals.send_catch_log(job_items, response=response, count=items)
+
+
+class HostedStartMiddleware:
+    """Hosted crawlers run a spider's ``start()`` only as a job: ``crawl(spider)`` with no seeds.
+
+    A worker opens its crawlers when it starts, and Scrapy then runs each
+    spider's ``start()``: without this middleware, every worker process would
+    crawl ``start_urls`` before any job was asked for, outside any job. The
+    exception is a :class:`~celery_crawl.spiders.RedisSpider`, whose ``start()``
+    reads the start URLs pushed to Redis for as long as it runs.
+    """
+
+    def __init__(self, crawler: Crawler) -> None:
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        return cls(crawler)
+
+    async def process_start(self, start: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        if isinstance(self.crawler.spider, RedisMixin):
+            async for output in start:
+                yield output
+            return
+        logger.info(
+            "hosted spider %s: its start requests run only as a job (crawl() with no seeds)",
+            getattr(self.crawler.spider, "name", "?"),
+        )
 
 
 class JobDownloaderMiddleware:

@@ -30,7 +30,9 @@ from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, LIMITS
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_settings
+from celery_crawl.spiders import RedisMixin
 
+MAX_START_REQUESTS = 100_000  # start() requests one job takes; more is a job for a RedisSpider
 HOSTED_SETTINGS: dict[str, Any] = {
     "SCHEDULER": "celery_crawl.scheduler.Scheduler",
     "STATS_CLASS": "celery_crawl.stats.RedisStatsCollector",
@@ -42,7 +44,10 @@ HOSTED_SETTINGS: dict[str, Any] = {
 # added to Scrapy's *_BASE dicts, so a spider's own custom_settings
 # (DOWNLOADER_MIDDLEWARES = {...}) cannot drop them
 HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
-    "SPIDER_MIDDLEWARES_BASE": {"celery_crawl.middleware.JobSpiderMiddleware": 1},
+    "SPIDER_MIDDLEWARES_BASE": {
+        "celery_crawl.middleware.JobSpiderMiddleware": 1,
+        "celery_crawl.middleware.HostedStartMiddleware": 2,
+    },
     # CLOSESPIDER_* are per job limits when hosted (celery_crawl.jobs.LIMITS): the
     # extension would close the crawler that every job of the spider shares
     "EXTENSIONS_BASE": {"scrapy.extensions.closespider.CloseSpider": None},
@@ -149,22 +154,24 @@ class Project:
     def seed_entries(
         self, spider: str, seeds: Sequence[Any], job_id: str, priority: int
     ) -> list[Entry]:
-        """The seed requests of a job, encoded; raises :class:`BadSeed` on bad input."""
-        if not seeds:
-            raise BadSeed(f"a job of {spider!r} needs at least one seed")
+        """The seed requests of a job, encoded; raises :class:`BadSeed` on bad input.
+
+        No seeds: the requests of the spider's ``start()`` (its ``start_urls``).
+        """
         spidercls = self.spider_class(spider)
         crawler = Crawler(spidercls, self.settings)
         instance = spidercls.from_crawler(crawler)
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
+        made = [r for seed in seeds for r in seed_requests(instance, seed)]
+        requests = made if seeds else start_requests_of(instance)
         entries = []
-        for seed in seeds:
-            for request in seed_requests(instance, seed):
-                request.meta[JOB_META] = job_id
-                request.meta[JOB_PRIORITY_META] = priority
-                request.priority += priority
-                entries.append(self._entry(instance, request, fingerprinter, job_id))
+        for request in requests:
+            request.meta[JOB_META] = job_id
+            request.meta[JOB_PRIORITY_META] = priority
+            request.priority += priority
+            entries.append(self._entry(instance, request, fingerprinter, job_id))
         return entries
 
     def _entry(self, spider: Spider, request: Request, fingerprinter: Any, job: str) -> Entry:
@@ -199,6 +206,47 @@ def parse_seed(spidercls: type[Spider], text: str) -> Any:
     if key:
         return {key: text}
     return {"url": text}
+
+
+def start_requests_of(spider: Spider) -> list[Request]:
+    """The requests ``spider.start()`` yields, gathered here, with no reactor running.
+
+    ``start()`` is driven step by step: one that waits for I/O (which needs the
+    engine), or never ends, cannot seed a job; nor can a RedisSpider's, which
+    reads Redis for as long as it runs. Items it yields are skipped.
+    """
+    if isinstance(spider, RedisMixin):
+        raise BadSeed(
+            f"spider {spider.name!r} reads its start URLs from Redis: push them to"
+            f" {spider.start_urls_source.key!r}, or give the job seeds"
+        )
+    steps = spider.start()
+    requests: list[Request] = []
+    while len(requests) <= MAX_START_REQUESTS:
+        step: Any = steps.__anext__()  # a coroutine-like step: send() runs it
+        try:
+            step.send(None)
+        except StopIteration as yielded:
+            if isinstance(yielded.value, Request):
+                requests.append(yielded.value)
+            continue
+        except StopAsyncIteration:
+            break
+        except Exception as exc:
+            raise BadSeed(
+                f"spider {spider.name!r}: start() cannot run outside the engine ({exc!r});"
+                " give the job seeds"
+            ) from exc
+        step.close()
+        raise BadSeed(f"spider {spider.name!r}: start() waits for I/O; give the job seeds")
+    else:
+        raise BadSeed(
+            f"spider {spider.name!r}: start() yields more than {MAX_START_REQUESTS:,} requests;"
+            " give the job seeds, or feed a RedisSpider's start key"
+        )
+    if not requests:
+        raise BadSeed(f"spider {spider.name!r}: start() yields no request; give the job seeds")
+    return requests
 
 
 def seed_requests(spider: Spider, seed: Any) -> list[Request]:

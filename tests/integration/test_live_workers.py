@@ -248,3 +248,19 @@ def test_the_cli_takes_job_limits(live_env: dict[str, str], workers: Callable[..
     assert done.returncode == 1  # not done: closed early
     bad = cli(live_env, "crawl", "paths", '{"probe": "x"}', "--limit", "depth=2")
     assert bad.returncode == 2 and "the limits are pages, items, seconds" in bad.stderr
+
+
+def test_a_worker_crawls_nothing_at_start_and_a_job_without_seeds_runs_start(
+    app: Celery, workers: Callable[..., Worker], live_env: dict[str, str], paths_site: PathsSite
+) -> None:
+    """Hosted spiders' start() runs only as a job; each such job crawls start_urls again."""
+    worker = workers("starting", pool="prefork", concurrency=2)
+    time.sleep(3)  # what a worker would crawl on its own, it would have by now
+    assert not [path for path in paths_site.hits if path.startswith("/ok/start-")]
+    assert "its start requests run only as a job" in worker.output()
+    first = crawl("paths_start", [], app=app).wait(timeout=60)
+    assert first["state"] == "done" and (first["pages"], first["items"]) == (3, 3)
+    again = cli(live_env, "crawl", "paths_start", "--wait", "--json")
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)[0]["pages"] == 3
+    assert all(paths_site.hits[f"/ok/start-{n}"] == 2 for n in range(3))

@@ -131,6 +131,23 @@ class PathsSpider(Spider):
         yield Request(self.base + "/ok/from-errback", callback=self.parse)
 
 
+class PathsStartSpider(Spider):
+    """Start URLs and no seeds: its jobs are ``crawl("paths_start")``, which run its start()."""
+
+    name = "paths_start"
+    pages = 3
+
+    @classmethod
+    def from_crawler(cls, crawler: Any, *args: Any, **kwargs: Any) -> PathsStartSpider:
+        spider = super().from_crawler(crawler, *args, **kwargs)
+        base = str(crawler.settings.get("PATHS_BASE_URL")).rstrip("/")
+        spider.start_urls = [f"{base}/ok/start-{n}" for n in range(cls.pages)]
+        return spider
+
+    def parse(self, response: Response) -> Iterator[Any]:
+        yield {"path": response.url}
+
+
 class DropMiddleware:
     def process_request(self, request: Request) -> None:
         if request.meta.get("drop"):

@@ -10,7 +10,14 @@ SPIDER_MODULES = [
 ]
 # of the spider kinds, only the CrawlSpider runs hosted: an idle hosted crawler keeps a
 # reactor thread waiting for work, so the workers host no crawler that no test uses
-CELERY_CRAWL_SPIDERS = ["forum", "forum_detail", "paths", "kind_crawl", "hosted_members"]
+CELERY_CRAWL_SPIDERS = [
+    "forum",
+    "forum_detail",
+    "paths",
+    "paths_start",
+    "kind_crawl",
+    "hosted_members",
+]
 SCHEDULER_LEASE_SECONDS = 4
 SCHEDULER_REQUEUE_INTERVAL = 1
 CELERY_CRAWL_PROGRESS_INTERVAL = 0.5
