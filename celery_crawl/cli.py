@@ -242,6 +242,42 @@ def status(
 
 
 @cli.command()
+def dedup(
+    spider: Annotated[str, typer.Argument(help="spider name")],
+    app: AppOption = None,
+    reset: Annotated[
+        bool, typer.Option("--reset", help="forget every fingerprint: later jobs crawl again")
+    ] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print machine-readable JSON")] = False,
+) -> None:
+    """Show a spider's shared dedup filter (kind, fingerprints, memory); --reset clears it."""
+    from celery_crawl.project import project_of
+
+    try:
+        project = project_of(open_app(app))
+        df = project.dupefilter(spider)
+        scope = project.dedup_scope(spider)
+        before = {"spider": spider, "scope": scope, "kind": df.kind, "fingerprints": len(df)}
+        before["memory_bytes"] = df.memory_usage()
+        if reset:
+            df.clear()
+    except CeleryCrawlError as exc:
+        err.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    if as_json:
+        typer.echo(json.dumps({**before, "reset": reset}))
+        return
+    typer.echo(
+        f"{spider}: dedup scope {scope}; {df.kind} filter with {before['fingerprints']:,}"
+        f" fingerprints in {before['memory_bytes']:,} bytes"
+    )
+    if scope == "job":
+        typer.echo("  its jobs each have a filter of their own: this one holds what no job sent")
+    if reset:
+        typer.echo("  reset: every fingerprint forgotten; the next jobs crawl those pages again")
+
+
+@cli.command()
 def exporter(
     app: AppOption = None,
     port: Annotated[int, typer.Option(help="port of /metrics")] = 9410,

@@ -296,6 +296,16 @@ _ENTRIES = (
         DEDUP,
     ),
     Setting(
+        "DUPEFILTER_SCOPE",
+        "job",
+        "whose filter a job's requests meet. job: the job's own (an exact set, deleted when the"
+        " job ends), so running a job again crawls again, and two jobs on one seed both crawl"
+        " fully. spider: DUPEFILTER_CLASS's, shared by every job of the spider, for incremental"
+        " crawls across jobs (set it in the spider's custom_settings). Requests of no job always"
+        " meet the spider's",
+        DEDUP,
+    ),
+    Setting(
         "DUPEFILTER_BLOOM_CAPACITY",
         1_000_000,
         "bloom filter: fingerprints the first sub-filter holds at its rate; past it, a sub-filter"

@@ -25,6 +25,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from celery_crawl import connection
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.defaults import SETTINGS, setting
+from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
 from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, LIMITS
 from celery_crawl.keys import SpiderKeys, group_members
@@ -140,7 +141,20 @@ class Project:
         """The spider's queue, of the class and with the dedup its scheduler uses."""
         settings = Crawler(self.spider_class(spider), self.settings).settings  # + custom_settings
         dedup = dupefilter_class(settings).script_from_settings(settings)
-        return queue_class(settings)(self.client, self.keys(spider), dedup=dedup)
+        scope = setting(settings, "DUPEFILTER_SCOPE")
+        return queue_class(settings)(self.client, self.keys(spider), dedup=dedup, dedup_scope=scope)
+
+    def dupefilter(self, spider: str) -> RFPDupeFilter:
+        """The spider's shared filter (``DUPEFILTER_CLASS``), to inspect or reset it."""
+        settings = Crawler(self.spider_class(spider), self.settings).settings
+        cls = dupefilter_class(settings)
+        params = cls.params_class.from_settings(settings)
+        return cls(self.client, self.keys(spider), None, params=params)
+
+    def dedup_scope(self, spider: str) -> str:
+        """``DUPEFILTER_SCOPE`` as the spider sees it (its own settings included)."""
+        settings = Crawler(self.spider_class(spider), self.settings).settings
+        return str(setting(settings, "DUPEFILTER_SCOPE"))
 
     def job_limits(self, spider: str, limits: dict[str, float] | None) -> dict[str, float]:
         """A job's limits: the spider's ``CLOSESPIDER_*`` settings, then ``limits`` over them."""

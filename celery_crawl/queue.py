@@ -45,6 +45,7 @@ from celery_crawl.keys import SpiderKeys
 logger = logging.getLogger(__name__)
 
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
+DEDUP_SCOPES = ("job", "spider")  # DUPEFILTER_SCOPE: whose filter a job's requests meet
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,13 @@ class Base:
         ack_replicas: int = SETTINGS["CELERY_CRAWL_ACK_REPLICAS"].default,
         ack_timeout: float = SETTINGS["CELERY_CRAWL_ACK_TIMEOUT"].default,
         deadletter_max: int = SETTINGS["SCHEDULER_DEADLETTER_MAX"].default,
+        dedup_scope: str = SETTINGS["DUPEFILTER_SCOPE"].default,
     ) -> None:
+        if dedup_scope not in DEDUP_SCOPES:
+            raise ConfigError(
+                f"DUPEFILTER_SCOPE is {dedup_scope!r}: use {' or '.join(map(repr, DEDUP_SCOPES))}"
+            )
+        self.dedup_scope = dedup_scope
         self.client = client
         self.keys = keys
         self.lease_seconds = lease_seconds
@@ -139,7 +146,7 @@ class Base:
         if not (count or acks or job_stats or dead_letters):
             return []
         args: list[Any] = [count, len(job_stats), len(acks), len(dead_letters)]
-        args.append(self.deadletter_max)
+        args += [self.deadletter_max, self.dedup_scope]
         for lane, batch in enumerate(batches):
             for entry in batch:
                 args += entry.args(self.uses_priority, lane)
@@ -156,7 +163,7 @@ class Base:
         self, job: str, seeds: Sequence[Entry], fields: dict[str, str]
     ) -> tuple[bool, int]:
         """Create job ``job`` with its seeds, unless it exists: (created, seeds accepted)."""
-        args: list[Any] = [job, len(seeds), len(fields)]
+        args: list[Any] = [job, len(seeds), len(fields), self.dedup_scope]
         for entry in seeds:
             args += entry.args(self.uses_priority)
         for pair in fields.items():

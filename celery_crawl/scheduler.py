@@ -149,6 +149,7 @@ class Scheduler(BaseScheduler):
             ack_replicas=setting(settings, "CELERY_CRAWL_ACK_REPLICAS"),
             ack_timeout=setting(settings, "CELERY_CRAWL_ACK_TIMEOUT"),
             deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),
+            dedup_scope=setting(settings, "DUPEFILTER_SCOPE"),
         )
         return cls(
             queue,

@@ -19,6 +19,8 @@
 -- ARGV[3]  number of leases to ack m
 -- ARGV[4]  number of dead-letter records d
 -- ARGV[5]  the most records the dead-letter list keeps
+-- ARGV[6]  dedup scope: 'job' (a job's requests are checked against the job's
+--          own set) or 'spider' (against the spider's filter)
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
 --          payload, lane (0 = this spider's queue)
 -- then s groups: job id, field, delta
@@ -35,7 +37,7 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local FIRST = 6
+local SCOPE, FIRST = ARGV[6], 7
 local DEDUP_ARGV = FIRST + 5 * n + 3 * s + m + d
 --!slot dupefilter
 --!include jobs

@@ -17,6 +17,7 @@ local job = ARGV[1]
 local key = JOB_PREFIX .. job
 if redis.call('HGET', key, 'state') ~= 'running' then return -1 end
 redis.call('HSET', key, 'state', 'cancelled')
+redis.call('DEL', key .. ':seen')  -- the job's own dedup set, if it has one
 job_phase(job, 'cancelled')
 
 local function purge(levels)

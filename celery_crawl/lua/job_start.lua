@@ -5,6 +5,7 @@
 -- ARGV[1]  job id
 -- ARGV[2]  number of seed requests n
 -- ARGV[3]  number of job fields f
+-- ARGV[4]  dedup scope: 'job' or 'spider' (as in enqueue.lua)
 -- then n groups: priority, fingerprint, job id, payload, lane 0 (as in enqueue.lua)
 -- then f pairs: field, value (spider, seeds, priority, ...)
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
@@ -13,8 +14,8 @@
 --          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
-local job, n, f = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local DEDUP_ARGV = 4 + 5 * n + 2 * f
+local job, n, f, SCOPE = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local DEDUP_ARGV = 5 + 5 * n + 2 * f
 --!slot dupefilter
 --!include jobs
 --!include push
@@ -26,12 +27,12 @@ local now = redis.call('TIME')
 redis.call('HSET', key, 'state', 'running', 'pending', 0, 'leased', 0, 'done', 0,
     'created_at', now[1] + now[2] / 1000000)
 job_phase(job, 'queued')
-local fields_at = 4 + 5 * n
+local fields_at = 5 + 5 * n
 for i = fields_at, fields_at + 2 * f - 1, 2 do
     redis.call('HSET', key, ARGV[i], ARGV[i + 1])
 end
 local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
-local accepted, count = push_requests(lanes, ARGV, 4, n), 0
+local accepted, count = push_requests(lanes, ARGV, 5, n), 0
 for _, flag in ipairs(accepted) do count = count + flag end
 job_finish_if_done(job)
 return {1, count}

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from scrapy import Request, Spider
@@ -53,6 +53,9 @@ class ForumSpider(Spider):
     @classmethod
     def update_settings(cls, settings: Any) -> None:
         super().update_settings(settings)
+        # incremental: a post crawled by one job is not crawled again by the next one,
+        # unless its version changed (celery_crawl.fingerprint)
+        settings.set("DUPEFILTER_SCOPE", "spider", priority="spider")
         feed = settings.get("FORUM_FEED")
         if feed and not settings.getdict("FEEDS"):  # items: one JSON-lines file per process
             settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
@@ -67,6 +70,12 @@ class ForumSpider(Spider):
             raise ValueError(f"a forum seed is {{'forum_id': '<digits>'}}, not {seed!r}")
         url = f"{self.base_url}/list/{forum_id}/1"
         return [Request(url, callback=self.parse_list, priority=LIST_PRIORITY, dont_filter=True)]
+
+    async def start(self) -> AsyncIterator[Request]:
+        """A job with no seeds (``crawl("forum")``): every forum of ``PRODUCER_SOURCES``."""
+        for forum_id in self.settings.getlist("PRODUCER_SOURCES"):
+            for request in self.requests_from_seed({"forum_id": forum_id}):
+                yield request
 
     def load(self, response: Response, *fields: str) -> dict[str, Any]:
         """The page's JSON, with ``fields`` present; raises :class:`Malformed`."""

@@ -26,7 +26,10 @@
 -- when a callback raised CloseSpider (lua/job_close.lua): at once, with its
 -- queued requests left behind to be discarded when a lease reaches them.
 --
--- Uses: JOB_PREFIX. Defines: entry_job, job_running, job_add, job_phase,
+-- With the job dedup scope, the fingerprints of a job's requests are in the set
+-- JOB_PREFIX .. job_id .. ':seen' (job_seen_add), deleted when the job ends.
+--
+-- Uses: JOB_PREFIX. Defines: job_seen_add, entry_job, job_running, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases.
 
 local JOB_TTL = 7 * 24 * 3600
@@ -41,6 +44,11 @@ local FINAL = {done = true, incomplete = true, failed = true, cancelled = true, 
 
 local function job_exists(job)
     return job ~= '' and redis.call('EXISTS', JOB_PREFIX .. job) == 1
+end
+
+-- Job dedup scope: true when fp is new to the job (and records it).
+local function job_seen_add(job, fp)
+    return redis.call('SADD', JOB_PREFIX .. job .. ':seen', fp) == 1
 end
 
 local function job_running(job)
@@ -103,6 +111,7 @@ local function job_finish_if_done(job)
     local now = redis.call('TIME')
     local final = state == 'running' and job_outcome(key) or state
     redis.call('HSET', key, 'state', final, 'finished_at', now[1] + now[2] / 1000000)
+    redis.call('DEL', key .. ':seen')
     job_phase(job, final)
     for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
     redis.call('EXPIRE', key, JOB_TTL)
@@ -117,6 +126,7 @@ local function job_close(job, reason)
     local now = redis.call('TIME')
     redis.call('HSET', key, 'state', 'closed', 'reason', reason,
         'finished_at', now[1] + now[2] / 1000000)
+    redis.call('DEL', key .. ':seen')
     job_phase(job, 'closed')
     for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
     redis.call('EXPIRE', key, JOB_TTL)

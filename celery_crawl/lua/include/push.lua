@@ -1,7 +1,10 @@
 -- Pushing requests into the level lists: included, never run alone.
 --
--- Uses: dedup_add and dedup_use (the dupefilter's fragment), job_running and
--- job_add (include/jobs.lua), included before it.
+-- Uses: dedup_add and dedup_use (the dupefilter's fragment), job_running,
+-- job_add and job_seen_add (include/jobs.lua), included before it; SCOPE, the
+-- dedup scope: 'job' checks a job's requests against the job's own set
+-- (job_seen_add), 'spider' against the spider's filter. Requests of no job
+-- always use the spider's filter.
 -- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
 -- fingerprint, job id, payload, lane) from args starting at index first, and
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
@@ -24,7 +27,9 @@ local function push_requests(lanes, args, first, n)
         local keys = lanes[lane]
         if lane ~= current then dedup_use(keys[3], keys[4]) end
         current = lane
-        if job_running(job) and (fp == '' or dedup_add(fp)) then
+        local own = SCOPE == 'job' and job ~= ''
+        if job_running(job) and (fp == '' or (own and job_seen_add(job, fp))
+                or (not own and dedup_add(fp))) then
             redis.call('RPUSH', keys[1] .. ':' .. priority, string.char(#job) .. job .. payload)
             redis.call('ZADD', keys[1], 'NX', -tonumber(priority), priority)
             job_add(job, 'pending', 1)

@@ -1,4 +1,4 @@
-"""Live workers: heartbeats renew leases, a killed worker's requests come back in seconds.
+"""Hosted jobs behave like crawls: live workers, fast lease recovery, limits, start(), dedup scope.
 
 These tests run the workers with the default lease and heartbeat times (the
 other integration tests shorten them), against real worker processes.
@@ -264,3 +264,34 @@ def test_a_worker_crawls_nothing_at_start_and_a_job_without_seeds_runs_start(
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout)[0]["pages"] == 3
     assert all(paths_site.hits[f"/ok/start-{n}"] == 2 for n in range(3))
+
+
+def test_a_job_run_again_crawls_again_and_two_jobs_on_one_seed_both_crawl_fully(
+    app: Celery, workers: Callable[..., Worker]
+) -> None:
+    """The default dedup scope is the job: /ok and its child, in every job."""
+    workers("scoped", pool="prefork", concurrency=2)
+    for _ in range(2):
+        assert crawl("paths", [{"path": "ok"}], app=app).wait(timeout=60)["pages"] == 2
+    together = [crawl("paths", [{"path": "ok"}], app=app) for _ in range(2)]
+    assert [job.wait(timeout=60)["pages"] for job in together] == [2, 2]
+
+
+def test_the_dedup_command_inspects_and_resets_a_spider_wide_filter(
+    app: Celery, workers: Callable[..., Worker], live_env: dict[str, str]
+) -> None:
+    """The forum spider opts into spider-wide dedup: incremental until the filter is reset."""
+    workers("incremental")
+    first = crawl("forum", [{"forum_id": "00001"}], app=app).wait(timeout=120)
+    again = crawl("forum", [{"forum_id": "00001"}], app=app).wait(timeout=120)
+    assert again["pages"] < first["pages"] / 2  # only the list pages: every post was seen
+    # the posts and comment pages go to forum_detail, the group's other spider, and its filter
+    shown = json.loads(cli(live_env, "dedup", "forum_detail", "--json").stdout)
+    assert shown["scope"] == "spider" and shown["kind"] == "exact"
+    assert shown["fingerprints"] >= first["pages"] - again["pages"]
+    reset = cli(live_env, "dedup", "forum_detail", "--reset")
+    assert reset.returncode == 0 and "every fingerprint forgotten" in reset.stdout
+    emptied = json.loads(cli(live_env, "dedup", "forum_detail", "--json").stdout)
+    assert emptied["fingerprints"] == 0
+    after = crawl("forum", [{"forum_id": "00001"}], app=app).wait(timeout=120)
+    assert after["pages"] == first["pages"]

@@ -1,0 +1,74 @@
+"""Dedup scope: a job's own filter by default, or the spider's, shared by its jobs (real server)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from celery_crawl.errors import ConfigError
+from celery_crawl.jobs import Job
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Base, Entry, PriorityQueue
+
+FP = b"f" * 16
+
+
+def queue(client: redis.Redis, prefix: str, scope: str) -> Base:
+    return PriorityQueue(client, SpiderKeys.build("paths", prefix=prefix), dedup_scope=scope)
+
+
+def start(q: Base, job: str, *fingerprints: bytes) -> int:
+    seeds = [Entry(b"seed-" + fp, 0, fp, job) for fp in fingerprints]
+    created, accepted = q.start_job(job, seeds, {"spider": "paths"})
+    assert created
+    return accepted
+
+
+def finish(q: Base) -> None:
+    """Lease and ack everything queued: the jobs end."""
+    while leases := q.lease(100):
+        q.ack([lease.member for lease in leases])
+
+
+def test_job_scope_two_jobs_on_one_seed_both_crawl_it(client: redis.Redis, prefix: str) -> None:
+    q = queue(client, prefix, "job")
+    assert start(q, "a", FP) == 1
+    assert start(q, "b", FP) == 1  # the spider's filter is not consulted
+    child = [Entry(b"child", 0, b"c" * 16, "a"), Entry(b"again", 0, b"c" * 16, "a")]
+    assert q.push_many(child) == [True, False]  # within a job, a duplicate is still one
+    assert q.push_many([Entry(b"child-b", 0, b"c" * 16, "b")]) == [True]
+
+
+def test_job_scope_a_job_run_again_crawls_again_and_its_set_goes(
+    client: redis.Redis, prefix: str
+) -> None:
+    q = queue(client, prefix, "job")
+    start(q, "first", FP)
+    seen = q.keys.job("first") + ":seen"
+    assert client.scard(seen) == 1
+    finish(q)
+    assert client.hget(q.keys.job("first"), "state") == b"done"
+    assert not client.exists(seen)  # deleted when the job ended
+    assert start(q, "second", FP) == 1
+    assert q.push_many([Entry(b"no job", 0, FP, "")]) == [True]  # no job: the spider's filter
+
+
+def test_spider_scope_jobs_share_the_spiders_filter(client: redis.Redis, prefix: str) -> None:
+    q = queue(client, prefix, "spider")
+    assert start(q, "a", FP) == 1
+    assert start(q, "b", FP) == 0  # incremental: seen by job a
+    assert not client.exists(q.keys.job("a") + ":seen")
+
+
+def test_cancel_and_close_drop_the_jobs_own_set(client: redis.Redis, prefix: str) -> None:
+    q = queue(client, prefix, "job")
+    start(q, "cancelled", FP, b"g" * 16)
+    start(q, "closed", FP)
+    Job("cancelled", "paths", client, q.keys).cancel()
+    assert q.close_job("closed", "a reason")
+    assert not client.exists(q.keys.job("cancelled") + ":seen", q.keys.job("closed") + ":seen")
+
+
+def test_an_unknown_scope_is_refused(client: redis.Redis, prefix: str) -> None:
+    with pytest.raises(ConfigError, match="DUPEFILTER_SCOPE is 'site': use 'job' or 'spider'"):
+        queue(client, prefix, "site")
