@@ -106,15 +106,11 @@ class Registry:
 
 def read_workers(client: redis.Redis, key: str, heartbeat: float) -> list[WorkerInfo]:
     """Every registered process, live or lost, with the age of its last beat (one round trip)."""
-    with client.pipeline(transaction=False) as pipe:
-        pipe.time()
-        pipe.zrange(key, 0, -1, withscores=True)
-        (seconds, micros), members = pipe.execute()
-    now_ms = seconds * 1000 + micros / 1000
+    now_ms, *flat = scripts.script(client, "workers_read")(keys=[key])
     found = []
-    for member, score in members:
+    for member, score in zip(flat[::2], flat[1::2], strict=True):
         entry = json.loads(member)
-        age = max(now_ms - score, 0) / 1000
+        age = max(float(now_ms) - float(score), 0) / 1000
         found.append(
             WorkerInfo(
                 id=str(entry["id"]),
