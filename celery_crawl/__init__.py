@@ -32,6 +32,7 @@ _EXPORTS = {
     "find_job": "celery_crawl.client",
     "Job": "celery_crawl.jobs",
     "JobStatus": "celery_crawl.jobs",
+    "job_args": "celery_crawl.jobs",
     **{
         name: "celery_crawl.errors"
         for name in (
@@ -70,6 +71,7 @@ __all__ = [
     "crawl",
     "create_app",
     "find_job",
+    "job_args",
 ]
 
 if TYPE_CHECKING:
@@ -90,7 +92,7 @@ if TYPE_CHECKING:
         UnknownJob,
         UnknownSpider,
     )
-    from celery_crawl.jobs import Job, JobStatus
+    from celery_crawl.jobs import Job, JobStatus, job_args
 
 
 def __getattr__(name: str) -> Any:

@@ -34,12 +34,15 @@ def run_job(
     task: Task,
     spider: str,
     seeds: list[Any],
+    *,
     priority: int = 0,
     limits: dict[str, float] | None = None,
+    args: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The body of ``celery_crawl.crawl``: start or join the job, report, return stats."""
     project = project_of(task.app)
-    job, created = start_job(project, spider, seeds, priority, task.request.id, limits=limits)
+    job_id = task.request.id
+    job, created = start_job(project, spider, seeds, priority, job_id, limits=limits, args=args)
     logger.info(
         "job %s %s: spider=%s seeds=%s", job.id, "started" if created else "joined", spider, seeds
     )

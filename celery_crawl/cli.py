@@ -142,6 +142,14 @@ def crawl(
             " settings mean them; the job ends closed when it is reached (repeatable)",
         ),
     ] = None,
+    argument: Annotated[
+        list[str] | None,
+        typer.Option(
+            "-a",
+            "--arg",
+            help="a spider argument of the job, NAME=VALUE, as `scrapy crawl -a` (repeatable)",
+        ),
+    ] = None,
 ) -> None:
     """Start crawl jobs; with --wait, follow them until they are done."""
     from celery_crawl import crawl as start
@@ -152,9 +160,10 @@ def crawl(
     try:
         spidercls = project_of(celery_app).spider_class(spider)
         limits = parse_limits(limit or [])
+        args = parse_args(argument or [])
         per_job = [[parse_seed(spidercls, s)] for s in seeds] if seeds else [[]]
         jobs = [
-            start(spider, job_seeds, priority, app=celery_app, limits=limits)
+            start(spider, job_seeds, priority, app=celery_app, limits=limits, args=args)
             for job_seeds in per_job
         ]
     except (CeleryCrawlError, ValueError) as exc:  # unknown spider, bad seed or limit, no Redis
@@ -185,6 +194,17 @@ def parse_limits(texts: list[str]) -> dict[str, float]:
         except ValueError:
             raise ValueError(f"--limit {text!r}: {value!r} is not a number") from None
     return limits
+
+
+def parse_args(texts: list[str]) -> dict[str, str]:
+    """``["category=news"]`` -> ``{"category": "news"}``, as ``scrapy crawl -a`` reads them."""
+    args = {}
+    for text in texts:
+        name, sep, value = text.partition("=")
+        if not sep:
+            raise ValueError(f"-a {text!r}: a spider argument is NAME=VALUE")
+        args[name] = value
+    return args
 
 
 def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_crawl import connection
-from celery_crawl.jobs import Job, limit_fields
+from celery_crawl.errors import BadSeed
+from celery_crawl.jobs import ARGS_FIELD, Job, limit_fields
 from celery_crawl.keys import job_spider
 from celery_crawl.project import Project, project_of
 
@@ -31,6 +32,7 @@ def crawl(
     app: Any = None,
     job_id: str | None = None,
     limits: dict[str, float] | None = None,
+    args: dict[str, str] | None = None,
 ) -> Job:
     """Start a crawl job; returns at once with a handle (``wait``, ``status``, ``cancel``).
 
@@ -41,6 +43,10 @@ def crawl(
     bad seeds and an unreachable Redis raise here, in the caller's process. A
     spider that no live worker hosts yet is accepted: its job waits, and says
     so in its progress. The job is also a Celery task whose id is the job id.
+
+    ``args`` are the job's spider arguments, as ``scrapy crawl -a NAME=VALUE``
+    gives them: attributes of the spider that makes the seed requests, and
+    ``celery_crawl.job_args(response)`` in every callback of the job.
 
     ``limits`` end the job ``closed`` once reached, with Scrapy's meanings:
     ``pages``, ``items``, ``seconds``; by default the spider's
@@ -53,9 +59,10 @@ def crawl(
     project.check_hostable(spider)
     limits = project.job_limits(spider, limits)
     job_id = job_id or uuid.uuid4().hex
-    job, _ = start_job(project, spider, list(seeds), priority, job_id, limits=limits)
+    args = check_args(args)
+    job, _ = start_job(project, spider, list(seeds), priority, job_id, limits=limits, args=args)
     job.app = app
-    kwargs = {"priority": priority, "limits": limits}
+    kwargs = {"priority": priority, "limits": limits, "args": args}
     app.send_task(JOB_TASK, args=(spider, list(seeds)), kwargs=kwargs, task_id=job.id)
     return job
 
@@ -68,16 +75,28 @@ def start_job(
     job_id: str,
     *,
     limits: dict[str, float] | None = None,
+    args: dict[str, str] | None = None,
 ) -> tuple[Job, bool]:
     """Create the job and enqueue its seeds; an existing job id is joined."""
-    entries = project.seed_entries(spider, seeds, job_id, priority)
+    entries = project.seed_entries(spider, seeds, job_id, priority, args or {})
     queue = project.queue(spider)
     fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
     fields.update(limit_fields(limits or {}))
+    if args:
+        fields[ARGS_FIELD] = json.dumps(args, separators=(",", ":"))
     with connection.reachable(queue.client):
         created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
         queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
     return Job(job_id, spider, queue.client, queue.keys, project.job_queues(spider)), created
+
+
+def check_args(args: dict[str, str] | None) -> dict[str, str]:
+    """Spider arguments are strings, as on Scrapy's command line."""
+    args = dict(args or {})
+    for name, value in args.items():
+        if not (isinstance(name, str) and name.isidentifier() and isinstance(value, str)):
+            raise BadSeed(f"spider argument {name!r}={value!r}: names are identifiers, values str")
+    return args
 
 
 def find_job(app: Any, job_id: str) -> Job | None:

@@ -30,6 +30,8 @@ from celery_crawl.keys import SpiderKeys
 
 JOB_META = "celery_crawl_job"
 JOB_PRIORITY_META = "celery_crawl_priority"
+JOB_ARGS_META = "celery_crawl_args"  # the job's spider arguments, set when a request is leased
+ARGS_FIELD = "args"  # the job hash field that holds them, as JSON
 # sent by the downloader middleware: a download of a job's request failed
 job_error = object()
 # sent by the spider middleware once per callback: how many items it yielded
@@ -64,6 +66,17 @@ def job_of(obj: Any) -> str:
     """The job id carried by a request or response, or ``""``."""
     meta = getattr(obj, "meta", None) or {}
     return str(meta.get(JOB_META) or "")
+
+
+def job_args(obj: Any) -> dict[str, str]:
+    """The spider arguments of the job of a response or request (``crawl(..., args=...)``).
+
+    What ``scrapy crawl -a NAME=VALUE`` gives a spider, for one job: a hosted
+    spider serves every job, so its attributes cannot hold them. Every request
+    of the job has them once leased, children included. ``{}`` outside a job.
+    """
+    meta = getattr(obj, "meta", None) or {}
+    return dict(meta.get(JOB_ARGS_META) or {})
 
 
 class JobStats:
@@ -171,6 +184,7 @@ class JobStatus:
     finished_at: float | None
     reason: str = ""  # why a closed job was closed
     limits: dict[str, float] | None = None  # pages, items, seconds
+    args: dict[str, str] | None = None  # spider arguments
 
     @property
     def finished(self) -> bool:
@@ -199,6 +213,7 @@ class JobStatus:
             "duration": self.duration,
             "reason": self.reason,
             "limits": self.limits or {},
+            "args": self.args or {},
         }
 
 
@@ -228,6 +243,7 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus
         finished_at=float(fields["finished_at"]) if "finished_at" in fields else None,
         reason=fields.get("reason", ""),
         limits={k[6:]: float(v) for k, v in fields.items() if k.startswith("limit/")},
+        args=json.loads(fields.get(ARGS_FIELD, "{}")),
     )
 
 

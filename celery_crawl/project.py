@@ -27,7 +27,7 @@ from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
-from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, LIMITS
+from celery_crawl.jobs import JOB_ARGS_META, JOB_META, JOB_PRIORITY_META, LIMITS
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_settings
@@ -166,7 +166,12 @@ class Project:
         return {name: value for name, value in found.items() if value}
 
     def seed_entries(
-        self, spider: str, seeds: Sequence[Any], job_id: str, priority: int
+        self,
+        spider: str,
+        seeds: Sequence[Any],
+        job_id: str,
+        priority: int,
+        args: dict[str, str] | None = None,
     ) -> list[Entry]:
         """The seed requests of a job, encoded; raises :class:`BadSeed` on bad input.
 
@@ -174,7 +179,7 @@ class Project:
         """
         spidercls = self.spider_class(spider)
         crawler = Crawler(spidercls, self.settings)
-        instance = spidercls.from_crawler(crawler)
+        instance = spidercls.from_crawler(crawler, **(args or {}))  # as `scrapy crawl -a` does
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
@@ -182,6 +187,7 @@ class Project:
         requests = made if seeds else start_requests_of(instance)
         entries = []
         for request in requests:
+            request.meta.pop(JOB_ARGS_META, None)  # the job's hash holds them, once
             request.meta[JOB_META] = job_id
             request.meta[JOB_PRIORITY_META] = priority
             request.priority += priority

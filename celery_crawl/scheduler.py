@@ -60,7 +60,7 @@ from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.heartbeat import Heartbeat
-from celery_crawl.jobs import job_close, job_of
+from celery_crawl.jobs import ARGS_FIELD, JOB_ARGS_META, job_close, job_of
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
 from celery_crawl.routing import Router, target_of
@@ -78,6 +78,7 @@ NEXT_STEPS = {
     " spider, a request class)",
     "unroutable": "route requests only to spiders of the same group (CELERY_CRAWL_SPIDER_GROUPS)",
 }
+MAX_JOBS_KEPT = 4096  # jobs whose spider arguments a scheduler keeps at once
 MIN_REGISTRATION_SECONDS = 30.0  # an open scheduler's registration outlives a few missed renewals
 
 
@@ -134,6 +135,7 @@ class Scheduler(BaseScheduler):
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
         self._dropped_kinds: set[str] = set()  # logged once per kind
         self._closing: dict[str, str] = {}  # job -> reason: CloseSpider, closed at the ack
+        self._job_args: dict[str, dict[str, str]] = {}  # job -> its spider arguments
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -370,6 +372,7 @@ class Scheduler(BaseScheduler):
         while (lease := self._next_lease()) is not None:
             request = self._decode(lease)
             if request is not None:
+                self._give_job_args(request, lease.job)
                 self.prefetch.hand_out(request, lease)
                 self._inc("scheduler/dequeued/redis")
                 self._inc("scheduler/dequeued")
@@ -387,6 +390,22 @@ class Scheduler(BaseScheduler):
     def _lease(self, count: int) -> list[Lease]:
         self.buffer.flush()  # our own children first, so that they can be leased
         return self.queue.lease(count)
+
+    def _give_job_args(self, request: Request, job: str) -> None:
+        """Set the job's spider arguments on its request (``celery_crawl.job_args``).
+
+        Read from the job's hash once per job and process, then kept.
+        """
+        if not job:
+            return
+        args = self._job_args.get(job)
+        if args is None:
+            if len(self._job_args) >= MAX_JOBS_KEPT:
+                self._job_args.clear()
+            raw = self.queue.client.hget(self.queue.keys.job(job), ARGS_FIELD)
+            args = self._job_args[job] = json.loads(raw) if raw else {}
+        if args:
+            request.meta[JOB_ARGS_META] = args
 
     def _wait_for_work(self) -> None:
         """While the queue is empty, block in a thread on the wake-up list.

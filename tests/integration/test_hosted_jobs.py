@@ -295,3 +295,21 @@ def test_the_dedup_command_inspects_and_resets_a_spider_wide_filter(
     assert emptied["fingerprints"] == 0
     after = crawl("forum", [{"forum_id": "00001"}], app=app).wait(timeout=120)
     assert after["pages"] == first["pages"]
+
+
+def test_spider_arguments_reach_the_seed_spider_and_every_callback_of_the_job(
+    app: Celery, workers: Callable[..., Worker], live_env: dict[str, str], paths_site: PathsSite
+) -> None:
+    workers("arguments", pool="prefork", concurrency=2)
+    args = {"category": "news", "suffix": "-x"}
+    result = crawl("paths", [{"args": "a"}], app=app, args=args).wait(timeout=60)
+    assert result["state"] == "done" and result["pages"] == 3
+    assert result["args"] == args
+    assert "/ok/args-a-x/child-news/grandchild-news" in paths_site.hits  # two levels down
+    followed = cli(live_env, "crawl", "paths", '{"args": "b"}', "-a", "category=sport", "--wait")
+    assert followed.returncode == 0, followed.stderr
+    assert "/ok/args-b/child-sport/grandchild-sport" in paths_site.hits
+    other = crawl("paths", [{"args": "c"}], app=app).wait(timeout=60)  # no arguments: none leak
+    assert other["pages"] == 3 and "/ok/args-c/child-none/grandchild-none" in paths_site.hits
+    bad = cli(live_env, "crawl", "paths", '{"probe": "x"}', "-a", "no-equals-sign")
+    assert bad.returncode == 2 and "a spider argument is NAME=VALUE" in bad.stderr

@@ -24,6 +24,8 @@ from scrapy.exceptions import CloseSpider, IgnoreRequest
 from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro
 
+from celery_crawl import job_args
+
 KINDS = [
     "refused",
     "ok",
@@ -46,10 +48,10 @@ SINGLE = {
     "probe": ("/ok/probe-{}", "parse_leaf"),  # a one-page job
     "unqueueable": ("/ok/unqueueable-{}", "parse_unqueueable"),  # yields what cannot be queued
     "close": ("/ok/close-{}", "parse_close"),  # raises CloseSpider
-    "stop_crawler": (
-        "/ok/stop-{}",
-        "parse_stop_crawler",
-    ),  # closes the crawler, as an extension may
+    # closes the whole crawler, as an extension may
+    "stop_crawler": ("/ok/stop-{}", "parse_stop_crawler"),
+    # the job's spider arguments, two levels down
+    "args": ("/ok/args-{}", "parse_with_args"),
 }
 
 
@@ -69,7 +71,8 @@ class PathsSpider(Spider):
         """The request of a one-page seed kind, or None for the other kinds."""
         for key, (path, callback) in SINGLE.items():
             if key in seed:
-                url = self.base + path.format(seed[key])
+                # a spider argument is an attribute of the spider that makes the seed requests
+                url = self.base + path.format(seed[key]) + getattr(self, "suffix", "")
                 return Request(url, callback=getattr(self, callback), dont_filter=True)
         if "sleep" in seed:  # a slow download: the site answers after this many seconds
             url = f"{self.base}/sleep/{seed['id']}/{seed['sleep']}"
@@ -110,6 +113,15 @@ class PathsSpider(Spider):
     def parse_block(self, response: Response, seconds: float) -> Iterator[Any]:
         time.sleep(seconds)  # on purpose: no reactor turn, so no renewal from the reactor
         yield {"path": response.url}
+
+    def parse_with_args(self, response: Response) -> Iterator[Any]:
+        """The child's URL, then the grandchild's, carry what job_args() says."""
+        category = job_args(response).get("category", "none")
+        yield {"path": response.url}
+        if "/child-" not in response.url:
+            yield Request(f"{response.url}/child-{category}", callback=self.parse_with_args)
+        elif "/grandchild-" not in response.url:
+            yield Request(f"{response.url}/grandchild-{category}", callback=self.parse_with_args)
 
     def parse_close(self, response: Response) -> Iterator[Any]:
         yield {"path": response.url}
