@@ -276,7 +276,8 @@ def test_drops_pending_counts_and_the_last_close_run_on_the_cluster(
 ) -> None:
     """The scripts of dropped requests and of several processes, each in the spider's slot."""
     keys = SpiderKeys.build("forum", prefix=prefix)
-    queue = PriorityQueue(cluster_client, keys, lease_seconds=60)
+    # the forum's scope: the job's seed goes into the spider's filter, which the last close clears
+    queue = PriorityQueue(cluster_client, keys, lease_seconds=60, dedup_scope="spider")
     queue.start_job("j3", [Entry(b"seed", 0, b"fp-s", "j3")], {"spider": "forum"})
     (lease,) = queue.lease(1)
     assert queue.pending() == (0, 1)  # nothing queued, one leased: work may still come
