@@ -19,9 +19,10 @@ from celery import Celery
 
 from celery_crawl import crawl
 from celery_crawl.exporter import CrawlCollector, serve
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.keys import SpiderKeys, workers_key
 from celery_crawl.project import project_of
 from celery_crawl.queue import Entry, PriorityQueue
+from celery_crawl.registry import Registry
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
 from tests.support.forum import assert_complete_forum_crawl, forum_seeds
@@ -100,7 +101,9 @@ def exporter_names(client: redis.Redis, prefix: str) -> set[str]:
     }
     client.hset(keys.stats, mapping=fields)
     client.hset(keys.job_states, mapping={"running": 1, "done": 1})
-    return {s.name for f in CrawlCollector(client, [keys]).collect() for s in f.samples}
+    registry = Registry(workers_key(prefix), 5.0)
+    collector = CrawlCollector(client, [keys], registry)
+    return {s.name for f in collector.collect() for s in f.samples}
 
 
 def test_alert_rules_are_valid_and_name_only_exported_metrics(
@@ -116,6 +119,7 @@ def test_alert_rules_are_valid_and_name_only_exported_metrics(
         "CrawlNoPageFetched",
         "CrawlJobsFailing",
         "CrawlRequestsDropped",
+        "CrawlNoLiveWorker",
     }
     for alert in alerts:
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}
@@ -150,7 +154,9 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
     stats = {"item_scraped_count": 7, "downloader/response_status_count/200": 9}
     client.hset(keys.stats, mapping=stats)
     exporter_port, port = free_port(), free_port()
-    server, _ = serve(client, [keys], exporter_port, "127.0.0.1")
+    server, _ = serve(
+        client, [keys], exporter_port, "127.0.0.1", Registry(workers_key(prefix), 5.0)
+    )
     rules = (ROOT / "monitoring/prometheus/rules.yml").resolve()
     config = tmp_path / "prometheus.yml"
     config.write_text(
@@ -174,7 +180,7 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
     try:
         groups = wait_for_evaluated_rules(port, deadline=time.monotonic() + 60)
         rules_seen = [rule for group in groups for rule in group["rules"]]
-        assert len(rules_seen) == 6
+        assert len(rules_seen) == 7
         assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
         items = prometheus_api(port, "query", query="celery_crawl_items_total")["result"]
         assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]
