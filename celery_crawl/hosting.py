@@ -122,10 +122,10 @@ class CrawlerHost:
             opened.errback(result)
             return None
         if not self._stopping:
-            self._reopen_later(name)
+            self._reopen_later(name, result)
         return None
 
-    def _reopen_later(self, name: str) -> None:
+    def _reopen_later(self, name: str, result: Any) -> None:
         """A hosted crawler closed while the worker runs (an extension, a bug): open it again.
 
         Every job of the spider needs it; a worker that looks ready but crawls
@@ -136,9 +136,11 @@ class CrawlerHost:
         from twisted.internet import reactor, task
 
         self.reopened += 1
+        why = result.getErrorMessage() if hasattr(result, "getErrorMessage") else "closed"
         logger.error(
-            "crawler %s closed while hosted; opening it again in %s s (reopened %d times)",
+            "crawler %s closed while hosted (%s); opening it again in %s s (reopened %d times)",
             name,
+            why,
             REOPEN_DELAY,
             self.reopened,
         )

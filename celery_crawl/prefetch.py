@@ -44,6 +44,11 @@ class Prefetch:
         with self._lock:
             return self.waiting.popleft() if self.waiting else None
 
+    def put_back(self, lease: Lease) -> None:
+        """A lease taken by :meth:`next` but not handed out: it is next again."""
+        with self._lock:
+            self.waiting.appendleft(lease)
+
     def hand_out(self, request: Any, lease: Lease) -> None:
         with self._lock:
             self.handed[request] = lease.member

@@ -32,7 +32,7 @@ what to change. Record and job stat reach Redis in the next flush's script call.
 Several processes may share the queue. One has work pending while anything is
 queued or leased anywhere (a leased request may still yield children), so a
 process that starts early or late does not close while work is still coming.
-Each open scheduler is registered in Redis, renewed by its maintenance; with
+Each open scheduler is registered in Redis, renewed by its heartbeat; with
 ``SCHEDULER_PERSIST`` false, only the last one to close clears the queue and
 the dedup filter, in the same script that unregisters it.
 """
@@ -213,8 +213,14 @@ class Scheduler(BaseScheduler):
         self._closing[job_of(response)] = reason
 
     def _close_job(self, job: str, reason: str) -> None:
-        self.flush()  # the job's counts first
-        if self.queue.close_job(job, reason):
+        try:
+            self.flush()  # the job's counts first
+            closed = self.queue.close_job(job, reason)
+        except connection.TRANSIENT_ERRORS as exc:  # tried again at the job's next ack
+            logger.warning("Redis unreachable, job %s not closed yet: %s", job, exc)
+            self._closing[job] = reason
+            return
+        if closed:
             logger.info("job %s closed by its spider: %s", job, reason)
 
     def clear(self) -> None:
@@ -372,7 +378,12 @@ class Scheduler(BaseScheduler):
         while (lease := self._next_lease()) is not None:
             request = self._decode(lease)
             if request is not None:
-                self._give_job_args(request, lease.job)
+                try:
+                    self._give_job_args(request, lease.job)
+                except connection.TRANSIENT_ERRORS as exc:  # the lease waits for Redis
+                    logger.warning("Redis unreachable, job arguments not read: %s", exc)
+                    self.prefetch.put_back(lease)
+                    return None
                 self.prefetch.hand_out(request, lease)
                 self._inc("scheduler/dequeued/redis")
                 self._inc("scheduler/dequeued")

@@ -227,7 +227,7 @@ def test_a_hosted_crawler_that_closes_anyway_is_opened_again(
     after = crawl("paths", [{"chain": "after-reopen", "length": 3}], app=app).wait(timeout=60)
     assert after["state"] == "done" and after["pages"] == 3
     assert worker.proc.poll() is None
-    assert "closed while hosted; opening it again" in worker.output()
+    assert "crawler paths closed while hosted (closed); opening it again" in worker.output()
 
 
 def test_the_time_limit_closes_a_job(app: Celery, workers: Callable[..., Worker]) -> None:
