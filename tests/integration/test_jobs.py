@@ -151,8 +151,8 @@ def test_bad_input_fails_at_crawl_time(app: Celery, monkeypatch: pytest.MonkeyPa
         crawl("nope", [{"forum_id": "00001"}], app=app)
     with pytest.raises(BadSeed, match="forum_id"):
         crawl("forum", [{"forum": "x"}], app=app)
-    with pytest.raises(BadSeed, match="at least one seed"):
-        crawl("forum", [], app=app)
+    with pytest.raises(BadSeed, match="start\\(\\) yields no request; give the job seeds"):
+        crawl("paths", [], app=app)  # no seeds: the spider's start(), and it has none
     monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
     unreachable = create_app("worker_app", WORKER_SETTINGS)
     started = time.monotonic()

@@ -272,11 +272,14 @@ def test_status_lists_each_running_job_once_with_its_progress(app: Celery) -> No
     data = snapshot(client, spiders, app)
     by_spider = {s["spider"]: s for s in data["spiders"]}
     waiting = {"state": "running", "in_flight": 0, "done": 0, "pages": 0, "items": 0, "dropped": 0}
+    no_worker = "waiting: no live worker hosts"  # this test starts none
     assert by_spider["forum"]["jobs"] == [
         {"job_id": forum.id, "spider": "forum", "queued": len(seeds), **waiting}
+        | {"waiting": f"{no_worker} forum"}
     ]
     assert by_spider["paths"]["jobs"] == [
         {"job_id": paths.id, "spider": "paths", "queued": 2, **waiting}
+        | {"waiting": f"{no_worker} paths"}
     ]
     assert by_spider["forum_detail"]["jobs"] == []  # the forum group's job, listed once
     assert (by_spider["forum"]["queue"], by_spider["paths"]["queue"]) == (len(seeds), 2)
