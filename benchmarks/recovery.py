@@ -57,7 +57,9 @@ def run(url: str, config: SiteConfig, kill_at: float | None) -> Round:
     procs = Processes()
     with run_in_thread(config) as site:
         env = env_for(url, prefix, site.url, Feeds("recovery"))
-        os.environ.update({k: env[k] for k in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX")})
+        os.environ.update(
+            {k: env[k] for k in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL")}
+        )
         from celery_crawl import crawl, create_app
 
         app = create_app("bench_app", "benchmarks.bench_settings")

@@ -131,8 +131,12 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
         queue_cap=setting(settings, "PRODUCER_QUEUE_CAP"),
     )
 
+    limits = setting(settings, "PRODUCER_LIMITS") or None
+    args = setting(settings, "PRODUCER_ARGS") or None
+
     def start(source: str, job_id: str) -> None:
-        crawl(spider, [parse_seed(spidercls, source)], app=task.app, job_id=job_id)
+        seeds = [parse_seed(spidercls, source)]
+        crawl(spider, seeds, app=task.app, job_id=job_id, limits=limits, args=args)
 
     tick = producer.tick(producer.sources(setting(settings, "PRODUCER_SOURCES")), start)
     return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}

@@ -396,6 +396,19 @@ _ENTRIES = (
         "produce nothing while the spider's queue holds at least this many requests",
         PRODUCER,
     ),
+    Setting(
+        "PRODUCER_LIMITS",
+        {},
+        "limits of every produced job, as crawl(limits=...) takes them: pages, items, seconds"
+        " (unset: the spider's CLOSESPIDER_* settings)",
+        PRODUCER,
+    ),
+    Setting(
+        "PRODUCER_ARGS",
+        {},
+        "spider arguments of every produced job, as crawl(args=...) and -a take them",
+        PRODUCER,
+    ),
     # -- Start URLs and items ------------------------------------------------
     Setting(
         "REDIS_START_URLS_KEY",

@@ -159,3 +159,27 @@ def test_a_job_that_fails_to_start_releases_its_source(
     assert len(producer.tick(FORUMS[:2], broken).produced) == 2
     assert client.hlen(keys.producer_running) == 0
     assert len(producer.tick(FORUMS[:2], starter(queue)).produced) == 2
+
+
+def test_produced_jobs_take_the_producers_limits_and_spider_arguments(
+    redis_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The produce task's logic, run eagerly; the jobs it starts are real, in Redis."""
+    from celery_crawl import create_app
+    from celery_crawl.client import find_job
+
+    monkeypatch.setenv("REDIS_URL", redis_url)
+    settings = {
+        "CELERY_CRAWL_KEY_PREFIX": prefix,
+        "PRODUCER_SOURCES": ["00001"],
+        "PRODUCER_LIMITS": {"pages": 7},
+        "PRODUCER_ARGS": {"lang": "en"},
+    }
+    app = create_app("producing", "tasks.settings", settings=settings)
+    tick = app.tasks["celery_crawl.produce"].apply(args=("forum",)).get()
+    assert list(tick["produced"]) == ["00001"]
+    job = find_job(app, tick["produced"]["00001"])
+    assert job is not None
+    status = job.status()
+    assert (status.limits, status.args) == ({"pages": 7.0}, {"lang": "en"})
+    job.cancel()
