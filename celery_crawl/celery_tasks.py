@@ -48,6 +48,7 @@ def run_job(
     )
     interval = setting(project.settings, "CELERY_CRAWL_PROGRESS_INTERVAL")
     stopping = stopping_worker(project.prefix, task.request.hostname or "")
+    registry, waiting = Registry.from_settings(project.settings), ""
     while True:
         try:
             result = job.wait(timeout=interval)
@@ -56,7 +57,10 @@ def run_job(
             time.sleep(interval)
             continue
         except JobTimeout:
-            report_progress(task, job, Registry.from_settings(project.settings))
+            now_waiting = report_progress(task, job, registry)
+            if now_waiting != waiting:  # logged when it starts, and when it ends
+                logger.warning("job %s: %s", job.id, now_waiting or "a live worker hosts it now")
+                waiting = now_waiting
             close_if_out_of_time(job)
             job.client.expire(job_spider(project.prefix, job.id), JOB_INDEX_TTL)
             if job.client.exists(stopping):
@@ -104,17 +108,19 @@ def incomplete_message(job: Job, result: dict[str, Any]) -> str:
     )
 
 
-def report_progress(task: Task, job: Job, registry: Registry) -> None:
-    """The job's progress as the task's state and as an event; says when no live worker hosts it."""
+def report_progress(task: Task, job: Job, registry: Registry) -> str:
+    """The job's progress as the task's state and as an event; returns what it waits for.
+
+    ``waiting`` says so while no live worker hosts the job's spider.
+    """
     progress = job.status().as_dict()
     progress["waiting"] = waiting_reason(registry.read(job.client), job.spider)
-    if progress["waiting"]:
-        logger.warning("job %s: %s", job.id, progress["waiting"])
     task.update_state(state="PROGRESS", meta=progress)
     try:
         task.send_event("task-progress", progress=progress)
     except Exception:  # monitoring only: never fail the job over an event
         logger.debug("progress event not sent", exc_info=True)
+    return str(progress["waiting"])
 
 
 def run_producer(task: Task, spider: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from celery import Celery
 
 from celery_crawl import create_app
 from celery_crawl.connection import get_redis
-from tests.support.workers import WORKER_APP, WORKER_SETTINGS, Worker, worker_env
+from tests.support.workers import WORKER_SETTINGS, Worker, started_workers, worker_env
 
 
 @pytest.fixture
@@ -38,20 +38,5 @@ def app(env: dict[str, str]) -> Celery:
 
 @pytest.fixture
 def start_worker(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(
-        name: str = "w1",
-        pool: str = "prefork",
-        concurrency: int = 2,
-        queues: str | None = None,
-        app: str = WORKER_APP,
-    ) -> Worker:
-        worker = Worker(name, env, tmp_path / f"{name}.log", pool, concurrency, queues, app)
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+    with started_workers(env, tmp_path) as start:
+        yield start

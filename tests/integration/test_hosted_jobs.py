@@ -6,6 +6,7 @@ other integration tests shorten them), against real worker processes.
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -27,7 +28,7 @@ from celery_crawl.registry import Registry
 from tests.support import ROOT
 from tests.support.paths_spider import PathsSite
 from tests.support.ports import free_port
-from tests.support.workers import WORKER_APP, Worker
+from tests.support.workers import WORKER_APP, Worker, started_workers
 
 RECOVERY_TARGET = 15.0  # seconds from kill -9 to the dead worker's requests queued again
 DEFAULTS = (
@@ -45,19 +46,9 @@ def live_env(env: dict[str, str], paths_site: PathsSite) -> dict[str, str]:
 
 @pytest.fixture
 def workers(live_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
-    started: list[Worker] = []
-
-    def start(name: str, pool: str = "solo", concurrency: int = 1) -> Worker:
-        worker = Worker(
-            name, live_env, tmp_path / f"{name}.log", pool, concurrency, None, WORKER_APP
-        )
-        started.append(worker)
-        worker.wait_ready()
-        return worker
-
-    yield start
-    for worker in started:
-        worker.stop()
+    """Workers with the default lease and heartbeat times; solo, one slot, unless asked."""
+    with started_workers(live_env, tmp_path) as start:
+        yield functools.partial(start, pool="solo", concurrency=1)
 
 
 def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:

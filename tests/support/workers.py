@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -97,3 +99,27 @@ def worker_env(redis_url: str, prefix: str, site_url: str, feed_dir: Path) -> di
         "FORUM_FEED": str(feed_dir / "%(name)s-%(pid)s.jsonl"),
         "PYTHONPATH": path,
     }
+
+
+@contextlib.contextmanager
+def started_workers(env: dict[str, str], folder: Path) -> Iterator[Callable[..., Worker]]:
+    """``start(name, pool, concurrency, queues, app)`` starts a ready worker; all stop on exit."""
+    started: list[Worker] = []
+
+    def start(
+        name: str = "w1",
+        pool: str = "prefork",
+        concurrency: int = 2,
+        queues: str | None = None,
+        app: str = WORKER_APP,
+    ) -> Worker:
+        worker = Worker(name, env, folder / f"{name}.log", pool, concurrency, queues, app)
+        started.append(worker)
+        worker.wait_ready()
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.stop()
