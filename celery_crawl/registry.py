@@ -17,6 +17,7 @@ say "waiting: no live worker hosts <spider>" while that is so.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -29,6 +30,8 @@ import redis
 from celery_crawl import scripts
 from celery_crawl.defaults import setting
 from celery_crawl.keys import workers_key
+
+logger = logging.getLogger(__name__)
 
 MISSED_BEATS = 3  # a process is live until it has missed this many beats
 FORGET_AFTER = 3600.0  # seconds after its last beat that a lost process's entry is removed
@@ -109,19 +112,28 @@ def read_workers(client: redis.Redis, key: str, heartbeat: float) -> list[Worker
     now_ms, *flat = scripts.script(client, "workers_read")(keys=[key])
     found = []
     for member, score in zip(flat[::2], flat[1::2], strict=True):
-        entry = json.loads(member)
         age = max(float(now_ms) - float(score), 0) / 1000
-        found.append(
-            WorkerInfo(
-                id=str(entry["id"]),
-                hostname=str(entry["hostname"]),
-                pid=int(entry["pid"]),
-                spiders=[str(s) for s in entry["spiders"]],
-                age=age,
-                live=age < MISSED_BEATS * heartbeat,
-            )
-        )
+        worker = parse_entry(member, age, age < MISSED_BEATS * heartbeat)
+        if worker is not None:
+            found.append(worker)
     return sorted(found, key=lambda w: w.id)
+
+
+def parse_entry(member: bytes, age: float, live: bool) -> WorkerInfo | None:
+    """A registry entry read back; None, with a warning, for one that is not ours."""
+    try:
+        entry = json.loads(member)
+        return WorkerInfo(
+            id=str(entry["id"]),
+            hostname=str(entry["hostname"]),
+            pid=int(entry["pid"]),
+            spiders=[str(s) for s in entry["spiders"]],
+            age=age,
+            live=live,
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        logger.warning("ignored a malformed worker registry entry %r: %r", member[:80], exc)
+        return None
 
 
 def hosts(workers: Sequence[WorkerInfo], spider: str) -> list[WorkerInfo]:
