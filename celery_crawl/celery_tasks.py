@@ -21,10 +21,10 @@ from celery_crawl import connection
 from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
 from celery_crawl.defaults import setting
 from celery_crawl.errors import JobFailed, JobIncomplete, JobTimeout
-from celery_crawl.jobs import LIMITS, Job
+from celery_crawl.jobs import LIMITS, Job, JobStatus
 from celery_crawl.keys import job_spider, stopping_worker
 from celery_crawl.project import parse_seed, project_of
-from celery_crawl.registry import Registry, waiting_reason
+from celery_crawl.registry import Registry, WorkerInfo, waiting_reason
 
 logger = logging.getLogger(__name__)
 TIMEOUT_REASON = LIMITS["seconds"][1]
@@ -57,11 +57,12 @@ def run_job(
             time.sleep(interval)
             continue
         except JobTimeout:
-            now_waiting = report_progress(task, job, registry)
+            status = job.status()
+            now_waiting = report_progress(task, status, registry.read(job.client))
             if now_waiting != waiting:  # logged when it starts, and when it ends
                 logger.warning("job %s: %s", job.id, now_waiting or "a live worker hosts it now")
                 waiting = now_waiting
-            close_if_out_of_time(job)
+            close_if_out_of_time(job, status)
             job.client.expire(job_spider(project.prefix, job.id), JOB_INDEX_TTL)
             if job.client.exists(stopping):
                 raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
@@ -69,9 +70,8 @@ def run_job(
         return finished(job, result)
 
 
-def close_if_out_of_time(job: Job) -> None:
+def close_if_out_of_time(job: Job, status: JobStatus) -> None:
     """The ``seconds`` limit, which only the tracker sees: the job ends ``closed``."""
-    status = job.status()
     limit = (status.limits or {}).get("seconds")
     if limit and not status.finished and status.duration >= limit and job.close(TIMEOUT_REASON):
         logger.info("job %s closed: its time limit of %s s was reached", job.id, limit)
@@ -108,13 +108,13 @@ def incomplete_message(job: Job, result: dict[str, Any]) -> str:
     )
 
 
-def report_progress(task: Task, job: Job, registry: Registry) -> str:
+def report_progress(task: Task, status: JobStatus, workers: list[WorkerInfo]) -> str:
     """The job's progress as the task's state and as an event; returns what it waits for.
 
-    ``waiting`` says so while no live worker hosts the job's spider.
+    ``waiting`` says so while none of ``workers`` (the registry) hosts the job's spider.
     """
-    progress = job.status().as_dict()
-    progress["waiting"] = waiting_reason(registry.read(job.client), job.spider)
+    progress = status.as_dict()
+    progress["waiting"] = waiting_reason(workers, status.spider)
     task.update_state(state="PROGRESS", meta=progress)
     try:
         task.send_event("task-progress", progress=progress)

@@ -106,6 +106,10 @@ class Project:
             known = ", ".join(self.spider_names()) or "none"
             raise UnknownSpider(f"unknown spider {name!r}; this project has: {known}") from None
 
+    def spider_settings(self, spider: str) -> Settings:
+        """The settings as ``spider`` sees them: the project's, with its ``custom_settings``."""
+        return Crawler(self.spider_class(spider), self.settings).settings
+
     def hosted_spiders(self) -> list[str]:
         """``CELERY_CRAWL_SPIDERS``: the spiders a worker may host (default: all of them)."""
         return list(setting(self.settings, "CELERY_CRAWL_SPIDERS")) or self.spider_names()
@@ -139,26 +143,26 @@ class Project:
 
     def queue(self, spider: str) -> Base:
         """The spider's queue, of the class and with the dedup its scheduler uses."""
-        settings = Crawler(self.spider_class(spider), self.settings).settings  # + custom_settings
+        settings = self.spider_settings(spider)
         dedup = dupefilter_class(settings).script_from_settings(settings)
         scope = setting(settings, "DUPEFILTER_SCOPE")
         return queue_class(settings)(self.client, self.keys(spider), dedup=dedup, dedup_scope=scope)
 
     def dupefilter(self, spider: str) -> RFPDupeFilter:
         """The spider's shared filter (``DUPEFILTER_CLASS``), to inspect or reset it."""
-        settings = Crawler(self.spider_class(spider), self.settings).settings
+        settings = self.spider_settings(spider)
         cls = dupefilter_class(settings)
         params = cls.params_class.from_settings(settings)
         return cls(self.client, self.keys(spider), None, params=params)
 
     def dedup_scope(self, spider: str) -> str:
         """``DUPEFILTER_SCOPE`` as the spider sees it (its own settings included)."""
-        settings = Crawler(self.spider_class(spider), self.settings).settings
+        settings = self.spider_settings(spider)
         return str(setting(settings, "DUPEFILTER_SCOPE"))
 
     def job_limits(self, spider: str, limits: dict[str, float] | None) -> dict[str, float]:
         """A job's limits: the spider's ``CLOSESPIDER_*`` settings, then ``limits`` over them."""
-        settings = Crawler(self.spider_class(spider), self.settings).settings  # + custom_settings
+        settings = self.spider_settings(spider)
         found = {
             name: settings.getfloat(name_setting) for name, (name_setting, _) in LIMITS.items()
         }
