@@ -14,6 +14,9 @@ nor Scrapy, and changes nothing in either)::
   (:mod:`celery_crawl.client`);
 - :class:`Job`, :class:`JobStatus`: the handle ``crawl()`` returns, and a
   job's live progress (:mod:`celery_crawl.jobs`);
+- for spiders and pipelines: :func:`job_args` (a job's spider arguments),
+  :func:`item_job` (an item's job), and the signals :data:`job_opened` and
+  :data:`job_finished` (:mod:`celery_crawl.participation`);
 - the exceptions (:mod:`celery_crawl.errors`), all subclasses of
   :class:`CeleryCrawlError`.
 """
@@ -33,6 +36,9 @@ _EXPORTS = {
     "Job": "celery_crawl.jobs",
     "JobStatus": "celery_crawl.jobs",
     "job_args": "celery_crawl.jobs",
+    "item_job": "celery_crawl.jobs",
+    "job_opened": "celery_crawl.jobs",
+    "job_finished": "celery_crawl.jobs",
     **{
         name: "celery_crawl.errors"
         for name in (
@@ -71,7 +77,10 @@ __all__ = [
     "crawl",
     "create_app",
     "find_job",
+    "item_job",
     "job_args",
+    "job_finished",
+    "job_opened",
 ]
 
 if TYPE_CHECKING:
@@ -92,7 +101,7 @@ if TYPE_CHECKING:
         UnknownJob,
         UnknownSpider,
     )
-    from celery_crawl.jobs import Job, JobStatus, job_args
+    from celery_crawl.jobs import Job, JobStatus, item_job, job_args, job_finished, job_opened
 
 
 def __getattr__(name: str) -> Any:

@@ -138,8 +138,9 @@ def crawl(
         list[str] | None,
         typer.Option(
             "--limit",
-            help="a job limit, NAME=NUMBER: pages, items or seconds, as Scrapy's CLOSESPIDER_*"
-            " settings mean them; the job ends closed when it is reached (repeatable)",
+            help="a job limit, NAME=NUMBER: pages, items, seconds or errors, as Scrapy's"
+            " CLOSESPIDER_* settings mean them (the job ends closed when one is reached), or"
+            " depth, as DEPTH_LIMIT means it (repeatable)",
         ),
     ] = None,
     argument: Annotated[

@@ -49,8 +49,10 @@ def crawl(
     ``celery_crawl.job_args(response)`` in every callback of the job.
 
     ``limits`` end the job ``closed`` once reached, with Scrapy's meanings:
-    ``pages``, ``items``, ``seconds``; by default the spider's
-    ``CLOSESPIDER_PAGECOUNT``, ``CLOSESPIDER_ITEMCOUNT`` and ``CLOSESPIDER_TIMEOUT``.
+    ``pages``, ``items``, ``seconds``, ``errors`` (callback errors); by default
+    the spider's ``CLOSESPIDER_PAGECOUNT``, ``_ITEMCOUNT``, ``_TIMEOUT`` and
+    ``_ERRORCOUNT``. ``depth`` is the job's ``DEPTH_LIMIT``: deeper requests are
+    not followed (by default the spider's ``DEPTH_LIMIT``).
     """
     from celery import current_app
 

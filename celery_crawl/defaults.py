@@ -399,8 +399,8 @@ _ENTRIES = (
     Setting(
         "PRODUCER_LIMITS",
         {},
-        "limits of every produced job, as crawl(limits=...) takes them: pages, items, seconds"
-        " (unset: the spider's CLOSESPIDER_* settings)",
+        "limits of every produced job, as crawl(limits=...) takes them: pages, items, seconds,"
+        " errors, depth (unset: the spider's CLOSESPIDER_* and DEPTH_LIMIT settings)",
         PRODUCER,
     ),
     Setting(

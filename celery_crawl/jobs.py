@@ -17,7 +17,7 @@ import functools
 import json
 import time
 import weakref
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +32,7 @@ JOB_META = "celery_crawl_job"
 JOB_PRIORITY_META = "celery_crawl_priority"
 JOB_ARGS_META = "celery_crawl_args"  # the job's spider arguments, set when a request is leased
 ARGS_FIELD = "args"  # the job hash field that holds them, as JSON
+JOB_DEPTH_META = "celery_crawl_depth_limit"  # the job's depth limit, set when leased
 # sent by the downloader middleware: a download of a job's request failed
 job_error = object()
 # sent by the spider middleware once per callback: how many items it yielded
@@ -39,6 +40,14 @@ job_items = object()
 
 # sent by the spider middleware: a callback of a job's response raised CloseSpider
 job_close = object()
+
+# Public signals, sent in each worker process that worked on a job
+# (celery_crawl.participation), with the job id and spider as arguments:
+# job_opened(job_id, spider), before the process's first request of the job;
+# job_finished(job_id, stats, spider), once the job has ended and every item
+# this process scraped for it went through the pipelines (and their close_job).
+job_opened = object()
+job_finished = object()
 
 # incomplete: pages were fetched, but requests of the job could not be queued (dropped)
 # closed: a limit was reached, or a callback raised CloseSpider (field reason)
@@ -48,6 +57,9 @@ LIMITS = {
     "pages": ("CLOSESPIDER_PAGECOUNT", "closespider_pagecount"),
     "items": ("CLOSESPIDER_ITEMCOUNT", "closespider_itemcount"),
     "seconds": ("CLOSESPIDER_TIMEOUT", "closespider_timeout"),
+    "errors": ("CLOSESPIDER_ERRORCOUNT", "closespider_errorcount"),
+    # not a reason to close: requests deeper than this are not followed (DEPTH_LIMIT)
+    "depth": ("DEPTH_LIMIT", ""),
 }
 _COUNTERS = (
     "pending",
@@ -77,6 +89,34 @@ def job_args(obj: Any) -> dict[str, str]:
     """
     meta = getattr(obj, "meta", None) or {}
     return dict(meta.get(JOB_ARGS_META) or {})
+
+
+# the job of each item on its way through the pipelines: id(item) -> job
+_item_jobs: OrderedDict[int, str] = OrderedDict()
+MAX_ITEMS_TRACKED = 100_000  # items in the pipelines at once; the oldest are forgotten beyond
+
+
+def item_job(item: Any) -> str:
+    """The job whose callback yielded ``item``, for item pipelines; ``""`` outside a job.
+
+    Known from the moment the callback yields the item until it leaves the
+    pipelines (scraped, dropped or failed). A pipeline that returns a new
+    object instead of the item passes its job on with :func:`set_item_job`.
+    """
+    return _item_jobs.get(id(item), "")
+
+
+def set_item_job(item: Any, job: str) -> None:
+    """Record the job of an item (done by ``JobSpiderMiddleware`` for every item)."""
+    if job:
+        _item_jobs[id(item)] = job
+        if len(_item_jobs) > MAX_ITEMS_TRACKED:
+            _item_jobs.popitem(last=False)
+
+
+def forget_item(item: Any, **_: Any) -> None:
+    """The item left the pipelines: connected to item_scraped, item_dropped, item_error."""
+    _item_jobs.pop(id(item), None)
 
 
 class JobStats:
@@ -128,6 +168,7 @@ class JobStats:
 
     def on_spider_error(self, failure: Any, response: Any, spider: Any) -> None:
         self.add(job_of(response), f"errors/{failure.type.__name__}")
+        self.add(job_of(response), "errors")  # CLOSESPIDER_ERRORCOUNT's count: callback errors
 
     def on_job_error(self, request: Any, kind: str) -> None:
         self.add(job_of(request), f"errors/{kind}")
@@ -296,18 +337,32 @@ class Job:
 
         ``state`` says how it ended: ``done``, ``incomplete`` (``dropped``
         requests could not be queued: see the dead-letter list), ``failed``
-        (not one page, and errors) or ``cancelled``.
+        (not one page, and errors), ``cancelled`` or ``closed``.
+
+        It returns once every worker process that worked on the job has
+        closed its part: items through the pipelines and their ``close_job``,
+        ``%(job)s`` feeds stored, ``job_finished`` sent
+        (:mod:`celery_crawl.participation`).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         done_key = self.keys.job(self.id) + ":done"
         while True:
             status = self.status()
-            if status.finished:
+            if status.finished and not self.participants():
                 return status.as_dict()
             remaining = poll if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
                 raise JobTimeout(f"job {self.id} not done after {timeout} s: {status.as_dict()}")
             self.client.blpop([done_key], timeout=max(min(remaining, poll), 0.01))
+
+    def participants(self) -> int:
+        """How many worker processes are still closing their part of the job.
+
+        A process that died is no longer counted once its scheduler
+        registration lapses (``lua/job_settle.lua``).
+        """
+        settle = scripts.script(self.client, "job_settle")
+        return int(settle(keys=[self.keys.job_prefix], args=[self.id]))
 
     def close(self, reason: str) -> bool:
         """End the job now, ``closed`` with ``reason``; False if it had ended already.

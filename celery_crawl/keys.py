@@ -151,6 +151,14 @@ class SpiderKeys:
         """A job's hash: state, counters and per-job stats (``lua/include/jobs.lua``)."""
         return self.job_prefix + job_id
 
+    def job_participants(self, job_id: str) -> str:
+        """Hash: the schedulers working on a job -> their registration key (``lua/job_join``)."""
+        return self.job_prefix + job_id + ":participants"
+
+    def job_ended(self, scheduler_id: str) -> str:
+        """List of the ended jobs a scheduler worked on, until it closes its part of them."""
+        return f"{self.job_prefix}~ended:{scheduler_id}"
+
     def cookie_jar(self, job: str, jar: str) -> str:
         """A shared cookie jar (``celery_crawl.cookie_store``): one per job and jar name.
 

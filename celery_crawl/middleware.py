@@ -15,10 +15,21 @@ import time
 from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any, Self
 
-from scrapy import Request
+from scrapy import Request, signals
 from scrapy.exceptions import CloseSpider
+from scrapy.spidermiddlewares.depth import DepthMiddleware
 
-from celery_crawl.jobs import JOB_META, JOB_PRIORITY_META, job_close, job_error, job_items, job_of
+from celery_crawl.jobs import (
+    JOB_DEPTH_META,
+    JOB_META,
+    JOB_PRIORITY_META,
+    forget_item,
+    job_close,
+    job_error,
+    job_items,
+    job_of,
+    set_item_job,
+)
 from celery_crawl.spiders import RedisMixin
 
 LAST_RESPONSE = "celery_crawl/last_response_time"
@@ -29,9 +40,11 @@ if TYPE_CHECKING:
 
 
 def stamp(output: Any, response: Any) -> Any:
-    """Give a child request its parent's job, and the job's priority offset."""
+    """Give a child request its parent's job, and the job's priority offset; remember an item's."""
     job = job_of(response)
-    if job and isinstance(output, Request) and JOB_META not in output.meta:
+    if job and not isinstance(output, Request):
+        set_item_job(output, job)  # celery_crawl.item_job, for pipelines
+    elif job and JOB_META not in output.meta:
         output.meta[JOB_META] = job
         offset = int(response.meta.get(JOB_PRIORITY_META) or 0)
         if offset:
@@ -48,6 +61,8 @@ class JobSpiderMiddleware:
 
     def __init__(self, crawler: Crawler) -> None:
         self.crawler = crawler
+        for left in (signals.item_scraped, signals.item_dropped, signals.item_error):
+            crawler.signals.connect(forget_item, signal=left)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -85,6 +100,24 @@ class JobSpiderMiddleware:
     def _count(self, response: Any, items: int) -> None:
         if items and job_of(response):
             self.crawler.signals.send_catch_log(job_items, response=response, count=items)
+
+
+class JobDepthMiddleware(DepthMiddleware):
+    """Scrapy's ``DepthMiddleware``, with each job's own depth limit.
+
+    Hosted crawlers use it in its place. A job's limit is ``limits={"depth": N}``,
+    or the spider's ``DEPTH_LIMIT`` (``celery_crawl.project.Project.job_limits``);
+    requests outside any job keep ``DEPTH_LIMIT``.
+    """
+
+    def get_processed_request(self, request: Request, response: Any) -> Request | None:
+        if response is None or not job_of(response):
+            return super().get_processed_request(request, response)
+        crawler_limit, self.maxdepth = self.maxdepth, int(response.meta.get(JOB_DEPTH_META) or 0)
+        try:
+            return super().get_processed_request(request, response)
+        finally:
+            self.maxdepth = crawler_limit
 
 
 class HostedStartMiddleware:

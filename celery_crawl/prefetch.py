@@ -19,6 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from celery_crawl.jobs import job_of
 from celery_crawl.queue import Lease
 
 
@@ -62,6 +63,13 @@ class Prefetch:
         """Every lease this process holds: waiting, or handed to the engine."""
         with self._lock:
             return [lease.member for lease in self.waiting] + list(self.handed.values())
+
+    def holds(self, job: str) -> bool:
+        """Whether a lease of ``job`` is held here: waiting, or handed to the engine."""
+        with self._lock:
+            return any(lease.job == job for lease in self.waiting) or any(
+                job_of(request) == job for request in self.handed
+            )
 
     def clear(self) -> None:
         with self._lock:

@@ -27,7 +27,7 @@ from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
-from celery_crawl.jobs import JOB_ARGS_META, JOB_META, JOB_PRIORITY_META, LIMITS
+from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META, LIMITS
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_settings
@@ -48,10 +48,18 @@ HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
     "SPIDER_MIDDLEWARES_BASE": {
         "celery_crawl.middleware.JobSpiderMiddleware": 1,
         "celery_crawl.middleware.HostedStartMiddleware": 2,
+        # DEPTH_LIMIT is the default of each job's own depth limit
+        "scrapy.spidermiddlewares.depth.DepthMiddleware": None,
+        "celery_crawl.middleware.JobDepthMiddleware": 900,
     },
-    # CLOSESPIDER_* are per job limits when hosted (celery_crawl.jobs.LIMITS): the
-    # extension would close the crawler that every job of the spider shares
-    "EXTENSIONS_BASE": {"scrapy.extensions.closespider.CloseSpider": None},
+    "EXTENSIONS_BASE": {
+        # CLOSESPIDER_* are per job limits when hosted (celery_crawl.jobs.LIMITS): the
+        # extension would close the crawler that every job of the spider shares
+        "scrapy.extensions.closespider.CloseSpider": None,
+        # FEEDS with %(job)s: a file per job, stored when the job ends
+        "scrapy.extensions.feedexport.FeedExporter": None,
+        "celery_crawl.feeds.JobFeedExporter": 0,
+    },
     "DOWNLOADER_MIDDLEWARES_BASE": {
         "celery_crawl.middleware.JobDownloaderMiddleware": 950,
         # Scrapy's, unless the spider sets COOKIES_SHARED: then its jars are shared
@@ -192,6 +200,7 @@ class Project:
         entries = []
         for request in requests:
             request.meta.pop(JOB_ARGS_META, None)  # the job's hash holds them, once
+            request.meta.pop(JOB_DEPTH_META, None)
             request.meta[JOB_META] = job_id
             request.meta[JOB_PRIORITY_META] = priority
             request.priority += priority

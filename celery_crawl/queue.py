@@ -179,6 +179,26 @@ class Base:
         closed = self._script("job_close")(keys=[self.keys.job_prefix], args=[job, reason])
         return bool(closed)
 
+    def join_job(self, job: str, scheduler_id: str) -> tuple[str, str, str]:
+        """Join ``job`` as a participant while it runs: (state, args as JSON, depth limit)."""
+        args = [job, scheduler_id, self.keys.open_schedulers]
+        reply = self._script("job_join")(keys=[self.keys.job_prefix], args=args)
+        state, job_args, depth = (bytes(value).decode() for value in reply)
+        return state, job_args, depth
+
+    def leave_job(self, job: str, scheduler_id: str) -> int:
+        """Leave an ended job's participants; how many are still working on it."""
+        return int(self._script("job_leave")(keys=[self.keys.job_prefix], args=[job, scheduler_id]))
+
+    def next_ended_job(self, scheduler_id: str, timeout: float) -> str | None:
+        """Block up to ``timeout`` s for a job this scheduler joined to end; its id."""
+        key = self.keys.job_ended(scheduler_id)
+        found = self.client.blpop([key], timeout=min(timeout, MAX_BLOCK_SECONDS))
+        if found is None:
+            return None
+        job = found[1]
+        return job.decode() if isinstance(job, bytes) else str(job)
+
     def _push_keys(self) -> list[str]:
         return [*self._lane_keys(), self.keys.inflight, self.keys.job_prefix]
 

@@ -60,7 +60,8 @@ from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.heartbeat import Heartbeat
-from celery_crawl.jobs import ARGS_FIELD, JOB_ARGS_META, job_close, job_of
+from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, job_close, job_of
+from celery_crawl.participation import JobInfo, Participation
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
 from celery_crawl.routing import Router, target_of
@@ -78,8 +79,7 @@ NEXT_STEPS = {
     " spider, a request class)",
     "unroutable": "route requests only to spiders of the same group (CELERY_CRAWL_SPIDER_GROUPS)",
 }
-MAX_JOBS_KEPT = 4096  # jobs whose spider arguments a scheduler keeps at once
-MIN_REGISTRATION_SECONDS = 30.0  # an open scheduler's registration outlives a few missed renewals
+MIN_REGISTRATION_SECONDS = 10.0  # outlives missed renewals; lapsed, a job stops waiting on it
 
 
 class Scheduler(BaseScheduler):
@@ -135,7 +135,14 @@ class Scheduler(BaseScheduler):
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
         self._dropped_kinds: set[str] = set()  # logged once per kind
         self._closing: dict[str, str] = {}  # job -> reason: CloseSpider, closed at the ack
-        self._job_args: dict[str, dict[str, str]] = {}  # job -> its spider arguments
+        self.jobs = Participation(
+            queue,
+            self.id,
+            self.job_stats,
+            crawler=crawler,
+            holds=self.prefetch.holds,
+            flush=self.flush,
+        )
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -183,6 +190,7 @@ class Scheduler(BaseScheduler):
             self.engine.on_request_done(self.ack)
             self._start_maintenance()
             self.heartbeat.start()
+            self.jobs.start()
         if self.crawler is not None:
             check_installed(self.crawler.settings)
             self.job_stats.connect(self.crawler.signals)
@@ -196,6 +204,7 @@ class Scheduler(BaseScheduler):
         self.flush()
         self.queue.release(self.prefetch.held())
         self.prefetch.clear()
+        self.jobs.stop()
         still_open, _ = self.queue.leave(self.id, clear=not self.persist)
         if still_open and not self.persist:
             logger.info(
@@ -350,6 +359,7 @@ class Scheduler(BaseScheduler):
         member = self.prefetch.finish(request)
         if member is not None:
             self.buffer.ack(member)
+            self.jobs.request_done(job_of(request))
 
     def flush(self) -> None:
         """Write buffered requests, job stats and acks to Redis in one round trip."""
@@ -376,14 +386,18 @@ class Scheduler(BaseScheduler):
 
     def next_request(self) -> Request | None:
         while (lease := self._next_lease()) is not None:
+            try:
+                info = self.jobs.info(lease.job) if lease.job else JobInfo()
+            except connection.TRANSIENT_ERRORS as exc:  # the lease waits for Redis
+                logger.warning("Redis unreachable, job %s not joined: %s", lease.job, exc)
+                self.prefetch.put_back(lease)
+                return None
+            if info is None:
+                self._discard(lease)
+                continue
             request = self._decode(lease)
             if request is not None:
-                try:
-                    self._give_job_args(request, lease.job)
-                except connection.TRANSIENT_ERRORS as exc:  # the lease waits for Redis
-                    logger.warning("Redis unreachable, job arguments not read: %s", exc)
-                    self.prefetch.put_back(lease)
-                    return None
+                give_job_info(request, info)
                 self.prefetch.hand_out(request, lease)
                 self._inc("scheduler/dequeued/redis")
                 self._inc("scheduler/dequeued")
@@ -402,21 +416,11 @@ class Scheduler(BaseScheduler):
         self.buffer.flush()  # our own children first, so that they can be leased
         return self.queue.lease(count)
 
-    def _give_job_args(self, request: Request, job: str) -> None:
-        """Set the job's spider arguments on its request (``celery_crawl.job_args``).
-
-        Read from the job's hash once per job and process, then kept.
-        """
-        if not job:
-            return
-        args = self._job_args.get(job)
-        if args is None:
-            if len(self._job_args) >= MAX_JOBS_KEPT:
-                self._job_args.clear()
-            raw = self.queue.client.hget(self.queue.keys.job(job), ARGS_FIELD)
-            args = self._job_args[job] = json.loads(raw) if raw else {}
-        if args:
-            request.meta[JOB_ARGS_META] = args
+    def _discard(self, lease: Lease) -> None:
+        """A request of a job that ended after it was leased: finished unprocessed."""
+        self.job_stats.add(lease.job, "purged")
+        self.buffer.ack(lease.member)
+        self._inc("scheduler/discarded/job_ended")
 
     def _wait_for_work(self) -> None:
         """While the queue is empty, block in a thread on the wake-up list.
@@ -495,6 +499,15 @@ class Scheduler(BaseScheduler):
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:
             self.stats.inc_value(key, count)
+
+
+def give_job_info(request: Request, info: JobInfo) -> None:
+    """What every request of a job carries once leased: its spider arguments
+    (``celery_crawl.job_args``) and its depth limit (``JobDepthMiddleware``)."""
+    if info.args:
+        request.meta[JOB_ARGS_META] = info.args
+    if info.depth:
+        request.meta[JOB_DEPTH_META] = info.depth
 
 
 def drop_kind(error: Exception, default: str) -> str:

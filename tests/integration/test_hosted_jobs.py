@@ -237,8 +237,32 @@ def test_the_cli_takes_job_limits(live_env: dict[str, str], workers: Callable[..
     (result,) = json.loads(done.stdout)
     assert result["state"] == "closed" and result["reason"] == "closespider_pagecount"
     assert done.returncode == 1  # not done: closed early
-    bad = cli(live_env, "crawl", "paths", '{"probe": "x"}', "--limit", "depth=2")
-    assert bad.returncode == 2 and "the limits are pages, items, seconds" in bad.stderr
+    bad = cli(live_env, "crawl", "paths", '{"probe": "x"}', "--limit", "width=2")
+    assert bad.returncode == 2
+    assert "the limits are pages, items, seconds, errors, depth" in bad.stderr
+
+
+def test_a_jobs_depth_limit_holds_for_that_job_only(
+    app: Celery, workers: Callable[..., Worker], paths_site: PathsSite
+) -> None:
+    """Two jobs of one spider at once on one worker: depths 0 to 2 (7 pages), and all 31."""
+    workers("depth")
+    shallow = crawl("paths", [{"tree": "shallow"}], app=app, limits={"depth": 2})
+    deep = crawl("paths", [{"tree": "deep"}], app=app)
+    assert shallow.wait(timeout=60)["pages"] == 7
+    assert deep.wait(timeout=60)["pages"] == 31
+    assert {p for p in paths_site.hits if p.startswith("/tree/shallow/")} == {
+        f"/tree/shallow/{node}" for node in ("r", "ra", "rb", "raa", "rab", "rba", "rbb")
+    }
+
+
+def test_the_error_count_limit_closes_a_job(app: Celery, workers: Callable[..., Worker]) -> None:
+    """CLOSESPIDER_ERRORCOUNT's meaning: callback errors; the slow chain is cut short."""
+    workers("errors")
+    seeds = [{"path": "raise"}, {"chain": "errors", "length": 20}]
+    ended = crawl("paths", seeds, app=app, limits={"errors": 1}).wait(timeout=60)
+    assert ended["state"] == "closed" and ended["reason"] == "closespider_errorcount"
+    assert ended["errors"]["ValueError"] == 1 and ended["pages"] < 10
 
 
 def test_a_worker_crawls_nothing_at_start_and_a_job_without_seeds_runs_start(

@@ -40,6 +40,7 @@ KINDS = [
     "slow",
 ]
 EXPECTED_ITEMS = 9
+TREE_LEVELS = 5  # a {"tree": NAME} seed: 2**5 - 1 pages, depths 0 to 4
 CHILDREN = {"/ok": ["/ok/child"], "/dup": ["/ok/child", "/ok/dup2"], "/slow": ["/ok/after-slow"]}
 
 
@@ -88,6 +89,9 @@ class PathsSpider(Spider):
         single = self.single_request(seed)
         if single is not None:
             return [single]
+        if "tree" in seed:  # a binary tree of pages, 5 levels deep: 31 pages
+            url = f"{self.base}/tree/{seed['tree']}/r"
+            return [Request(url, callback=self.parse, dont_filter=True)]
         if "chain" in seed:  # a slow job: one page after another, 0.5 s each
             url = f"{self.base}/chain/{seed['chain']}/{seed.get('length', 8)}"
             return [Request(url, callback=self.parse, dont_filter=True)]
@@ -220,6 +224,9 @@ class PathsSite:
         if path.startswith("/sleep/"):
             time.sleep(float(path.rsplit("/", 1)[1]))
         children = CHILDREN.get(path, [])
+        if path.startswith("/tree/"):
+            _, _, name, node = path.split("/")
+            children = [f"/tree/{name}/{node}{c}" for c in "ab"] if len(node) < TREE_LEVELS else []
         if path.startswith("/chain/"):
             time.sleep(0.5)
             _, _, name, left = path.split("/")

@@ -7,6 +7,7 @@ SPIDER_MODULES = [
     "tests.support.paths_spider",
     "tests.support.kinds_spiders",
     "tests.support.hosted_members",
+    "tests.support.job_hooks",
 ]
 # of the spider kinds, only the CrawlSpider runs hosted: an idle hosted crawler keeps a
 # reactor thread waiting for work, so the workers host no crawler that no test uses
@@ -15,6 +16,7 @@ CELERY_CRAWL_SPIDERS = [
     "forum_detail",
     "paths",
     "paths_start",
+    "paths_jobs",
     "kind_crawl",
     "hosted_members",
 ]
@@ -24,6 +26,7 @@ CELERY_CRAWL_PROGRESS_INTERVAL = 0.5
 LOG_LEVEL = "INFO"
 TEST_ENV = [
     "PATHS_BASE_URL",
+    "JOB_FEED_DIR",
     "PRODUCER_PERIOD",
     "CELERY_CRAWL_GC_FREEZE",
     "REDIS_PARAMS",
@@ -34,3 +37,4 @@ TEST_ENV = [
 ]
 CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, *TEST_ENV]  # noqa: F405
 PATHS_BASE_URL = ""
+JOB_FEED_DIR = ""  # paths_jobs: where its per-job feeds and hook records go

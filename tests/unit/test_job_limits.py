@@ -1,4 +1,4 @@
-"""A job's limits: Scrapy's CLOSESPIDER_* settings by default, the caller's over them."""
+"""A job's limits: Scrapy's CLOSESPIDER_* and DEPTH_LIMIT by default, the caller's over them."""
 
 from __future__ import annotations
 
@@ -29,5 +29,12 @@ def test_limits_go_into_the_job_hash_and_come_back() -> None:
     assert fields == {"limit/pages": "3", "limit/seconds": "2.5"}
     raw = {k.encode(): v.encode() for k, v in {**fields, "state": "running"}.items()}
     assert parse_status("j", "paths", raw).limits == {"pages": 3.0, "seconds": 2.5}
-    with pytest.raises(ValueError, match="unknown job limits \\['depth'\\]"):
-        limit_fields({"depth": 2})
+    with pytest.raises(ValueError, match="unknown job limits \\['width'\\]"):
+        limit_fields({"width": 2})
+
+
+def test_depth_and_errors_take_depth_limit_and_closespider_errorcount() -> None:
+    limited = project(DEPTH_LIMIT=3, CLOSESPIDER_ERRORCOUNT=2)
+    assert limited.job_limits("paths", None) == {"depth": 3.0, "errors": 2.0}
+    assert limited.job_limits("paths", {"depth": 0}) == {"errors": 2.0}  # 0: no limit
+    assert limit_fields({"depth": 1, "errors": 4}) == {"limit/depth": "1", "limit/errors": "4"}

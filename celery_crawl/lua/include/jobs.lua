@@ -22,18 +22,30 @@
 -- holds the ids of the queued and running jobs.
 --
 -- A job ends closed (field reason) when it reaches one of its limits (fields
--- limit/pages, limit/items: checked by job_check_limits as its stats grow), or
+-- limit/pages, limit/items, limit/errors: checked by job_check_limits as its stats
+-- grow), or
 -- when a callback raised CloseSpider (lua/job_close.lua): at once, with its
 -- queued requests left behind to be discarded when a lease reaches them.
 --
 -- With the job dedup scope, the fingerprints of a job's requests are in the set
 -- JOB_PREFIX .. job_id .. ':seen' (job_seen_add), deleted when the job ends.
 --
+-- The processes that work on a job are its participants: the hash
+-- JOB_PREFIX .. job_id .. ':participants' maps each one's scheduler id to the key
+-- of its scheduler registration (lua/job_join.lua). When the job ends (done,
+-- incomplete, failed, cancelled or closed), job_notify pushes its id onto each
+-- participant's list JOB_PREFIX .. '~ended:' .. scheduler id; each one closes its
+-- part of the job (pipelines' close_job, feeds, the job_finished signal) and
+-- leaves (lua/job_leave.lua). The last to leave pushes the done tokens again:
+-- Job.wait() returns once the job has ended and no participant is left.
+--
 -- Uses: JOB_PREFIX. Defines: job_seen_add, entry_job, job_running, job_add, job_phase,
--- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases.
+-- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
+-- job_notify.
 
 local JOB_TTL = 7 * 24 * 3600
 local DONE_TOKENS = 16
+local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
 
 local function entry_job(entry, offset)
     local length = string.byte(entry, offset) or 0
@@ -103,6 +115,23 @@ local function job_outcome(key)
     return ended
 end
 
+-- Wake Job.wait(): DONE_TOKENS tokens on the job's done list.
+local function job_wake(job)
+    local done = JOB_PREFIX .. job .. ':done'
+    for _ = 1, DONE_TOKENS do redis.call('RPUSH', done, 1) end
+    redis.call('EXPIRE', done, JOB_TTL)
+end
+
+-- Tell every participant of the job that it ended.
+local function job_notify(job)
+    local participants = redis.call('HKEYS', JOB_PREFIX .. job .. ':participants')
+    for _, participant in ipairs(participants) do
+        local ended = JOB_PREFIX .. '~ended:' .. participant
+        redis.call('RPUSH', ended, job)
+        redis.call('EXPIRE', ended, ENDED_TTL)
+    end
+end
+
 local function job_finish_if_done(job)
     local key = JOB_PREFIX .. job
     if tonumber(redis.call('HGET', key, 'pending') or '1') > 0 then return end
@@ -113,9 +142,10 @@ local function job_finish_if_done(job)
     redis.call('HSET', key, 'state', final, 'finished_at', now[1] + now[2] / 1000000)
     redis.call('DEL', key .. ':seen')
     job_phase(job, final)
-    for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
+    job_wake(job)
+    job_notify(job)
     redis.call('EXPIRE', key, JOB_TTL)
-    redis.call('EXPIRE', key .. ':done', JOB_TTL)
+    redis.call('EXPIRE', key .. ':participants', JOB_TTL)
 end
 
 -- End a running job now, closed, with the reason; returns 1, or 0 if it was not running.
@@ -128,15 +158,21 @@ local function job_close(job, reason)
         'finished_at', now[1] + now[2] / 1000000)
     redis.call('DEL', key .. ':seen')
     job_phase(job, 'closed')
-    for _ = 1, DONE_TOKENS do redis.call('RPUSH', key .. ':done', 1) end
+    job_wake(job)
+    job_notify(job)
     redis.call('EXPIRE', key, JOB_TTL)
-    redis.call('EXPIRE', key .. ':done', JOB_TTL)
+    redis.call('EXPIRE', key .. ':participants', JOB_TTL)
     return 1
 end
 
 -- After the job's stat field grew: close the job if it reached that field's limit
--- (pages: closespider_pagecount, items: closespider_itemcount, as Scrapy names them).
-local LIMITED = {pages = 'closespider_pagecount', items = 'closespider_itemcount'}
+-- (pages: closespider_pagecount, items: closespider_itemcount, errors:
+-- closespider_errorcount, as Scrapy names them).
+local LIMITED = {
+    pages = 'closespider_pagecount',
+    items = 'closespider_itemcount',
+    errors = 'closespider_errorcount',  -- callback errors (Scrapy's spider_error)
+}
 local function job_check_limits(job, field)
     if not LIMITED[field] or not job_exists(job) then return end
     local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/' .. field, field)

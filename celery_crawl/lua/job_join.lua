@@ -1,0 +1,25 @@
+-- A process starts working on a job: it joins the job's participants, and
+-- reads what it needs to run the job's requests, in one step.
+--
+-- KEYS[1]  job key prefix: a job's hash is KEYS[1] .. job id
+-- ARGV[1]  job id
+-- ARGV[2]  the joining scheduler's id ('': only read, do not join)
+-- ARGV[3]  the key of its registration (the open schedulers of its queue):
+--          a participant whose registration lapsed is dropped by lua/job_settle.lua
+-- Returns  {state, spider arguments (JSON), depth limit}, '' where the job has
+--          none; the process joins only while the job runs
+--
+-- A job that no longer runs (closed, cancelled) is not joined: the request the
+-- process leased before the job ended is discarded, as lua/lease.lua does.
+
+local JOB_PREFIX = KEYS[1]
+--!include jobs
+
+local job = ARGV[1]
+local key = JOB_PREFIX .. job
+local fields = redis.call('HMGET', key, 'state', 'args', 'limit/depth')
+if fields[1] == 'running' and ARGV[2] ~= '' then
+    redis.call('HSET', key .. ':participants', ARGV[2], ARGV[3])
+    redis.call('EXPIRE', key .. ':participants', JOB_TTL)
+end
+return {fields[1] or '', fields[2] or '', fields[3] or ''}

@@ -1,0 +1,20 @@
+-- How many participants of a job are still working on it, after dropping the
+-- ones whose process died: their scheduler registration (the sorted set of open
+-- schedulers it names, score = deadline in ms) lapsed or is gone.
+--
+-- KEYS[1]  job key prefix: a job's hash is KEYS[1] .. job id
+-- ARGV[1]  job id
+-- Returns  the number of live participants
+
+local JOB_PREFIX = KEYS[1]
+local participants = JOB_PREFIX .. ARGV[1] .. ':participants'
+local now = redis.call('TIME')
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local found = redis.call('HGETALL', participants)
+for i = 1, #found, 2 do
+    local deadline = redis.call('ZSCORE', found[i + 1], found[i])
+    if not deadline or tonumber(deadline) < now_ms then
+        redis.call('HDEL', participants, found[i])
+    end
+end
+return redis.call('HLEN', participants)

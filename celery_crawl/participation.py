@@ -1,0 +1,279 @@
+"""A worker process's part in the jobs it works on: open it, run it, close it.
+
+Hosted crawlers serve every job of their spider, so Scrapy's per-crawl hooks
+(``open_spider``, ``close_spider``, ``spider_closed``, feeds) run only when a
+worker starts and stops. :class:`Participation` gives each job the same
+moments, in every process that works on it:
+
+1. **Join.** At the first request of a job that this process hands to its
+   engine, it joins the job's participants and reads the job's spider
+   arguments and depth limit, in one script call (``lua/job_join.lua``).
+   Item pipelines' ``open_job(job_id)`` run, and the ``job_opened`` signal is sent.
+2. **End.** When the job ends (done, incomplete, failed, cancelled, closed),
+   the script that ends it pushes its id onto every participant's list
+   (``lua/include/jobs.lua``); a thread of each process waits on its own.
+3. **Close.** Once the process holds no more leases of the job (its last
+   responses went through their callbacks, and their items through the
+   pipelines), pipelines' ``close_job(job_id, stats)`` run, then the
+   ``job_finished(job_id, stats, spider)`` signal is sent (``%(job)s`` feeds
+   are stored on it: :mod:`celery_crawl.feeds`), then the process leaves the
+   job (``lua/job_leave.lua``).
+
+:meth:`celery_crawl.jobs.Job.wait` returns once the job has ended and no
+participant is left, so its feed files are complete and closed by then. A
+process that dies without leaving stops counting when its scheduler
+registration lapses (30 s).
+
+A request of a job that has ended, leased before it ended and not yet handed
+to the engine, is discarded (acked unprocessed), as the lease script discards
+the ones still queued.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from scrapy.utils.defer import deferred_from_coro, ensure_awaitable, maybe_deferred_to_future
+
+from celery_crawl import connection
+from celery_crawl.buffer import reactor_call_later
+from celery_crawl.engine import EngineHooks
+from celery_crawl.jobs import Job, JobStats, job_finished, job_opened
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
+
+    from celery_crawl.queue import Base
+
+logger = logging.getLogger(__name__)
+MAX_JOBS_KEPT = 4096  # jobs a process remembers having closed its part of
+RETRY_SECONDS = 1.0  # closing a job's part again, after Redis was away
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What a process needs to run a job's requests."""
+
+    args: dict[str, str] = field(default_factory=dict)
+    depth: int = 0  # deepest request followed; 0: no limit
+
+
+class Participation:
+    """The jobs this process (one scheduler) works on."""
+
+    def __init__(
+        self,
+        queue: Base,
+        scheduler_id: str,
+        job_stats: JobStats,
+        *,
+        crawler: Crawler | None = None,
+        holds: Callable[[str], bool] = lambda job: False,
+        flush: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.queue = queue
+        self.id = scheduler_id
+        self.job_stats = job_stats
+        self.crawler = crawler
+        self.holds = holds  # whether this process still holds a lease of the job
+        self.flush = flush  # writes this process's acks and job stats
+        self.joined: dict[str, JobInfo] = {}
+        self.ending: set[str] = set()  # ended, this process's part not closed yet
+        self.closing: set[str] = set()
+        self.done: OrderedDict[str, None] = OrderedDict()  # ended here: requests discarded
+        self._opening: dict[str, list[Any]] = {}  # job -> open_job awaitables
+        self._listener = EndedJobs(queue, scheduler_id, self._on_ended_threadsafe)
+
+    # -- join ---------------------------------------------------------------
+
+    def info(self, job: str) -> JobInfo | None:
+        """The job's info, joining the job at its first request here; None: the job has ended.
+
+        May raise a transient Redis error: the caller keeps the lease and asks again.
+        """
+        if job in self.ending or job in self.done:
+            return None
+        found = self.joined.get(job)
+        if found is not None:
+            return found
+        state, args, depth = self.queue.join_job(job, self.id if self.listening else "")
+        if state != "running":
+            self._remember_done(job)
+            return None
+        info = self.joined[job] = JobInfo(json.loads(args) if args else {}, int(float(depth or 0)))
+        if self.listening:
+            self._open(job)
+        return info
+
+    def _open(self, job: str) -> None:
+        for pipeline in self._pipelines():
+            hook = getattr(pipeline, "open_job", None)
+            if hook is not None:
+                self._call(job, "open_job", hook, job, pending=self._opening.setdefault(job, []))
+        if self.crawler is not None:
+            spider = self._spider()
+            self.crawler.signals.send_catch_log(job_opened, job_id=job, spider=spider)
+
+    # -- end ----------------------------------------------------------------
+
+    @property
+    def listening(self) -> bool:
+        """Whether this process hears of the jobs' ends: a scheduler driven by hand
+        (no engine, no reactor) reads job info without joining."""
+        return self._listener.running
+
+    def start(self) -> None:
+        self._listener.start()
+
+    def stop(self) -> None:
+        """At close: stop listening, and leave every job this process joined."""
+        self._listener.stop()
+        for job in list(self.joined):
+            try:
+                self.queue.leave_job(job, self.id)
+            except connection.TRANSIENT_ERRORS as exc:  # its registration lapses instead
+                logger.warning("Redis unreachable, job %s not left: %s", job, exc)
+        self.joined.clear()
+
+    def _on_ended_threadsafe(self, job: str) -> None:
+        from twisted.internet import reactor
+
+        reactor.callFromThread(self.ended, job)
+
+    def ended(self, job: str) -> None:
+        """In the reactor: ``job`` ended; close this process's part once it holds none of it."""
+        if job not in self.joined:
+            return
+        self.ending.add(job)
+        self.request_done(job)
+
+    def request_done(self, job: str) -> None:
+        """The engine is done with a request of ``job``: was it the last one held here?"""
+        if job in self.ending and job not in self.closing and not self.holds(job):
+            self.closing.add(job)
+            deferred_from_coro(self.close(job))
+
+    async def close(self, job: str) -> None:
+        """Close this process's part of an ended job; tried again while Redis is away."""
+        try:
+            stats = Job(job, "", self.queue.client, self.queue.keys).status().as_dict()
+            await self._wait_opened(job)
+            for pipeline in reversed(self._pipelines()):
+                hook = getattr(pipeline, "close_job", None)
+                if hook is not None:
+                    await self._await(job, "close_job", hook, job, stats)
+            if self.crawler is not None:
+                spider = self._spider()
+                await self.crawler.signals.send_catch_log_async(
+                    job_finished, job_id=job, stats=stats, spider=spider
+                )
+            self.flush()
+            self.queue.leave_job(job, self.id)
+        except connection.TRANSIENT_ERRORS as exc:
+            logger.warning("Redis unreachable, job %s not closed here yet: %s", job, exc)
+            self._retry(job)
+            return
+        except Exception:  # never into the reactor: the job's participants expire instead
+            logger.exception("closing this process's part of job %s failed", job)
+        self.joined.pop(job, None)
+        self.ending.discard(job)
+        self.closing.discard(job)
+        self._remember_done(job)
+
+    def _retry(self, job: str) -> None:
+        self.closing.discard(job)
+        reactor_call_later(RETRY_SECONDS, lambda: self.request_done(job))
+
+    def _remember_done(self, job: str) -> None:
+        self.done[job] = None
+        while len(self.done) > MAX_JOBS_KEPT:
+            self.done.popitem(last=False)
+
+    def _spider(self) -> Any:
+        try:
+            return self.crawler.spider if self.crawler is not None else None
+        except RuntimeError:  # Crawler.spider before the crawl started
+            return None
+
+    # -- the pipelines' hooks ------------------------------------------------
+
+    def _pipelines(self) -> list[Any]:
+        engine = EngineHooks(self.crawler).engine
+        itemproc = getattr(getattr(engine, "scraper", None), "itemproc", None)
+        return list(getattr(itemproc, "middlewares", ()))
+
+    def _call(self, job: str, name: str, hook: Any, *args: Any, pending: list[Any]) -> None:
+        """Call a pipeline's hook; an awaitable it returns is awaited before the job closes."""
+        try:
+            result = hook(*args)
+        except Exception as exc:
+            self._failed(job, name, hook, exc)
+            return
+        if inspect.isawaitable(result):  # started now, awaited before the job closes here
+            pending.append((name, hook, deferred_from_coro(result)))
+
+    async def _await(self, job: str, name: str, hook: Any, *args: Any) -> None:
+        try:
+            await ensure_awaitable(hook(*args))
+        except connection.TRANSIENT_ERRORS:
+            raise
+        except Exception as exc:
+            self._failed(job, name, hook, exc)
+
+    async def _wait_opened(self, job: str) -> None:
+        for name, hook, started in self._opening.pop(job, []):
+            try:
+                await maybe_deferred_to_future(started)
+            except Exception as exc:
+                self._failed(job, name, hook, exc)
+
+    def _failed(self, job: str, name: str, hook: Any, exc: Exception) -> None:
+        """A pipeline's hook raised: logged, and counted in the job's stats; the job goes on."""
+        owner = type(getattr(hook, "__self__", hook)).__name__
+        logger.error("%s.%s(%r) failed", owner, name, job, exc_info=exc)
+        self.job_stats.add(job, f"errors/{name}/{type(exc).__name__}")
+
+
+class EndedJobs:
+    """A daemon thread that waits on this scheduler's list of ended jobs."""
+
+    def __init__(self, queue: Base, scheduler_id: str, on_ended: Callable[[str], None]) -> None:
+        self.queue = queue
+        self.scheduler_id = scheduler_id
+        self.on_ended = on_ended
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ended jobs", daemon=True)
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                job = self.queue.next_ended_job(self.scheduler_id, timeout=1.0)
+            except connection.TRANSIENT_ERRORS as exc:
+                logger.warning("Redis unreachable, waiting for ended jobs: %s", exc)
+                self._stopped.wait(RETRY_SECONDS)
+                continue
+            except Exception:
+                logger.exception("waiting for ended jobs failed; will retry")
+                self._stopped.wait(RETRY_SECONDS)
+                continue
+            if job is not None:
+                self.on_ended(job)

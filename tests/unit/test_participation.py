@@ -1,0 +1,91 @@
+"""A job's participants, against a real server: join, the end's notice, leave, and the dead."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from celery_crawl.errors import JobTimeout
+from celery_crawl.jobs import Job
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Base, Entry, PriorityQueue
+
+
+def queue(client: redis.Redis, prefix: str) -> Base:
+    return PriorityQueue(client, SpiderKeys.build("paths", prefix=prefix))
+
+
+def start(q: Base, job: str, **fields: str) -> Job:
+    created, _ = q.start_job(job, [Entry(b"seed", 0, None, job)], {"spider": "paths", **fields})
+    assert created
+    return Job(job, "paths", q.client, q.keys)
+
+
+def finish(q: Base) -> None:
+    while leases := q.lease(100):
+        q.ack([lease.member for lease in leases])
+
+
+def test_join_reads_args_and_depth_and_joins_only_a_running_job(
+    client: redis.Redis, prefix: str
+) -> None:
+    q = queue(client, prefix)
+    start(q, "j", args='{"category": "books"}', **{"limit/depth": "2"})
+    q.join(scheduler_id="s1", seconds=30)
+    assert q.join_job("j", "s1") == ("running", '{"category": "books"}', "2")
+    assert client.hkeys(q.keys.job_participants("j")) == [b"s1"]
+    assert q.join_job("j", "") == ("running", '{"category": "books"}', "2")  # read only
+    assert client.hlen(q.keys.job_participants("j")) == 1
+    q.close_job("j", "enough")
+    assert q.join_job("j", "s2")[0] == "closed"
+    assert client.hkeys(q.keys.job_participants("j")) == [b"s1"]
+    assert q.join_job("nope", "s1") == ("", "", "")
+
+
+def test_the_end_is_told_to_each_participant_and_wait_returns_after_the_last_leaves(
+    client: redis.Redis, prefix: str
+) -> None:
+    q = queue(client, prefix)
+    job = start(q, "j")
+    for scheduler in ("s1", "s2"):
+        q.join(scheduler, 30)
+        q.join_job("j", scheduler)
+    finish(q)
+    assert job.status().finished
+    assert q.next_ended_job("s1", 1) == "j" and q.next_ended_job("s2", 1) == "j"
+    assert q.next_ended_job("s1", 0.1) is None  # once
+    try:
+        job.wait(timeout=0.5)
+        raise AssertionError("wait() returned while two processes were still in the job")
+    except JobTimeout:
+        pass
+    assert q.leave_job("j", "s1") == 1
+    assert job.participants() == 1
+    waited: list[dict[str, object]] = []
+    waiter = threading.Thread(target=lambda: waited.append(job.wait(timeout=10)))
+    waiter.start()
+    time.sleep(0.2)
+    assert not waited  # still s2
+    assert q.leave_job("j", "s2") == 0
+    waiter.join(10)
+    assert waited and waited[0]["state"] == "done"
+    assert q.leave_job("j", "s2") == 0  # leaving twice changes nothing
+
+
+def test_a_participant_whose_registration_lapsed_is_not_waited_for(
+    client: redis.Redis, prefix: str
+) -> None:
+    q = queue(client, prefix)
+    job = start(q, "j")
+    q.join("dead", 0.2)  # registered for 200 ms, never renewed: a killed process
+    q.join_job("j", "dead")
+    q.join("alive", 30)
+    q.join_job("j", "alive")
+    finish(q)
+    assert job.participants() == 2
+    time.sleep(0.3)
+    assert job.participants() == 1
+    q.leave_job("j", "alive")
+    assert job.wait(timeout=5)["state"] == "done"
