@@ -89,7 +89,8 @@ def start_job(
     with connection.reachable(queue.client):
         created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
         queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
-    return Job(job_id, spider, queue.client, queue.keys, project.job_queues(spider)), created
+    spans = project.job_spans(spider)
+    return Job(job_id, spider, queue.client, queue.keys, spans, dedup=queue.dedup), created
 
 
 def check_args(args: dict[str, str] | None) -> dict[str, str]:
@@ -108,4 +109,5 @@ def find_job(app: Any, job_id: str) -> Job | None:
     if spider is None:
         return None
     name = spider.decode()
-    return Job(job_id, name, project.client, project.keys(name), project.job_queues(name), app=app)
+    keys, spans, dedup = project.keys(name), project.job_spans(name), project.queue(name).dedup
+    return Job(job_id, name, project.client, keys, spans, app=app, dedup=dedup)

@@ -20,13 +20,16 @@ import weakref
 from collections import Counter, OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 
 from celery_crawl import scripts
 from celery_crawl.errors import JobTimeout, UnknownJob
 from celery_crawl.keys import SpiderKeys
+
+if TYPE_CHECKING:
+    from celery_crawl.dupefilter import DedupScript
 
 JOB_META = "celery_crawl_job"
 JOB_PRIORITY_META = "celery_crawl_priority"
@@ -297,16 +300,18 @@ class Job:
         spider: str,
         client: redis.Redis,
         keys: SpiderKeys,
-        queues: Sequence[str] = (),
+        spans: Sequence[SpiderKeys] = (),
         *,
         app: Any = None,
+        dedup: DedupScript | None = None,
     ) -> None:
         self.id = job_id
         self.spider = spider
         self.client = client
         self.keys = keys
-        self.queues = list(queues) or [keys.queue]  # every queue the job may span
+        self.spans = list(spans) or [keys]  # the spiders (of its group) the job may span
         self.app = app
+        self.dedup = dedup  # the spiders' filter kind: cancel() takes fingerprints out of it
 
     @property
     def result(self) -> Any:
@@ -374,6 +379,16 @@ class Job:
         return bool(close(keys=[self.keys.job_prefix], args=[self.id, reason]))
 
     def cancel(self) -> int:
-        """Stop the job and purge its queued requests; other jobs are untouched."""
-        keys = [self.keys.job_prefix, *self.queues]
-        return int(scripts.script(self.client, "job_cancel")(keys=keys, args=[self.id]))
+        """Stop the job and purge its queued requests; other jobs are untouched.
+
+        Under the spider dedup scope, the purged requests' fingerprints leave
+        the spiders' filters (exact and expiring; a bloom filter keeps them),
+        so that later jobs can crawl those URLs: the job's ``unfiltered`` field
+        counts them. Returns how many requests were purged.
+        """
+        lua, params = (self.dedup.lua, self.dedup.params) if self.dedup else ("dedup_exact", ())
+        keys = [self.keys.job_prefix]
+        for span in self.spans:
+            keys += [span.queue, span.dupefilter, span.dupefilter_count]
+        cancel = scripts.script(self.client, "job_cancel", dupefilter=lua)
+        return int(cancel(keys=keys, args=[self.id, *params]))

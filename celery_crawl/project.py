@@ -145,9 +145,9 @@ class Project:
     def keys(self, spider: str) -> SpiderKeys:
         return SpiderKeys.from_settings(spider, self.settings)
 
-    def job_queues(self, spider: str) -> list[str]:
-        """The queues a job of ``spider`` may span: those of its whole group."""
-        return [self.keys(name).queue for name in group_members(spider, self.settings)]
+    def job_spans(self, spider: str) -> list[SpiderKeys]:
+        """The spiders a job of ``spider`` may span: its whole group."""
+        return [self.keys(name) for name in group_members(spider, self.settings)]
 
     def queue(self, spider: str) -> Base:
         """The spider's queue, of the class and with the dedup its scheduler uses."""

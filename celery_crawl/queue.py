@@ -11,7 +11,10 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 - ``Q:schedulers`` sorted set of the schedulers that have the queue open, score =
                   registration deadline in unix ms (renewed while they run).
 
-A list entry is ``1-byte job id length + job id + encoded request``. A lease
+A list entry is ``1-byte job id length + job id + encoded request``; under the
+spider dedup scope, a job's filtered request also carries its fingerprint
+(the length byte's high bit set, then ``1-byte length + fingerprint`` after
+the job id), so that ``Job.cancel()`` can take it out of the filter. A lease
 member is ``8-byte lease id + 4-byte priority + entry``: unique, so identical
 payloads never merge, and self-contained, so an expired lease goes back to the
 front of its level, and an ack finds its job, without another lookup. Lists cost a few bytes
@@ -44,6 +47,7 @@ from celery_crawl.keys import SpiderKeys
 
 logger = logging.getLogger(__name__)
 
+MAX_JOB_ID = 127  # bytes; an entry's length byte keeps its high bit for a fingerprint
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
 DEDUP_SCOPES = ("job", "spider")  # DUPEFILTER_SCOPE: whose filter a job's requests meet
 
@@ -60,11 +64,14 @@ class Lease:
 
     @property
     def job(self) -> str:
-        return self.member[13 : 13 + self.member[12]].decode()
+        return self.member[13 : 13 + (self.member[12] & 0x7F)].decode()
 
     @property
     def payload(self) -> bytes:
-        return self.member[13 + self.member[12] :]
+        """The encoded request: after the job id, and the fingerprint when one is carried."""
+        flagged = self.member[12]
+        at = 13 + (flagged & 0x7F)
+        return self.member[at + 1 + self.member[at] :] if flagged & 0x80 else self.member[at:]
 
 
 @dataclass(frozen=True)
@@ -81,8 +88,8 @@ class Entry:
 
         ``lane`` 0 is the script's own queue; ``lane`` j > 0 the j-th routed queue.
         """
-        if len(self.job.encode()) > 255:
-            raise ValueError(f"job id longer than 255 bytes: {self.job[:40]}...")
+        if len(self.job.encode()) > MAX_JOB_ID:
+            raise ValueError(f"job id longer than {MAX_JOB_ID} bytes: {self.job[:40]}...")
         priority = self.priority if uses_priority else 0
         return [priority, self.fingerprint or b"", self.job, self.payload, lane]
 

@@ -143,7 +143,7 @@ def services(
             **os.environ,
             "REDIS_URL": url,
             "FORUM_BASE_URL": site.url,
-            "FORUM_FEED": str(items / "%(name)s-%(pid)s.jsonl"),
+            "FORUM_FEED": str(items / "%(job)s" / "%(name)s-%(worker)s.jsonl"),
             "PRODUCER_SOURCES": ",".join(SiteConfig(forums=forums).forum_ids()),
         }
         running = Services(logs, env)

@@ -8,7 +8,7 @@ BOT_NAME = "forum"
 SPIDER_MODULES = ["tasks.spiders"]
 CELERY_CRAWL_ENV = ["FORUM_BASE_URL", "FORUM_FEED", "PRODUCER_SOURCES", "PRODUCER_PERIOD"]
 FORUM_BASE_URL = "http://127.0.0.1:8000"
-FORUM_FEED = "items/%(name)s-%(pid)s.jsonl"
+FORUM_FEED = "items/%(job)s/%(name)s-%(worker)s.jsonl"  # a folder per job, a file per process
 
 # Vertical split: `forum` scans list pages, `forum_detail` fetches posts and
 # comments. One group, so one job spans both; two Celery queues, so

@@ -10,7 +10,8 @@
 -- Returns  the leased members: 8-byte lease id .. 4-byte priority .. entry
 --
 -- A lease member is unique, so identical payloads never merge in flight. An
--- entry is: 1 byte job id length, the job id, the encoded request. An entry of
+-- entry is: 1 byte job id length, the job id (a fingerprint may follow: entry_fp in
+-- include/jobs.lua), the encoded request. An entry of
 -- a job that no longer runs (closed at a limit) is discarded instead of leased.
 
 local JOB_PREFIX = KEYS[4]

@@ -57,7 +57,7 @@ class ForumSpider(Spider):
         # unless its version changed (celery_crawl.fingerprint)
         settings.set("DUPEFILTER_SCOPE", "spider", priority="spider")
         feed = settings.get("FORUM_FEED")
-        if feed and not settings.getdict("FEEDS"):  # items: one JSON-lines file per process
+        if feed and not settings.getdict("FEEDS"):  # items: JSON lines, per job and process
             settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
 
     @property

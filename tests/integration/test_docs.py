@@ -5,13 +5,12 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from tests.support import ROOT
-from tests.support.workers import Worker
+from tests.support.workers import started_workers
 
 DOCS = ["jobs.md"]
 
@@ -31,9 +30,17 @@ def test_every_page_listed_has_examples() -> None:
 
 @pytest.mark.parametrize(("page", "index"), examples())
 def test_the_example_runs_as_written(
-    page: str, index: int, env: dict[str, str], start_worker: Callable[..., Worker], tmp_path: Path
+    page: str, index: int, env: dict[str, str], tmp_path: Path
 ) -> None:
-    start_worker(app="tasks", pool="solo")
+    # the example app's own feed layout (tasks/settings.py), in a folder of the test's
+    feed = tmp_path / "items" / "%(job)s" / "%(name)s-%(worker)s.jsonl"
+    env = {**env, "FORUM_FEED": str(feed)}
+    with started_workers(env, tmp_path) as start_worker:
+        start_worker(app="tasks", pool="solo")
+        run_example(page, index, env, tmp_path)
+
+
+def run_example(page: str, index: int, env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(python_blocks(page)[index])
     done = subprocess.run(

@@ -8,6 +8,7 @@ whose pipeline records its per-job hooks and whose feed is
 from __future__ import annotations
 
 import json
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from tests.support.paths_spider import TREE_LEVELS, PathsSite
 from tests.support.workers import Worker, started_workers
 
 TREE_PAGES = 2**TREE_LEVELS - 1
+WIDTH = 120  # children of the fan page in the cancel test
 
 
 @pytest.fixture
@@ -105,3 +107,25 @@ def test_a_closed_jobs_feed_holds_what_its_pages_yielded(
     assert result["state"] == "closed" and result["reason"] == "closespider_pagecount"
     (feed,) = feeds.glob(f"{job.id}-*.jsonl")
     assert len(lines([feed])) == result["items"] >= 5
+
+
+def test_under_the_spider_scope_a_cancelled_jobs_purged_pages_are_crawled_by_the_next_job(
+    app: Celery, workers: Callable[..., Worker], paths_site: PathsSite
+) -> None:
+    """Cancel purges the queued children and takes their fingerprints out of the filter."""
+    workers("cancel", pool="solo", concurrency=1)
+    first = crawl("paths_jobs", [{"fan": "c", "width": WIDTH}], app=app)
+    deadline = time.monotonic() + 30
+    while first.status().pages < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    purged = first.cancel()
+    assert purged > WIDTH // 2, purged  # 0.25 s downloads, 8 at once: most are still queued
+    ended = first.wait(timeout=60)
+    assert ended["state"] == "cancelled"
+    children = [f"/sleep/fan-c-{i}/0.25" for i in range(WIDTH)]
+    fetched_first = sum(paths_site.hits[path] for path in children)
+    again = crawl("paths_jobs", [{"fan": "c", "width": WIDTH}], app=app).wait(timeout=60)
+    assert again["state"] == "done"
+    assert again["pages"] == 1 + purged  # the seed, and exactly what the first job left
+    assert all(paths_site.hits[path] == 1 for path in children)
+    assert fetched_first == WIDTH - purged

@@ -1,6 +1,7 @@
 """A hosted spider whose pipeline, signal handler and feed work per job.
 
-``paths_jobs`` is the paths spider with, when ``JOB_FEED_DIR`` is set:
+``paths_jobs`` is the paths spider with the spider dedup scope (its jobs
+share one filter) and, when ``JOB_FEED_DIR`` is set:
 
 - ``FEEDS``: ``JOB_FEED_DIR/<job>-<worker>.jsonl``, one file per job and process;
 - :class:`JobHooksPipeline`, which records in ``JOB_FEED_DIR/events-<pid>.jsonl``
@@ -29,6 +30,7 @@ class PathsJobsSpider(PathsSpider):
     @classmethod
     def update_settings(cls, settings: BaseSettings) -> None:
         super().update_settings(settings)
+        settings.set("DUPEFILTER_SCOPE", "spider", priority="spider")
         folder = settings.get("JOB_FEED_DIR")
         if not folder:
             return

@@ -89,6 +89,9 @@ class PathsSpider(Spider):
         single = self.single_request(seed)
         if single is not None:
             return [single]
+        if "fan" in seed:  # one page with `width` children, each a 0.25 s download
+            url = f"{self.base}/fan/{seed['fan']}/{seed.get('width', 40)}"
+            return [Request(url, callback=self.parse, dont_filter=True)]
         if "tree" in seed:  # a binary tree of pages, 5 levels deep: 31 pages
             url = f"{self.base}/tree/{seed['tree']}/r"
             return [Request(url, callback=self.parse, dont_filter=True)]
@@ -223,13 +226,21 @@ class PathsSite:
             time.sleep(1.0)
         if path.startswith("/sleep/"):
             time.sleep(float(path.rsplit("/", 1)[1]))
-        children = CHILDREN.get(path, [])
-        if path.startswith("/tree/"):
-            _, _, name, node = path.split("/")
-            children = [f"/tree/{name}/{node}{c}" for c in "ab"] if len(node) < TREE_LEVELS else []
-        if path.startswith("/chain/"):
-            time.sleep(0.5)
-            _, _, name, left = path.split("/")
-            children = [f"/chain/{name}/{int(left) - 1}"] if int(left) > 1 else []
-        body = json.dumps({"path": path, "children": children}).encode()
+        body = json.dumps({"path": path, "children": children_of(path)}).encode()
         return 200, {"Content-Type": "application/json"}, body
+
+
+def children_of(path: str) -> list[str]:
+    """The links of a page of the site (a chain page takes 0.5 s)."""
+    _, kind, *rest = path.split("/")
+    if kind == "fan":
+        name, width = rest
+        return [f"/sleep/fan-{name}-{i}/0.25" for i in range(int(width))]
+    if kind == "tree":
+        name, node = rest
+        return [f"/tree/{name}/{node}{c}" for c in "ab"] if len(node) < TREE_LEVELS else []
+    if kind == "chain":
+        time.sleep(0.5)
+        name, left = rest
+        return [f"/chain/{name}/{int(left) - 1}"] if int(left) > 1 else []
+    return CHILDREN.get(path, [])

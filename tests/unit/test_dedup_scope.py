@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from celery_crawl.dupefilter import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
 from celery_crawl.errors import ConfigError
 from celery_crawl.jobs import Job
 from celery_crawl.keys import SpiderKeys
@@ -72,3 +73,38 @@ def test_cancel_and_close_drop_the_jobs_own_set(client: redis.Redis, prefix: str
 def test_an_unknown_scope_is_refused(client: redis.Redis, prefix: str) -> None:
     with pytest.raises(ConfigError, match="DUPEFILTER_SCOPE is 'site': use 'job' or 'spider'"):
         queue(client, prefix, "site")
+
+
+@pytest.mark.parametrize(
+    ("filter_class", "forgets"),
+    [(RFPDupeFilter, True), (ExpiringDupeFilter, True), (BloomDupeFilter, False)],
+)
+def test_spider_scope_cancel_takes_the_purged_fingerprints_out_of_the_filter(
+    client: redis.Redis, prefix: str, filter_class: type[RFPDupeFilter], forgets: bool
+) -> None:
+    """Exact and expiring filters forget what the cancelled job never crawled; bloom cannot."""
+    keys = SpiderKeys.build("paths", prefix=prefix)
+    dedup = filter_class(client, keys, None).script
+    q = PriorityQueue(client, keys, dedup=dedup, dedup_scope="spider")
+    crawled, queued = b"c" * 16, [bytes([n]) * 16 for n in range(1, 4)]
+    q.start_job("a", [Entry(b"seed", 0, crawled, "a")], {"spider": "paths"})
+    (lease,) = q.lease(1)
+    assert (lease.job, lease.payload) == ("a", b"seed")  # the fingerprint it carries is skipped
+    assert q.push_many([Entry(b"child-%d" % n, 0, fp, "a") for n, fp in enumerate(queued)])
+    job = Job("a", "paths", client, keys, dedup=dedup)
+    assert job.cancel() == 3
+    assert job.status().state == "cancelled"
+    dupefilter = filter_class(client, keys, None)
+    assert dupefilter.seen_fingerprints([crawled, *queued]) == [True, *[not forgets] * 3]
+    assert client.hget(keys.job("a"), "unfiltered") == (b"3" if forgets else None)
+    if forgets:
+        assert len(dupefilter) == 1  # counted out too
+    q.ack([lease.member])
+    assert start(q, "b", *queued) == (3 if forgets else 0)  # a later job crawls them
+
+
+def test_job_scope_entries_carry_no_fingerprint(client: redis.Redis, prefix: str) -> None:
+    q = queue(client, prefix, "job")
+    start(q, "a", FP)
+    (entry,) = client.lrange(q.keys.level(0), 0, -1)
+    assert entry == bytes([1]) + b"a" + b"seed-" + FP

@@ -9,7 +9,10 @@
 -- A set of fingerprints lives under a base key B with its exact count at
 -- COUNT: bucket b of generation g is the set B .. ':' .. g .. ':' .. b.
 -- Uses: nothing from the including script.
+-- COUNT counts the fingerprints ever added: the generations follow it, so it
+-- never goes down. The ones removed since are counted at COUNT .. ':removed'.
 -- Defines: sets_add(base, count_key, fp), sets_contains(base, count_key, fp),
+-- sets_remove(base, count_key, fp), sets_size(count_key),
 -- sets_each_key(base, count_key, visit); and for callers that check one set
 -- many times in a script run, sets_generation(count_key) (the newest
 -- generation) and sets_member(base, fp, last) (is fp in generations 0..last).
@@ -57,10 +60,27 @@ local function sets_contains(base, count_key, fp)
     return sets_member(base, fp, sets_generation(count_key))
 end
 
+-- Forgets fp; returns the key of the removed-count when it was there, else nil.
+local function sets_remove(base, count_key, fp)
+    for generation = 0, sets_generation(count_key) do
+        if redis.call('SREM', sets_bucket(base, fp, generation), fp) == 1 then
+            redis.call('INCR', count_key .. ':removed')
+            return count_key .. ':removed'
+        end
+    end
+    return nil
+end
+
+-- The number of fingerprints held: added, less removed.
+local function sets_size(count_key)
+    local counts = redis.call('MGET', count_key, count_key .. ':removed')
+    return tonumber(counts[1] or '0') - tonumber(counts[2] or '0')
+end
+
 -- Sum of visit(key) over the count key and every bucket the sets may use.
 local function sets_each_key(base, count_key, visit)
     local last = sets_generation(count_key)
-    local total = visit(count_key)
+    local total = visit(count_key) + visit(count_key .. ':removed')
     for generation = 0, last do
         for bucket = 0, 2 ^ (SETS_BASE_BITS + generation) - 1 do
             total = total + visit(base .. ':' .. generation .. ':' .. bucket)

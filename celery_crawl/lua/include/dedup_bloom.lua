@@ -24,7 +24,9 @@
 -- Uses: DEDUP_KEY, COUNT_KEY, and five parameters from ARGV[DEDUP_ARGV] on:
 -- capacity, error_rate, growth, tightening, max_bits. They are stored when the
 -- filter is created; afterwards the stored ones win.
--- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
+-- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_remove(fp) (always
+-- false: a bit may be shared by other fingerprints, so none can be cleared),
+-- dedup_count(), dedup_config(),
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
 -- dedup_use(dedup_key, count_key), which points the functions at another
@@ -162,6 +164,10 @@ local function dedup_seen(fp)
     for _, filter in ipairs(state.filters) do
         if bloom_in(filter, h1, h2) then return true end
     end
+    return false
+end
+
+local function dedup_remove(fp)
     return false
 end
 

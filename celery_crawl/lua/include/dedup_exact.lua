@@ -6,7 +6,8 @@
 --
 -- Uses: DEDUP_KEY (the dupefilter key), COUNT_KEY (exact count of fingerprints);
 -- no parameters (DEDUP_ARGV is ignored).
--- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
+-- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_remove(fp) (true when
+-- it was there), dedup_count(), dedup_config(),
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
 -- dedup_use(dedup_key, count_key), which points the functions at another
@@ -24,8 +25,12 @@ local function dedup_seen(fp)
     return sets_contains(DEDUP_KEY, COUNT_KEY, fp)
 end
 
+local function dedup_remove(fp)
+    return sets_remove(DEDUP_KEY, COUNT_KEY, fp) ~= nil
+end
+
 local function dedup_count()
-    return tonumber(redis.call('GET', COUNT_KEY) or '0')
+    return sets_size(COUNT_KEY)
 end
 
 local function dedup_config()

@@ -18,7 +18,8 @@
 --
 -- Uses: DEDUP_KEY, and two parameters from ARGV[DEDUP_ARGV] on: window_ms,
 -- buckets. COUNT_KEY is not used: the count is the sum of the live buckets'.
--- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_count(), dedup_config(),
+-- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_remove(fp) (true when
+-- a live bucket held it), dedup_count(), dedup_config(),
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
 -- dedup_use(dedup_key, count_key), which points the functions at another
@@ -68,6 +69,8 @@ local function expiring_state(create)
     local current = math.floor(now / width)
     local oldest = math.floor((now - window) / width)
     expiring_cache = {
+        window = window,
+        width = width,
         current = current,
         oldest = oldest,
         older = expiring_older(oldest, current),
@@ -101,6 +104,19 @@ local function dedup_seen(fp)
     return expiring_in_older(state, fp) or sets_contains(base, base .. ':count', fp)
 end
 
+local function dedup_remove(fp)
+    local state = expiring_state(false)
+    for t = state.oldest, state.current do
+        local base = expiring_base(t)
+        local removed = sets_remove(base, base .. ':count', fp)
+        if removed then
+            redis.call('PEXPIREAT', removed, string.format('%d', (t + 1) * state.width + state.window))
+            return true
+        end
+    end
+    return false
+end
+
 -- Sum of visit(key) over every key of the live time buckets, and the hash.
 local function dedup_each_key(visit)
     local state, total = expiring_state(false), 0
@@ -114,7 +130,7 @@ end
 local function dedup_count()
     local state, total = expiring_state(false), 0
     for t = state.oldest, state.current do
-        total = total + tonumber(redis.call('GET', expiring_base(t) .. ':count') or '0')
+        total = total + sets_size(expiring_base(t) .. ':count')
     end
     return total
 end

@@ -8,6 +8,10 @@
 -- never touches 0 while a derived request is outstanding.
 --
 -- A queue entry is: 1 byte job id length, the job id, the encoded request.
+-- With the spider dedup scope, a job's request that was filtered carries its
+-- fingerprint too, for cancel() to take it out of the filter: the length byte
+-- has its high bit set (job ids are at most 127 bytes), and the job id is
+-- followed by 1 byte fingerprint length and the fingerprint (entry_fp).
 --
 -- A job ends failed instead of done when not one page was fetched and errors
 -- were counted (fields errors/<kind>): the site was down, every download failed.
@@ -39,7 +43,7 @@
 -- leaves (lua/job_leave.lua). The last to leave pushes the done tokens again:
 -- Job.wait() returns once the job has ended and no participant is left.
 --
--- Uses: JOB_PREFIX. Defines: job_seen_add, entry_job, job_running, job_add, job_phase,
+-- Uses: JOB_PREFIX. Defines: job_seen_add, entry_job, entry_fp, job_running, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
 -- job_notify.
 
@@ -48,8 +52,17 @@ local DONE_TOKENS = 16
 local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
 
 local function entry_job(entry, offset)
-    local length = string.byte(entry, offset) or 0
+    local length = (string.byte(entry, offset) or 0) % 128
     return string.sub(entry, offset + 1, offset + length)
+end
+
+-- The fingerprint an entry carries, or nil.
+local function entry_fp(entry, offset)
+    local flagged = string.byte(entry, offset) or 0
+    if flagged < 128 then return nil end
+    local at = offset + 1 + flagged - 128
+    local length = string.byte(entry, at) or 0
+    return string.sub(entry, at + 1, at + length)
 end
 
 local FINAL = {done = true, incomplete = true, failed = true, cancelled = true, closed = true}

@@ -30,7 +30,11 @@ local function push_requests(lanes, args, first, n)
         local own = SCOPE == 'job' and job ~= ''
         if job_running(job) and (fp == '' or (own and job_seen_add(job, fp))
                 or (not own and dedup_add(fp))) then
-            redis.call('RPUSH', keys[1] .. ':' .. priority, string.char(#job) .. job .. payload)
+            local head = string.char(#job) .. job
+            if not own and job ~= '' and fp ~= '' then  -- for cancel(): see entry_fp
+                head = string.char(#job + 128) .. job .. string.char(#fp) .. fp
+            end
+            redis.call('RPUSH', keys[1] .. ':' .. priority, head .. payload)
             redis.call('ZADD', keys[1], 'NX', -tonumber(priority), priority)
             job_add(job, 'pending', 1)
             accepted[i + 1], added[lane] = 1, (added[lane] or 0) + 1
