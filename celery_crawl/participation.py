@@ -12,6 +12,8 @@ moments, in every process that works on it:
 2. **End.** When the job ends (done, incomplete, failed, cancelled, closed),
    the script that ends it pushes its id onto every participant's list
    (``lua/include/jobs.lua``); a thread of each process waits on its own.
+   Should a notice be lost (Redis restarted), the scheduler's maintenance
+   finds the end anyway, from the states of the jobs joined (:meth:`Participation.check`).
 3. **Close.** Once the process holds no more leases of the job (its last
    responses went through their callbacks, and their items through the
    pipelines), pipelines' ``close_job(job_id, stats)`` run, then the
@@ -45,7 +47,7 @@ from scrapy.utils.defer import deferred_from_coro, ensure_awaitable, maybe_defer
 from celery_crawl import connection
 from celery_crawl.buffer import reactor_call_later
 from celery_crawl.engine import EngineHooks
-from celery_crawl.jobs import Job, JobStats, job_finished, job_opened
+from celery_crawl.jobs import TERMINAL_STATES, Job, JobStats, job_finished, job_opened
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -89,6 +91,7 @@ class Participation:
         self.closing: set[str] = set()
         self.done: OrderedDict[str, None] = OrderedDict()  # ended here: requests discarded
         self._opening: dict[str, list[Any]] = {}  # job -> open_job awaitables
+        self._hooks_run: set[str] = set()  # closing: close_job and job_finished done
         self._listener = EndedJobs(queue, scheduler_id, self._on_ended_threadsafe)
 
     # -- join ---------------------------------------------------------------
@@ -161,19 +164,15 @@ class Participation:
             deferred_from_coro(self.close(job))
 
     async def close(self, job: str) -> None:
-        """Close this process's part of an ended job; tried again while Redis is away."""
+        """Close this process's part of an ended job; tried again while Redis is away.
+
+        The hooks run once: a retry only writes what is buffered and leaves.
+        """
         try:
-            stats = Job(job, "", self.queue.client, self.queue.keys).status().as_dict()
-            await self._wait_opened(job)
-            for pipeline in reversed(self._pipelines()):
-                hook = getattr(pipeline, "close_job", None)
-                if hook is not None:
-                    await self._await(job, "close_job", hook, job, stats)
-            if self.crawler is not None:
-                spider = self._spider()
-                await self.crawler.signals.send_catch_log_async(
-                    job_finished, job_id=job, stats=stats, spider=spider
-                )
+            if job not in self._hooks_run:
+                stats = Job(job, "", self.queue.client, self.queue.keys).status().as_dict()
+                await self._run_hooks(job, stats)
+                self._hooks_run.add(job)
             self.flush()
             self.queue.leave_job(job, self.id)
         except connection.TRANSIENT_ERRORS as exc:
@@ -185,7 +184,38 @@ class Participation:
         self.joined.pop(job, None)
         self.ending.discard(job)
         self.closing.discard(job)
+        self._hooks_run.discard(job)
         self._remember_done(job)
+
+    async def _run_hooks(self, job: str, stats: dict[str, Any]) -> None:
+        """Pipelines' close_job, then the job_finished signal (feeds are stored on it)."""
+        await self._wait_opened(job)
+        for pipeline in reversed(self._pipelines()):
+            hook = getattr(pipeline, "close_job", None)
+            if hook is not None:
+                await self._await(job, "close_job", hook, job, stats)
+        if self.crawler is not None:
+            spider = self._spider()
+            await self.crawler.signals.send_catch_log_async(
+                job_finished, job_id=job, stats=stats, spider=spider
+            )
+
+    def check(self) -> None:
+        """In the reactor, now and then: notice an end whose notice was lost (Redis restarted).
+
+        The list of ended jobs is the fast way; this is the sure one: one
+        pipelined read of the state of each job joined here and still running.
+        """
+        running = [job for job in self.joined if job not in self.ending]
+        if not running:
+            return
+        with self.queue.client.pipeline(transaction=False) as pipe:
+            for job in running:
+                pipe.hget(self.queue.keys.job(job), "state")
+            states = pipe.execute()
+        for job, state in zip(running, states, strict=True):
+            if state is None or state.decode() in TERMINAL_STATES:
+                self.ended(job)
 
     def _retry(self, job: str) -> None:
         self.closing.discard(job)
@@ -222,8 +252,6 @@ class Participation:
     async def _await(self, job: str, name: str, hook: Any, *args: Any) -> None:
         try:
             await ensure_awaitable(hook(*args))
-        except connection.TRANSIENT_ERRORS:
-            raise
         except Exception as exc:
             self._failed(job, name, hook, exc)
 

@@ -253,9 +253,11 @@ class Scheduler(BaseScheduler):
         self._maintenance.start(self.maintenance_interval, now=False)
 
     def maintain(self) -> None:
-        """In the reactor: write what the buffer holds, should no flush be due otherwise."""
+        """In the reactor: write what the buffer holds, should no flush be due otherwise,
+        and look for ended jobs whose notice was lost."""
         try:
             self.flush()
+            self.jobs.check()
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, scheduler maintenance will retry: %s", exc)
         except Exception:

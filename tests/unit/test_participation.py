@@ -8,8 +8,9 @@ import time
 import redis
 
 from celery_crawl.errors import JobTimeout
-from celery_crawl.jobs import Job
+from celery_crawl.jobs import Job, JobStats
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.participation import JobInfo, Participation
 from celery_crawl.queue import Base, Entry, PriorityQueue
 
 
@@ -89,3 +90,19 @@ def test_a_participant_whose_registration_lapsed_is_not_waited_for(
     assert job.participants() == 1
     q.leave_job("j", "alive")
     assert job.wait(timeout=5)["state"] == "done"
+
+
+def test_a_lost_notice_is_found_by_the_state_check(client: redis.Redis, prefix: str) -> None:
+    """The end's notice can be lost (Redis restarted); check() reads the states instead."""
+    q = queue(client, prefix)
+    start(q, "lost")
+    start(q, "running")
+    # holds: a lease of each is still in the engine, so nothing closes yet
+    part = Participation(q, "s1", JobStats(), holds=lambda job: True)
+    assert part.info("lost") == part.info("running") == JobInfo()
+    q.close_job("lost", "a reason")
+    client.delete(q.keys.job_ended("s1"))  # the notice is gone
+    part.check()
+    assert part.ending == {"lost"}
+    assert part.info("lost") is None  # a request of it leased meanwhile is discarded
+    assert part.info("running") == JobInfo()
