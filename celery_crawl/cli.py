@@ -1,8 +1,10 @@
-"""The ``celery-crawl`` command line.
+"""The ``celery-crawl`` command line (its help: :data:`HELP`).
 
     celery-crawl crawl SPIDER SEED... --app APP [--priority N] [--wait] [--json]
     celery-crawl status --app APP [--watch] [--json]   # the crawl at a glance
+    celery-crawl dedup SPIDER --app APP [--reset]      # a spider's dedup filter
     celery-crawl exporter --app APP [--port 9410]      # Prometheus metrics
+    celery-crawl demo                                  # the bundled example, all of it
 
 APP is your Celery app, as in ``celery -A``: ``--app myproject.celery``,
 or the environment variable ``CELERY_CRAWL_APP``. Each SEED starts one
@@ -91,7 +93,25 @@ class PluginGroup(TyperGroup):
         return command
 
 
-cli = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, cls=PluginGroup)
+HELP = f"""Scrapy crawls on Celery workers that share one Redis queue.
+
+New here? celery-crawl demo runs everything on this machine (Ctrl-C stops it).
+
+The other commands need your Celery app: --app/-A, as in celery -A (--app
+myproject.celery; --app tasks for the bundled example), or {APP_ENVVAR}. They
+reach the crawl state in the Redis at REDIS_URL (default
+redis://localhost:6379/0).
+
+Examples:
+
+  celery-crawl crawl -A tasks forum 00001 --wait
+
+  celery-crawl status -A tasks --watch
+
+Installed packages add commands through the {PLUGIN_GROUP} entry-point group;
+the bundled example adds demo and site."""
+
+cli = typer.Typer(add_completion=False, help=HELP, cls=PluginGroup, invoke_without_command=True)
 
 
 def load_app(name: str) -> Any:
@@ -102,8 +122,11 @@ def load_app(name: str) -> Any:
 
 
 @cli.callback()
-def root() -> None:
-    """Distributed Scrapy crawls on Celery workers."""
+def root(ctx: typer.Context) -> None:
+    """Alone, ``celery-crawl`` shows the help (and succeeds)."""
+    if ctx.invoked_subcommand is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
 
 
 AppOption = Annotated[

@@ -231,7 +231,11 @@ def reachable(client: redis.Redis) -> Iterator[None]:
     try:
         yield
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise RedisUnavailable(f"cannot reach Redis at {describe(client)}: {exc}") from exc
+        raise RedisUnavailable(
+            f"cannot reach Redis at {describe(client)}: {exc}. Start a Redis server there, point"
+            " REDIS_URL at yours (REDIS_URL=redis://host:6379/0), or try `celery-crawl demo`,"
+            " which starts one of its own"
+        ) from exc
 
 
 def check(client: redis.Redis) -> None:

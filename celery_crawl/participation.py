@@ -33,6 +33,7 @@ the ones still queued.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import logging
@@ -287,8 +288,11 @@ class EndedJobs:
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
+        """Stop waiting: a token on the list wakes the thread's BLPOP at once."""
         self._stopped.set()
         if self._thread.is_alive():
+            with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                self.queue.wake_ended(self.scheduler_id)
             self._thread.join(timeout)
 
     def _run(self) -> None:
@@ -303,5 +307,5 @@ class EndedJobs:
                 logger.exception("waiting for ended jobs failed; will retry")
                 self._stopped.wait(RETRY_SECONDS)
                 continue
-            if job is not None:
+            if job:  # "": the wake-up token of stop()
                 self.on_ended(job)

@@ -206,6 +206,14 @@ class Base:
         job = found[1]
         return job.decode() if isinstance(job, bytes) else str(job)
 
+    def wake_ended(self, scheduler_id: str) -> None:
+        """End a wait of :meth:`next_ended_job` now: it returns ``""``."""
+        key = self.keys.job_ended(scheduler_id)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, "")
+            pipe.expire(key, 60)
+            pipe.execute()
+
     def _push_keys(self) -> list[str]:
         return [*self._lane_keys(), self.keys.inflight, self.keys.job_prefix]
 
@@ -236,10 +244,22 @@ class Base:
                 return leases
             self.client.blpop([self.keys.signal], timeout=min(remaining, MAX_BLOCK_SECONDS))
 
-    def wait(self, timeout: float) -> bool:
-        """Block until a push signals new work, or ``timeout`` seconds pass."""
-        token = self.client.blpop([self.keys.signal], timeout=min(timeout, MAX_BLOCK_SECONDS))
+    def wait(self, timeout: float, scheduler_id: str = "") -> bool:
+        """Block until a push signals new work, or ``timeout`` seconds pass.
+
+        With ``scheduler_id``, :meth:`wake` ends that scheduler's wait at once.
+        """
+        keys = [self.keys.signal, *([self.keys.wake(scheduler_id)] if scheduler_id else [])]
+        token = self.client.blpop(keys, timeout=min(timeout, MAX_BLOCK_SECONDS))
         return token is not None
+
+    def wake(self, scheduler_id: str) -> None:
+        """End a :meth:`wait` of that scheduler now (it closes: no thread left blocked)."""
+        key = self.keys.wake(scheduler_id)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, 1)
+            pipe.expire(key, 60)
+            pipe.execute()
 
     def ack(self, members: Sequence[bytes]) -> int:
         """Finish leases now: the requests are done, and their jobs count them."""

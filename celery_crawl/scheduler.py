@@ -40,6 +40,7 @@ the dedup filter, in the same script that unregisters it.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import time
@@ -198,6 +199,9 @@ class Scheduler(BaseScheduler):
 
     def close(self, reason: str) -> None:
         self._open = False
+        if self._waiting:  # the thread blocked on the wake-up list: the reactor's stop joins it
+            with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                self.queue.wake(self.id)
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
         self.heartbeat.stop()
@@ -435,7 +439,7 @@ class Scheduler(BaseScheduler):
         from twisted.internet import threads
 
         self._waiting = True
-        waiting = threads.deferToThread(self.queue.wait, self.wake_timeout)
+        waiting = threads.deferToThread(self.queue.wait, self.wake_timeout, self.id)
         waiting.addBoth(self._woken)
 
     def _woken(self, result: Any) -> None:

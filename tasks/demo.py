@@ -14,8 +14,10 @@ added through the ``celery_crawl.commands`` entry points.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -39,6 +41,12 @@ from celery_crawl.embedded import redis_url
 from celery_crawl.exporter import read
 from celery_crawl.keys import SpiderKeys
 from tasks.site import SiteConfig, SiteThread, run_in_thread
+
+PERIOD = 60.0  # seconds between beat's producer ticks
+FINISHED = (b"done", b"incomplete", b"failed", b"cancelled", b"closed")
+STOP_SECONDS = 10.0  # per group of processes; then they are killed
+WORKERS = ("worker-1", "worker-2")  # two processes share the queue, as two machines would
+STOP_ORDER = (("kick", "beat", *WORKERS), ("flower",))  # Redis stops last, after them
 
 
 def free_port() -> int:
@@ -68,21 +76,57 @@ class Services:
         )
 
     def check(self) -> None:
+        """Raise :class:`ChildDied` if a process ended (the one-shot ``kick`` may, with 0)."""
         for name, proc in self.procs.items():
             finished = proc.poll() is not None
             if finished and not (name == "kick" and proc.returncode == 0):
-                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-1500:]
-                raise RuntimeError(f"{name} exited with {proc.returncode}:\n{tail}")
+                raise ChildDied(name, proc.returncode, self.tail(name))
 
-    def stop(self) -> None:
-        for proc in self.procs.values():
+    def tail(self, name: str, lines: int = 8) -> list[str]:
+        text = (self.logs / f"{name}.log").read_text(errors="replace")
+        return text.splitlines()[-lines:]
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """SIGTERM in order: the producer and the worker (they hand back leases and
+        stats), then Flower; a process still there at the deadline is killed."""
+        try:
+            for group in STOP_ORDER:
+                self._stop([self.procs[name] for name in group if name in self.procs], timeout)
+        finally:  # a second Ctrl-C: whatever is left is killed, never left behind
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    kill(proc)
+
+    @staticmethod
+    def _stop(procs: list[subprocess.Popen[bytes]], timeout: float) -> None:
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self.procs.values():
+        deadline = time.monotonic() + timeout
+        for proc in procs:
             try:
-                proc.wait(60)
+                proc.wait(max(deadline - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill(proc)
+
+
+def interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def kill(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL to the process's group: Celery's pool children go with it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+class ChildDied(Exception):
+    """A process of the demo ended on its own."""
+
+    def __init__(self, name: str, code: int | None, tail: list[str]) -> None:
+        super().__init__(f"{name} exited with code {code}")
+        self.name, self.tail = name, tail
 
 
 @dataclass
@@ -93,6 +137,8 @@ class Progress:
     jobs: set[str] = field(default_factory=set)
     last_pages: int = 0
     last_time: float = field(default_factory=time.monotonic)
+    rounds: int = 0  # producer ticks that started jobs
+    last_tick: float = field(default_factory=time.monotonic)
 
     def read(
         self, client: redis.Redis, group: list[SpiderKeys], site: SiteThread
@@ -100,7 +146,11 @@ class Progress:
         """``group``: the producing spider's keys first, then the other spiders of its jobs."""
         keys = group[0]
         running: dict[bytes, bytes] = client.hgetall(keys.producer_running)  # type: ignore[assignment]
-        self.jobs |= {v.decode().split("|")[0] for v in running.values()}
+        new = {v.decode().split("|")[0] for v in running.values()} - self.jobs
+        if new:
+            self.jobs |= new
+            if time.monotonic() - self.last_tick > PERIOD / 2 or not self.rounds:
+                self.rounds, self.last_tick = self.rounds + 1, time.monotonic()
         jobs = [client.hmget(keys.job(job), "state", "items") for job in sorted(self.jobs)]
         states = [state for state, _ in jobs]
         readings = read(client, group)  # queue lengths and stats in one round trip
@@ -112,20 +162,36 @@ class Progress:
         pages, now = site.requests_served, time.monotonic()
         rate = (pages - self.last_pages) / max(now - self.last_time, 1e-6)
         self.last_pages, self.last_time = pages, now
+        done = sum(s in FINISHED for s in states)
+        queued = sum(reading.queued for reading in readings)
         return {
+            "phase": self.phase(len(self.jobs) - done, queued),
             "jobs": len(self.jobs),
-            "jobs done": sum(s in (b"done", b"failed", b"cancelled") for s in states),
+            "jobs done": done,
             "pages": pages,
             "pages/s": round(rate, 1),
             "items": sum(int(items or 0) for _, items in jobs),
-            "queue": sum(reading.queued for reading in readings),
+            "queue": queued,
             "held back": stats.get("producer/held_back", 0),
             "errors": sum(int(v) for k, v in stats.items() if k.startswith("log_count/ERROR")),
         }
 
+    def phase(self, unfinished: int, queued: int) -> str:
+        if not self.rounds:
+            return "starting: the first producer tick"
+        if unfinished or queued:
+            kind = "full crawl" if self.rounds == 1 else "incremental: only new and changed posts"
+            return f"round {self.rounds}, crawling ({kind})"
+        wait = max(PERIOD - (time.monotonic() - self.last_tick), 0)
+        return f"round {self.rounds} done; the next producer tick in {wait:.0f} s"
 
-def render(values: dict[str, Any]) -> Table:
-    table = Table(title="celery_crawl demo", show_header=False)
+    @staticmethod
+    def idle(values: dict[str, Any]) -> bool:
+        return bool(values) and values["jobs done"] == values["jobs"] and not values["queue"]
+
+
+def render(values: dict[str, Any], title: str = "celery_crawl demo") -> Table:
+    table = Table(title=title, show_header=False)
     for name, value in values.items():
         table.add_row(name, str(value))
     return table
@@ -135,8 +201,10 @@ def render(values: dict[str, Any]) -> Table:
 def services(
     forums: int, logs: Path, items: Path
 ) -> Iterator[tuple[Services, SiteThread, str, str]]:
+    """Redis (in a session of its own: Ctrl-C does not reach it), the site, the Celery
+    processes; on exit they stop in the reverse order, Redis last."""
     with ExitStack() as stack:
-        url = stack.enter_context(redis_url())
+        url = stack.enter_context(redis_url(own_session=True))
         site = stack.enter_context(run_in_thread(SiteConfig(forums=forums)))
         password = secrets.token_urlsafe(12)
         env = {
@@ -145,52 +213,93 @@ def services(
             "FORUM_BASE_URL": site.url,
             "FORUM_FEED": str(items / "%(job)s" / "%(name)s-%(worker)s.jsonl"),
             "PRODUCER_SOURCES": ",".join(SiteConfig(forums=forums).forum_ids()),
+            "PRODUCER_PERIOD": str(PERIOD),
+            "FLOWER_BASIC_AUTH": f"admin:{password}",  # not on the command line: ps shows that
         }
         running = Services(logs, env)
         stack.callback(running.stop)
         port = free_port()
-        running.start("worker", "worker", "--loglevel", "INFO", "--concurrency", "2")
+        for name in WORKERS:  # solo pools: each stops in a fraction of a second
+            options = ("--pool", "solo", "--hostname", f"{name}@%h", "--without-mingle")
+            running.start(name, "worker", "--loglevel", "INFO", *options)
         running.start("beat", "beat", "--loglevel", "INFO", "--schedule", str(logs / "beat"))
-        running.start(
-            "flower",
-            "flower",
-            "--address=127.0.0.1",
-            f"--port={port}",
-            f"--basic-auth=admin:{password}",
-        )
+        running.start("flower", "flower", "--address=127.0.0.1", f"--port={port}")
         # beat's first tick comes one period after it starts: produce once right away
         running.start("kick", "call", "celery_crawl.produce", "--args", '["forum"]')
         yield running, site, url, f"http://127.0.0.1:{port} (user admin, password {password})"
 
 
-def run(forums: int = 3, once: bool = False, items_dir: str = "items") -> int:
+def run(
+    forums: int = 3, once: bool = False, items_dir: str = "items", keep_logs: bool = False
+) -> int:
+    signal.signal(signal.SIGTERM, interrupt)  # `kill` stops the demo as Ctrl-C does
     console = Console()
     logs = Path(tempfile.mkdtemp(prefix="celery-crawl-demo-"))
     items = Path(items_dir).resolve()
     items.mkdir(exist_ok=True)
-    with services(forums, logs, items) as (running, site, url, flower):
-        console.print(f"Redis {url}\nforum site {site.url}\nFlower {flower}\nlogs {logs}")
-        client, progress = connection.get_redis(url), Progress()
-        keys = [SpiderKeys.build(name, group="forum") for name in ("forum", "forum_detail")]
-        try:
-            with Live(render({}), console=console, refresh_per_second=2) as live:
-                while True:
-                    running.check()
-                    values = progress.read(client, keys, site)
-                    live.update(render(values))
-                    if once and values["jobs"] >= forums and values["jobs done"] == values["jobs"]:
-                        break
-                    time.sleep(0.5)
-        except KeyboardInterrupt:
-            console.print("stopping...")
-            return 0
-    summary = {
-        **values,
-        "duration s": round(time.monotonic() - progress.started, 1),
-        "items in": str(items),
-    }
-    console.print(render(summary))
-    return 0
+    try:
+        return watch(console, forums, once, logs, items)
+    finally:
+        if keep_logs:
+            console.print(f"logs kept in {logs}")
+        else:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
+def watch(console: Console, forums: int, once: bool, logs: Path, items: Path) -> int:
+    """Start everything, show the progress; stop everything, in order, whatever happens."""
+    interrupted = None
+    try:
+        with services(forums, logs, items) as (running, site, url, flower):
+            console.print(introduction(url, site.url, flower, items))
+            try:
+                values = follow(console, running, site, url, forums=forums, once=once)
+            except KeyboardInterrupt:
+                console.print("stopping: worker and beat first, then Flower, then Redis...")
+                interrupted = time.monotonic()
+        if interrupted is not None:
+            console.print(f"stopped in {time.monotonic() - interrupted:.1f} s")
+        else:
+            console.print(render({**values, "items in": str(items)}, "summary"))
+        return 0
+    except ChildDied as died:
+        console.print(f"[red]{died}[/red]; the last lines of its log:")
+        console.print("\n".join(f"  {line}" for line in died.tail), markup=False)
+        return 1
+    except redis.ConnectionError as exc:
+        console.print(f"[red]the demo's Redis stopped answering ({exc}); stopping[/red]")
+        return 1
+
+
+def follow(
+    console: Console, running: Services, site: SiteThread, url: str, *, forums: int, once: bool
+) -> dict[str, Any]:
+    """Show the progress until Ctrl-C, or with ``once`` until the first round is done."""
+    client, progress = connection.get_redis(url), Progress()
+    keys = [SpiderKeys.build(name, group="forum") for name in ("forum", "forum_detail")]
+    values: dict[str, Any] = {}
+    with Live(render({}), console=console, refresh_per_second=2) as live:
+        while not (once and values.get("jobs", 0) >= forums and progress.idle(values)):
+            running.check()
+            values = progress.read(client, keys, site)
+            live.update(render(values))
+            time.sleep(0.5)
+    return {**values, "duration s": round(time.monotonic() - progress.started, 1)}
+
+
+def introduction(redis: str, site: str, flower: str, items: Path) -> str:
+    return (
+        f"Redis       {redis}\n"
+        f"forum site  {site}\n"
+        f"Flower      {flower}\n"
+        f"items       {items}/<job id>/, JSON lines\n"
+        f"While it runs, in another terminal:\n"
+        f"  export REDIS_URL={redis}\n"
+        f"  celery-crawl status -A tasks\n"
+        f"  celery-crawl crawl -A tasks forum 00001 --wait\n"
+        f"Beat produces a job per forum every {PERIOD:.0f} s; after the first round, only new"
+        f" and changed posts are fetched (incremental). Ctrl-C stops everything."
+    )
 
 
 command = typer.Typer(add_completion=False)
@@ -201,9 +310,12 @@ def demo(
     once: Annotated[bool, typer.Option("--once", help="exit after the first round")] = False,
     forums: Annotated[int, typer.Option(help="forums on the demo site")] = 3,
     items: Annotated[str, typer.Option(help="folder for the item files")] = "items",
+    keep_logs: Annotated[
+        bool, typer.Option("--keep-logs", help="keep the processes' logs (deleted by default)")
+    ] = False,
 ) -> None:
     """Run everything locally: Redis, demo site, worker, beat, Flower, live progress."""
-    raise typer.Exit(run(forums=forums, once=once, items_dir=items))
+    raise typer.Exit(run(forums=forums, once=once, items_dir=items, keep_logs=keep_logs))
 
 
 if __name__ == "__main__":

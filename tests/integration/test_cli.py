@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -85,8 +86,117 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     expected = SiteConfig(forums=2).expected()
-    assert "password" in done.stdout and "Flower http://127.0.0.1:" in done.stdout
+    assert "password" in done.stdout and "Flower      http://127.0.0.1:" in done.stdout
+    assert "export REDIS_URL=redis://" in done.stdout  # how to try it by hand
     assert f"│ items      │ {expected.posts + expected.comments}" in done.stdout
     assert f"│ pages      │ {expected.pages + expected.not_found}" in done.stdout
-    lines = [line for f in items.glob("*.jsonl") for line in f.read_text().splitlines()]
+    lines = [line for f in items.rglob("*.jsonl") for line in f.read_text().splitlines()]
     assert len(lines) == expected.posts + expected.comments
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``, from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_ctrl_c_stops_the_demo_in_order_within_3_s_leaving_nothing(tmp_path: Path) -> None:
+    """The terminal's SIGINT goes to the demo's whole process group, as a Ctrl-C does."""
+    import os
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env["TMPDIR"] = str(temp)  # the demo's and the embedded server's temporary folders
+    logs = tmp_path / "out.log"
+    with logs.open("wb") as out:
+        demo = subprocess.Popen(
+            [str(Path(sys.executable).with_name("celery-crawl")), "demo", "--forums", "1"],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group, as a shell job's
+        )
+        try:
+            deadline = time.monotonic() + 120
+            items = tmp_path / "items"  # a job's feed is stored when it ends: round 1 crawled
+            while not list(items.rglob("*.jsonl")) and time.monotonic() < deadline:
+                assert demo.poll() is None, logs.read_text()[-3000:]
+                time.sleep(0.5)
+            processes = descendants(demo.pid)
+            assert len(processes) >= 5  # Redis, worker and its child, beat, Flower
+            os.killpg(demo.pid, signal.SIGINT)
+            start = time.monotonic()
+            code = demo.wait(30)
+            took = time.monotonic() - start
+        finally:
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGKILL)
+    output = logs.read_text()
+    print(output[-1500:], f"stopped in {took:.2f} s", sep="\n")
+    assert code == 0
+    assert took < 3, output[-2000:]
+    assert not [pid for pid in processes if alive(pid)]
+    assert not list(temp.iterdir())
+    assert "Traceback" not in output and "Error" not in output
+
+
+def test_a_demo_process_that_dies_is_named_and_the_rest_stops(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
+    out = tmp_path / "out.log"
+    with out.open("wb") as sink:
+        demo = subprocess.Popen(
+            [str(Path(sys.executable).with_name("celery-crawl")), "demo", "--forums", "1"],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        try:
+            victim = None
+            deadline = time.monotonic() + 120
+            while victim is None and time.monotonic() < deadline:
+                assert demo.poll() is None, out.read_text()[-3000:]
+                time.sleep(0.5)
+                for pid in descendants(demo.pid):
+                    with contextlib.suppress(OSError):
+                        if b"worker-1@" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                            victim = pid
+            assert victim is not None, out.read_text()[-3000:]
+            time.sleep(3)  # its crawlers open
+            processes = descendants(demo.pid)
+            os.kill(victim, signal.SIGKILL)
+            code = demo.wait(60)
+        finally:
+            if demo.poll() is None:
+                os.killpg(demo.pid, signal.SIGKILL)
+    output = out.read_text()
+    assert code == 1, output[-3000:]
+    assert "worker-1 exited with code -9; the last lines of its log:" in output
+    assert "Traceback" not in output
+    assert not [pid for pid in processes if alive(pid)]

@@ -96,6 +96,15 @@ def test_help_describes_app(tmp_path: Path) -> None:
     assert "CELERY_CRAWL_APP" in done.stdout
 
 
+def test_celery_crawl_alone_shows_a_clean_help_and_succeeds(tmp_path: Path) -> None:
+    done = celery_crawl(cwd=tmp_path, env={"COLUMNS": "100"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == celery_crawl("--help", cwd=tmp_path, env={"COLUMNS": "100"}).stdout
+    for mentioned in ("celery-crawl demo", "--app/-A", "REDIS_URL", "CELERY_CRAWL_APP", "dedup"):
+        assert mentioned in done.stdout
+    assert "``" not in done.stdout
+
+
 def test_the_example_adds_demo_and_site_through_the_entry_point(tmp_path: Path) -> None:
     from importlib.metadata import entry_points
 

@@ -114,4 +114,8 @@ def test_the_dockerfile_copies_what_exists_and_installs_flower() -> None:
     assert "tasks" in copied and "celery_crawl" in copied
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "flower" in extras["optional-dependencies"]
-    assert any('pip install --no-cache-dir ".[flower]"' in line for line in lines)
+    installs = [i for i, line in enumerate(lines) if "pip install --no-cache-dir" in line]
+    code = min(i for i, line in enumerate(lines) if line.startswith("COPY celery_crawl"))
+    # the dependencies from pyproject.toml alone, then the code without them
+    assert installs[0] < code < installs[-1], lines
+    assert '".[flower]"' in lines[installs[0]] and "--no-deps" in lines[installs[-1]]

@@ -286,8 +286,10 @@ def test_unreachable_redis_is_a_clear_error(make_crawler: Any) -> None:
         REDIS_URL="redis://127.0.0.1:1/0", REDIS_PARAMS={"socket_connect_timeout": 0.2}
     )
     scheduler = Scheduler.from_crawler(crawler)
-    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1:1"):
+    with pytest.raises(RedisUnavailable, match=r"127\.0\.0\.1:1") as raised:
         scheduler.open(ForumSpider())
+    assert "point REDIS_URL at yours" in str(raised.value)  # the next step
+    assert "celery-crawl demo" in str(raised.value)
 
 
 def test_rich_meta_comes_back_equal_through_another_scheduler(make_crawler: Any) -> None:
