@@ -248,7 +248,11 @@ def open_app(app: str | None) -> Any:
     try:
         return load_app(app)
     except (CeleryCrawlError, ImportError, AttributeError) as exc:
-        err.print(f"[red]error:[/red] cannot load the app {app!r}: {exc}")
+        err.print(
+            f"[red]error:[/red] cannot load the app {app!r}: {exc}. Pass the module that"
+            " defines your Celery app, as for celery -A (run from the folder that holds it,"
+            " or put that folder on PYTHONPATH); --app tasks is the bundled example"
+        )
         raise typer.Exit(2) from None
 
 
@@ -335,7 +339,14 @@ def exporter(
     celery_app = open_app(app)
     client, spiders = spider_keys(celery_app)
     workers = Registry.from_settings(project_of(celery_app).settings)
-    server, thread = serve(client, spiders, port, addr, workers)
+    try:
+        server, thread = serve(client, spiders, port, addr, workers)
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        err.print(
+            f"[red]error:[/red] cannot serve on {addr}:{port}: {exc.strerror or exc};"
+            " pick another with --port (or --addr)"
+        )
+        raise typer.Exit(2) from None
     err.print(f"serving http://{addr}:{port}/metrics for {len(spiders)} spiders")
     try:
         while thread.is_alive():

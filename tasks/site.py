@@ -34,6 +34,7 @@ import contextlib
 import json
 import math
 import random
+import sys
 import threading
 import time
 import zlib
@@ -601,8 +602,16 @@ def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
         latency=args.latency,
         seed=args.seed,
     )
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(serve_forever(config, args.host, args.port))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(serve_forever(config, args.host, args.port))
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        print(
+            f"error: cannot serve on {args.host}:{args.port}: {exc.strerror or exc};"
+            " pick another with --port (or --host)",
+            file=sys.stderr,
+        )
+        return 2
     return 0
 
 

@@ -200,3 +200,66 @@ def test_a_demo_process_that_dies_is_named_and_the_rest_stops(tmp_path: Path) ->
     assert "worker-1 exited with code -9; the last lines of its log:" in output
     assert "Traceback" not in output
     assert not [pid for pid in processes if alive(pid)]
+
+
+def test_each_error_a_newcomer_meets_names_the_next_step(tmp_path: Path) -> None:
+    import os
+    import socket
+
+    script = str(Path(sys.executable).with_name("celery-crawl"))
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_CRAWL_APP", "PYTHONPATH")}
+
+    def run(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [script, *args],
+            cwd=tmp_path,
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        done.stderr = " ".join(done.stderr.split())  # as read, whatever the wrapping
+        return done
+
+    no_redis = run("crawl", "-A", "tasks", "forum", "00001", REDIS_URL="redis://127.0.0.1:1/0")
+    assert no_redis.returncode != 0 and "point REDIS_URL at yours" in no_redis.stderr
+    assert "celery-crawl demo" in no_redis.stderr
+    no_app = run("status", "-A", "no_such_app_module")
+    assert no_app.returncode == 2 and "--app tasks is the bundled example" in no_app.stderr
+    no_spider = run("crawl", "-A", "tasks", "nope", "00001")
+    assert no_spider.returncode == 2 and "this project has: forum, forum_detail" in no_spider.stderr
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        for args in (("site", "--port", port), ("exporter", "-A", "tasks", "--port", port)):
+            busy = run(*args)
+            assert busy.returncode == 2, busy.stderr
+            assert f"cannot serve on 127.0.0.1:{port}" in busy.stderr and "--port" in busy.stderr
+            assert "Traceback" not in busy.stderr
+    for done in (no_redis, no_app, no_spider):
+        assert "Traceback" not in done.stdout + done.stderr
+
+
+def test_the_demo_without_flower_says_which_extra_to_install(tmp_path: Path) -> None:
+    """As if Flower were not installed: the demo starts nothing and names the extra."""
+    code = (
+        "import importlib.util as u; real = u.find_spec\n"
+        "u.find_spec = lambda name, *a: None if name == 'flower' else real(name, *a)\n"
+        "from tasks.demo import run\n"
+        "raise SystemExit(run())\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2
+    assert 'the demo needs flower, not installed here: pip install "celery-crawl[demo]"' in (
+        " ".join(done.stdout.split())
+    )
+    assert not list(tmp_path.iterdir())  # nothing started, no items folder
