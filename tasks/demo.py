@@ -14,8 +14,10 @@ added through the ``celery_crawl.commands`` entry points.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import importlib.util
+import json
 import os
 import secrets
 import shutil
@@ -24,7 +26,9 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -227,7 +231,9 @@ def services(
         running.start("flower", "flower", "--address=127.0.0.1", f"--port={port}")
         # beat's first tick comes one period after it starts: produce once right away
         running.start("kick", "call", "celery_crawl.produce", "--args", '["forum"]')
-        yield running, site, url, f"http://127.0.0.1:{port} (user admin, password {password})"
+        flower = f"http://127.0.0.1:{port}"
+        threading.Thread(target=prime_flower, args=(flower, password), daemon=True).start()
+        yield running, site, url, f"{flower} (user admin, password {password})"
 
 
 def run(
@@ -266,7 +272,8 @@ def watch(console: Console, forums: int, once: bool, logs: Path, items: Path) ->
                 console.print("stopping: worker and beat first, then Flower, then Redis...")
                 interrupted = time.monotonic()
         if interrupted is not None:
-            console.print(f"stopped in {time.monotonic() - interrupted:.1f} s")
+            took = time.monotonic() - interrupted
+            console.print(f"stopped in {took:.1f} s; the items are in {items}")
         else:
             console.print(render({**values, "items in": str(items)}, "summary"))
         return 0
@@ -293,6 +300,24 @@ def follow(
             live.update(render(values))
             time.sleep(0.5)
     return {**values, "duration s": round(time.monotonic() - progress.started, 1)}
+
+
+def prime_flower(url: str, password: str, seconds: float = 30.0) -> None:
+    """Ask Flower to inspect the workers once they are up: until it has, its
+    /api/workers answers {} (it fills that cache only on ?refresh=1)."""
+    auth = base64.b64encode(f"admin:{password}".encode()).decode()
+    request = urllib.request.Request(
+        f"{url}/api/workers?refresh=1", headers={"Authorization": f"Basic {auth}"}
+    )
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with (
+            contextlib.suppress(OSError, ValueError),
+            urllib.request.urlopen(request, timeout=5) as response,  # loopback only
+        ):
+            if len(json.loads(response.read())) >= len(WORKERS):
+                return
+        time.sleep(1.0)
 
 
 def introduction(redis: str, site: str, flower: str, items: Path) -> str:

@@ -119,6 +119,26 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def flower_lists_workers(output: str, count: int, seconds: float = 30.0) -> bool:
+    """Flower's /api/workers, without ?refresh=1, lists ``count`` workers within ``seconds``."""
+    import base64
+    import re
+
+    found = re.search(r"Flower +(http://\S+) \(user admin, password (\S+)\)", output)
+    assert found, output
+    auth = base64.b64encode(f"admin:{found[2]}".encode()).decode()
+    request = urllib.request.Request(
+        f"{found[1]}/api/workers", headers={"Authorization": f"Basic {auth}"}
+    )
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            if len(json.loads(response.read())) >= count:
+                return True
+        time.sleep(0.5)
+    return False
+
+
 def test_ctrl_c_stops_the_demo_in_order_within_3_s_leaving_nothing(tmp_path: Path) -> None:
     """The terminal's SIGINT goes to the demo's whole process group, as a Ctrl-C does."""
     import os
@@ -144,8 +164,9 @@ def test_ctrl_c_stops_the_demo_in_order_within_3_s_leaving_nothing(tmp_path: Pat
             while not list(items.rglob("*.jsonl")) and time.monotonic() < deadline:
                 assert demo.poll() is None, logs.read_text()[-3000:]
                 time.sleep(0.5)
+            assert flower_lists_workers(logs.read_text(), 2), "Flower's /api/workers stays {}"
             processes = descendants(demo.pid)
-            assert len(processes) >= 5  # Redis, worker and its child, beat, Flower
+            assert len(processes) >= 5  # Redis and its launcher, two workers, beat, Flower
             os.killpg(demo.pid, signal.SIGINT)
             start = time.monotonic()
             code = demo.wait(30)
