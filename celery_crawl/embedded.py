@@ -18,11 +18,12 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from celery_crawl.errors import ConfigError
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 START_SECONDS = 30.0  # to wait for the server's URL
 STOP_SECONDS = 5.0
 
@@ -69,6 +70,7 @@ def _in_own_session() -> Iterator[str]:
         [sys.executable, "-m", "celery_crawl.embedded"],
         stdout=subprocess.PIPE,
         start_new_session=True,
+        preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl: see there)
     )
     try:
         yield _read_url(proc)
@@ -90,14 +92,35 @@ def _read_url(proc: subprocess.Popen[bytes]) -> str:
     return line
 
 
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies; None off Linux.
+
+    A process in a session of its own would otherwise outlive a parent killed
+    with SIGKILL. ``prctl`` is looked up here, in the parent: between fork and
+    exec the child only calls it (no import, no lock).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return in_child
+
+
 def serve() -> None:
-    """``python -m celery_crawl.embedded``: a server; prints its URL, stops on SIGTERM or SIGINT."""
+    """``python -m celery_crawl.embedded``: a server; prints its URL, stops on SIGTERM or SIGINT,
+    or when the process that started it is gone."""
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    parent = os.getppid()
     with _in_process() as url:
         print(url, flush=True)
-        while not stop.wait(1.0):
+        while not stop.wait(1.0) and os.getppid() == parent:
             pass
 
 

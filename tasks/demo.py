@@ -42,7 +42,7 @@ from rich.live import Live
 from rich.table import Table
 
 from celery_crawl import connection
-from celery_crawl.embedded import redis_url
+from celery_crawl.embedded import die_with_parent, redis_url
 from celery_crawl.exporter import read
 from celery_crawl.keys import SpiderKeys
 from tasks.site import SiteConfig, SiteThread, run_in_thread
@@ -77,7 +77,9 @@ class Services:
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
+            start_new_session=True,  # the terminal's Ctrl-C reaches the demo only
+            # and a demo killed with SIGKILL leaves no process (it only calls prctl)
+            preexec_fn=die_with_parent(),  # noqa: PLW1509
         )
 
     def check(self) -> None:

@@ -284,3 +284,37 @@ def test_the_demo_without_flower_says_which_extra_to_install(tmp_path: Path) -> 
         " ".join(done.stdout.split())
     )
     assert not list(tmp_path.iterdir())  # nothing started, no items folder
+
+
+def test_a_demo_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
+    """Its children run in sessions of their own, yet die with it (PR_SET_PDEATHSIG)."""
+    import os
+    import signal
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
+    out = tmp_path / "out.log"
+    with out.open("wb") as sink:
+        demo = subprocess.Popen(
+            [str(Path(sys.executable).with_name("celery-crawl")), "demo", "--forums", "1"],
+            cwd=tmp_path,
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 120
+        while len(descendants(demo.pid)) < 7 and time.monotonic() < deadline:
+            assert demo.poll() is None, out.read_text()[-3000:]
+            time.sleep(0.5)
+        processes = descendants(demo.pid)
+        assert len(processes) >= 7, processes  # launcher and Redis, 2 workers, beat, Flower, kick
+        demo.kill()
+        demo.wait()
+    deadline = time.monotonic() + 30
+    while [pid for pid in processes if alive(pid)] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [pid for pid in processes if alive(pid)]
+    for pid in left:  # not to leak them into the rest of the run
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left
