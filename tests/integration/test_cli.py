@@ -92,6 +92,9 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
     assert f"│ pages      │ {expected.pages + expected.not_found}" in done.stdout
     lines = [line for f in items.rglob("*.jsonl") for line in f.read_text().splitlines()]
     assert len(lines) == expected.posts + expected.comments
+    # a folder per job (one per forum), no empty file (the list spider's, which yields no item)
+    assert len({f.parent for f in items.rglob("*.jsonl")}) == 2
+    assert all(f.stat().st_size for f in items.rglob("*.jsonl"))
 
 
 def descendants(pid: int) -> set[int]:
