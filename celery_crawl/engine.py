@@ -20,8 +20,9 @@ Checked against Scrapy 2.19 (``ExecutionEngine._slot``, a ``_Slot`` with
 ``remove_request``, ``nextcall`` and ``scheduler``; ``engine.downloader.active``,
 ``engine.scraper.slot.is_idle()``). If an upgrade removes them, opening
 the scheduler fails with a :class:`~celery_crawl.errors.ConfigError`
-instead of silently never acking. Nothing else in celery_crawl touches a
-private Scrapy name.
+instead of silently never acking. The only other private Scrapy names
+celery_crawl uses are ``FeedExporter``'s slot methods, in
+:mod:`celery_crawl.feeds`, checked the same way.
 """
 
 from __future__ import annotations

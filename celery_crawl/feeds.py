@@ -15,8 +15,8 @@ crawlers (``celery_crawl.project.HOSTED_MIDDLEWARES``):
 
 Everything else is Scrapy's: formats, storages, filters, batches,
 ``uri_params``. It builds on ``FeedExporter``'s private slot methods
-(``_start_new_batch``, ``_get_uri_params``, ``_schedule_slot_close``,
-checked against Scrapy 2.19, like :mod:`celery_crawl.engine`).
+(:data:`PRIVATE`, checked against Scrapy 2.19, like :mod:`celery_crawl.engine`);
+if an upgrade removes one, the crawler refuses to open, naming it.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Self
 from scrapy import signals
 from scrapy.extensions.feedexport import FeedExporter, FeedSlot, apply_uri_params
 
+from celery_crawl.errors import ConfigError
 from celery_crawl.jobs import job_finished, job_of
 
 if TYPE_CHECKING:
@@ -35,6 +36,23 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 JOB_PLACEHOLDER = "%(job)s"
+CHECKED_SCRAPY = "2.19"
+# FeedExporter's private methods this module builds on
+PRIVATE = ("_start_new_batch", "_get_uri_params", "_close_slot", "_schedule_slot_close")
+
+
+def check_feed_exporter() -> None:
+    """Refuse to start, naming what is missing, if a Scrapy upgrade removed what this builds on.
+
+    Otherwise the first item of a job would fail in the reactor, and every one after it.
+    """
+    missing = [name for name in PRIVATE if not callable(getattr(FeedExporter, name, None))]
+    if missing:
+        raise ConfigError(
+            f"this Scrapy's FeedExporter has no {', '.join(missing)}: celery_crawl's feeds per"
+            f" job were checked against Scrapy {CHECKED_SCRAPY}; remove %(job)s feeds from FEEDS"
+            " or use a Scrapy version that has them"
+        )
 
 
 def worker_name() -> str:
@@ -55,6 +73,7 @@ class JobFeedExporter(FeedExporter):
         return exporter
 
     def __init__(self, crawler: Crawler) -> None:
+        check_feed_exporter()
         super().__init__(crawler)
         self.job_feeds = [uri for uri in self.feeds if JOB_PLACEHOLDER in uri]
         self.job_slots: dict[str, list[FeedSlot]] = {}
