@@ -80,12 +80,15 @@ def test_a_login_in_one_process_serves_the_other(
 def test_without_the_shared_jar_the_other_process_gets_403s(
     redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
 ) -> None:
-    """The same crawl with COOKIES_SHARED off, as users saw it: the test above can fail."""
+    """The same crawl with COOKIES_SHARED off, as users saw it: the test above can fail.
+
+    The login request goes through the shared queue too, so either process may
+    fetch it: the one that does gets 200s, the other one 403s.
+    """
     with serve(StaticSite(pages=PAGES)) as site:
         feeds = run_pair(redis_url, prefix, site, tmp_path, "off")
-    login, other = read_items(feeds[0]), read_items(feeds[1])
-    assert {item["status"] for item in login} == {200}
-    assert other and {item["status"] for item in other} == {403}
+    statuses = [frozenset(item["status"] for item in read_items(feed)) for feed in feeds]
+    assert set(statuses) == {frozenset({200}), frozenset({403})}, statuses
     assert not list(client.scan_iter(match=f"{prefix}:*cookies*"))
 
 
