@@ -295,6 +295,7 @@ def test_a_demo_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
     import signal
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
+    env["TMPDIR"] = str(tmp_path)  # a killed demo cannot delete its logs folder: keep it here
     out = tmp_path / "out.log"
     with out.open("wb") as sink:
         demo = subprocess.Popen(
