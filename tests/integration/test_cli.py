@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from tests.support.ports import free_port
 
@@ -97,6 +98,18 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
     assert all(f.stat().st_size for f in items.rglob("*.jsonl"))
 
 
+def start_demo(folder: Path, env: dict[str, str], out: Any) -> subprocess.Popen[bytes]:
+    """``celery-crawl demo --forums 1`` in its own process group, as a shell job is."""
+    return subprocess.Popen(
+        [str(Path(sys.executable).with_name("celery-crawl")), "demo", "--forums", "1"],
+        cwd=folder,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid``, from /proc."""
     children: dict[int, list[int]] = {}
@@ -153,14 +166,7 @@ def test_ctrl_c_stops_the_demo_in_order_within_3_s_leaving_nothing(tmp_path: Pat
     env["TMPDIR"] = str(temp)  # the demo's and the embedded server's temporary folders
     logs = tmp_path / "out.log"
     with logs.open("wb") as out:
-        demo = subprocess.Popen(
-            [str(Path(sys.executable).with_name("celery-crawl")), "demo", "--forums", "1"],
-            cwd=tmp_path,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, as a shell job's
-        )
+        demo = start_demo(tmp_path, env, out)
         try:
             deadline = time.monotonic() + 120
             items = tmp_path / "items"  # a job's feed is stored when it ends: round 1 crawled
@@ -193,14 +199,7 @@ def test_a_demo_process_that_dies_is_named_and_the_rest_stops(tmp_path: Path) ->
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
     out = tmp_path / "out.log"
     with out.open("wb") as sink:
-        demo = subprocess.Popen(
-            [str(Path(sys.executable).with_name("celery-crawl")), "demo", "--forums", "1"],
-            cwd=tmp_path,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        demo = start_demo(tmp_path, env, sink)
         try:
             victim = None
             deadline = time.monotonic() + 120
@@ -298,14 +297,7 @@ def test_a_demo_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
     env["TMPDIR"] = str(tmp_path)  # a killed demo cannot delete its logs folder: keep it here
     out = tmp_path / "out.log"
     with out.open("wb") as sink:
-        demo = subprocess.Popen(
-            [str(Path(sys.executable).with_name("celery-crawl")), "demo", "--forums", "1"],
-            cwd=tmp_path,
-            env=env,
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        demo = start_demo(tmp_path, env, sink)
         deadline = time.monotonic() + 120
         while len(descendants(demo.pid)) < 7 and time.monotonic() < deadline:
             assert demo.poll() is None, out.read_text()[-3000:]
