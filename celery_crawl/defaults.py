@@ -42,8 +42,21 @@ HOSTING = "Jobs and hosting"
 PRODUCER = "Producer"
 SPIDERS = "Start URLs and items (scrapy-redis spiders and pipeline)"
 COOKIES = "Shared cookies"
+POLITENESS = "Per-site politeness (shared by every worker)"
 ENVIRONMENT = "Environment variables"
-SECTIONS = (REDIS, KEYS, SCHEDULER, DEDUP, STATS, HOSTING, PRODUCER, SPIDERS, COOKIES, ENVIRONMENT)
+SECTIONS = (
+    REDIS,
+    KEYS,
+    SCHEDULER,
+    DEDUP,
+    STATS,
+    HOSTING,
+    PRODUCER,
+    SPIDERS,
+    COOKIES,
+    POLITENESS,
+    ENVIRONMENT,
+)
 
 # the server a client talks to when neither the settings nor the environment name one
 FALLBACK_REDIS_URL = "redis://localhost:6379/0"
@@ -491,6 +504,82 @@ _ENTRIES = (
         86_400,
         "seconds a shared jar is kept in Redis after its last change",
         COOKIES,
+    ),
+    # -- Per-site politeness -------------------------------------------------
+    Setting(
+        "SITE_LIMITS_ENABLED",
+        True,
+        "hold every site to limits shared by all processes (docs/politeness.md): a request is"
+        " leased only when its site may take one more; False leases in plain priority order",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_KEY",
+        "host",
+        "what a site is: `host` (the URL's host name), `domain` (its registered domain, so"
+        " `a.example.com` and `b.example.com` share limits) or `ip` (the address the host resolves"
+        " to); a request's `meta['site']` wins",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_CONCURRENCY",
+        -1,
+        "requests of one site leased at once, across all processes; 0: no cap; -1: Scrapy's"
+        " `CONCURRENT_REQUESTS_PER_DOMAIN` (8), now for the whole crawl, not per process",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_RATE",
+        -1.0,
+        "requests per second to one site, across all processes; 0: no rate; -1:"
+        " 1 / `DOWNLOAD_DELAY` when that is set, else no rate",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_BURST",
+        1,
+        "requests a site may take at once above its rate after a quiet spell (1: evenly spaced)",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_OVERRIDES",
+        {},
+        "limits of named sites over the defaults: `{'forum.example': {'concurrency': 4,"
+        " 'rate': 10, 'burst': 2}}`; a missing field keeps the default, 0 lifts it",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_BACKOFF_CODES",
+        [429, 503],
+        "response codes that slow every process for the site: its `Retry-After`, or else a"
+        " back-off that doubles with each one in a row",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_BACKOFF_SECONDS",
+        1.0,
+        "first back-off after a back-off code without `Retry-After`; it doubles with each"
+        " further one in a row, up to SITE_BACKOFF_MAX",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_BACKOFF_MAX",
+        60.0,
+        "longest back-off, and the longest `Retry-After` honoured, in seconds",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_PAUSE_AFTER",
+        8,
+        "back-offs in a row after which the site is paused for SITE_PAUSE_SECONDS, its"
+        " requests kept (0: never)",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_PAUSE_SECONDS",
+        300.0,
+        "how long a site that keeps failing is paused",
+        POLITENESS,
     ),
     # -- Environment variables -----------------------------------------------
     Setting(

@@ -114,7 +114,8 @@ class SpiderKeys:
     Queue layout (see ``celery_crawl.queue``): ``queue`` is a sorted set of
     priority levels, ``queue:<priority>`` one list per level, ``queue:inflight``
     the leases, ``queue:seq`` the lease counter, ``queue:signal`` the wake-up list,
-    ``queue:schedulers`` the processes that have the queue open.
+    ``queue:schedulers`` the processes that have the queue open, ``queue:site:<site>``
+    a site's shared limits state and parked entries (``celery_crawl.sites``).
     """
 
     spider: str
@@ -147,6 +148,25 @@ class SpiderKeys:
     def open_schedulers(self) -> str:
         """Sorted set of the schedulers open on the queue, score = registration deadline (ms)."""
         return self.queue + ":schedulers"
+
+    def site(self, site: str) -> str:
+        """A site's shared state: in flight, rate, pause, back-offs (``lua/include/sites.lua``)."""
+        return f"{self.queue}:site:{site}"
+
+    @property
+    def site_known(self) -> str:
+        """Set of the sites seen by the lease script or a back-off."""
+        return self.queue + ":site:~known"
+
+    @property
+    def site_limits(self) -> str:
+        """Hash: site -> its limits over the defaults (``SITE_OVERRIDES``)."""
+        return self.queue + ":site:~limits"
+
+    @property
+    def site_parked(self) -> str:
+        """Sorted set: sites with parked entries, score = when they may take one more (ms)."""
+        return self.queue + ":site:~parked"
 
     def level(self, priority: int) -> str:
         return f"{self.queue}:{priority}"

@@ -31,6 +31,7 @@ from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIOR
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
 from celery_crawl.serializer import codec_from_settings
+from celery_crawl.sites import SitePolicy
 from celery_crawl.spiders import RedisMixin
 
 MAX_START_REQUESTS = 100_000  # start() requests one job takes; more is a job for a RedisSpider
@@ -62,6 +63,8 @@ HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
     },
     "DOWNLOADER_MIDDLEWARES_BASE": {
         "celery_crawl.middleware.JobDownloaderMiddleware": 950,
+        # per-site pauses and back-offs, shared by every process (celery_crawl.sites)
+        "celery_crawl.politeness.SiteLimitsMiddleware": 800,
         # Scrapy's, unless the spider sets COOKIES_SHARED: then its jars are shared
         "scrapy.downloadermiddlewares.cookies.CookiesMiddleware": None,
         "celery_crawl.cookies.SharedCookiesMiddleware": 700,
@@ -195,6 +198,7 @@ class Project:
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
+        policy = SitePolicy.from_settings(crawler.settings)
         made = [r for seed in seeds for r in seed_requests(instance, seed)]
         requests = made if seeds else start_requests_of(instance)
         entries = []
@@ -204,16 +208,19 @@ class Project:
             request.meta[JOB_META] = job_id
             request.meta[JOB_PRIORITY_META] = priority
             request.priority += priority
-            entries.append(self._entry(instance, request, fingerprinter, job_id))
+            entries.append(self._entry(instance, request, fingerprinter, job_id, policy))
         return entries
 
-    def _entry(self, spider: Spider, request: Request, fingerprinter: Any, job: str) -> Entry:
+    def _entry(
+        self, spider: Spider, request: Request, fingerprinter: Any, job: str, policy: SitePolicy
+    ) -> Entry:
         try:
             payload = self.codec.encode(request, spider)
-        except EncodeError as exc:
+            site = policy.site_of(request)
+        except (EncodeError, ConfigError) as exc:
             raise BadSeed(f"seed request {request} cannot be queued: {exc}") from exc
         fingerprint = None if request.dont_filter else bytes(fingerprinter.fingerprint(request))
-        return Entry(payload, request.priority, fingerprint, job)
+        return Entry(payload, request.priority, fingerprint, job, site)
 
 
 def project_of(app: Any) -> Project:

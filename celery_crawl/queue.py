@@ -13,8 +13,10 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 
 A list entry is ``1-byte job id length + job id + encoded request``; under the
 spider dedup scope, a job's filtered request also carries its fingerprint
-(the length byte's high bit set, then ``1-byte length + fingerprint`` after
-the job id), so that ``Job.cancel()`` can take it out of the filter. A lease
+(the length byte's bit 128 set, then ``1-byte length + fingerprint`` after
+the job id), so that ``Job.cancel()`` can take it out of the filter; with
+per-site limits it carries its site (bit 64, then ``1-byte length + site``),
+which the lease holds to the site's limits (:mod:`celery_crawl.sites`). A lease
 member is ``8-byte lease id + 4-byte priority + entry``: unique, so identical
 payloads never merge, and self-contained, so an expired lease goes back to the
 front of its level, and an ack finds its job, without another lookup. Lists cost a few bytes
@@ -44,11 +46,13 @@ from celery_crawl.defaults import SETTINGS
 from celery_crawl.dupefilter import EXACT_DEDUP, DedupScript
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.sites import SitePolicy
 
 logger = logging.getLogger(__name__)
 
-MAX_JOB_ID = 127  # bytes; an entry's length byte keeps its high bit for a fingerprint
+MAX_JOB_ID = 63  # bytes; an entry's length byte keeps two bits: fingerprint and site follow
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
+MIN_BLOCK_SECONDS = 0.01  # BLPOP's timeout 0 would block for good
 DEDUP_SCOPES = ("job", "spider")  # DUPEFILTER_SCOPE: whose filter a job's requests meet
 
 
@@ -64,14 +68,26 @@ class Lease:
 
     @property
     def job(self) -> str:
-        return self.member[13 : 13 + (self.member[12] & 0x7F)].decode()
+        return self.member[13 : 13 + (self.member[12] & 0x3F)].decode()
+
+    @property
+    def site(self) -> str:
+        """The site the request counts against, ``""`` when it carries none."""
+        flags, at = self.member[12], self._after_fingerprint()
+        return self.member[at + 1 : at + 1 + self.member[at]].decode() if flags & 0x40 else ""
 
     @property
     def payload(self) -> bytes:
-        """The encoded request: after the job id, and the fingerprint when one is carried."""
-        flagged = self.member[12]
-        at = 13 + (flagged & 0x7F)
-        return self.member[at + 1 + self.member[at] :] if flagged & 0x80 else self.member[at:]
+        """The encoded request: after the job id, and the fingerprint and site when carried."""
+        at = self._after_fingerprint()
+        if self.member[12] & 0x40:
+            at += 1 + self.member[at]
+        return self.member[at:]
+
+    def _after_fingerprint(self) -> int:
+        flags = self.member[12]
+        at = 13 + (flags & 0x3F)
+        return at + 1 + self.member[at] if flags & 0x80 else at
 
 
 @dataclass(frozen=True)
@@ -82,16 +98,17 @@ class Entry:
     priority: int = 0
     fingerprint: bytes | None = None
     job: str = ""
+    site: str = ""  # held to that site's limits; "" none (celery_crawl.sites)
 
     def args(self, uses_priority: bool, lane: int = 0) -> list[Any]:
-        """The five script arguments of this entry (see ``lua/include/push.lua``).
+        """The six script arguments of this entry (see ``lua/include/push.lua``).
 
         ``lane`` 0 is the script's own queue; ``lane`` j > 0 the j-th routed queue.
         """
         if len(self.job.encode()) > MAX_JOB_ID:
             raise ValueError(f"job id longer than {MAX_JOB_ID} bytes: {self.job[:40]}...")
         priority = self.priority if uses_priority else 0
-        return [priority, self.fingerprint or b"", self.job, self.payload, lane]
+        return [priority, self.fingerprint or b"", self.job, self.payload, lane, self.site]
 
 
 class Base:
@@ -111,12 +128,15 @@ class Base:
         ack_timeout: float = SETTINGS["CELERY_CRAWL_ACK_TIMEOUT"].default,
         deadletter_max: int = SETTINGS["SCHEDULER_DEADLETTER_MAX"].default,
         dedup_scope: str = SETTINGS["DUPEFILTER_SCOPE"].default,
+        sites: SitePolicy | None = None,
     ) -> None:
         if dedup_scope not in DEDUP_SCOPES:
             raise ConfigError(
                 f"DUPEFILTER_SCOPE is {dedup_scope!r}: use {' or '.join(map(repr, DEDUP_SCOPES))}"
             )
         self.dedup_scope = dedup_scope
+        self.sites = sites or SitePolicy(enabled=False)
+        self.next_ready: float | None = None  # after an empty lease: s until a parked site may
         self.client = client
         self.keys = keys
         self.lease_seconds = lease_seconds
@@ -229,10 +249,17 @@ class Base:
         return self.push_many([Entry(payload, priority, fingerprint)])[0]
 
     def lease(self, count: int = 1) -> list[Lease]:
-        """Take up to ``count`` requests at once, without waiting."""
+        """Take up to ``count`` requests at once, without waiting.
+
+        With per-site limits, a request whose site may not take one more now
+        stays parked; when nothing was leased, :attr:`next_ready` says in how
+        many seconds a parked site may take one (None: none is parked).
+        """
         keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.job_prefix]
         args: list[Any] = [count, int(self.lease_seconds * 1000), self.pop_side]
-        return [Lease(m) for m in self._script("lease")(keys=keys, args=args)]
+        members, wait = self._script("lease")(keys=keys, args=args + self.sites.lease_args())
+        self.next_ready = None if int(wait) < 0 else int(wait) / 1000
+        return [Lease(m) for m in members]
 
     def pop(self, timeout: float = 0, count: int = 1) -> list[Lease]:
         """Lease up to ``count`` requests, waiting at most ``timeout`` seconds for one."""
@@ -242,7 +269,8 @@ class Base:
             remaining = deadline - time.monotonic()
             if leases or remaining <= 0:
                 return leases
-            self.client.blpop([self.keys.signal], timeout=min(remaining, MAX_BLOCK_SECONDS))
+            wait = min(remaining, MAX_BLOCK_SECONDS, self.next_ready or MAX_BLOCK_SECONDS)
+            self.client.blpop([self.keys.signal], timeout=max(wait, MIN_BLOCK_SECONDS))
 
     def wait(self, timeout: float, scheduler_id: str = "") -> bool:
         """Block until a push signals new work, or ``timeout`` seconds pass.
@@ -250,7 +278,8 @@ class Base:
         With ``scheduler_id``, :meth:`wake` ends that scheduler's wait at once.
         """
         keys = [self.keys.signal, *([self.keys.wake(scheduler_id)] if scheduler_id else [])]
-        token = self.client.blpop(keys, timeout=min(timeout, MAX_BLOCK_SECONDS))
+        wait = max(MIN_BLOCK_SECONDS, min(timeout, MAX_BLOCK_SECONDS))
+        token = self.client.blpop(keys, timeout=wait)
         return token is not None
 
     def wake(self, scheduler_id: str) -> None:

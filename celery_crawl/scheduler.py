@@ -67,6 +67,7 @@ from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
 from celery_crawl.routing import Router, target_of
 from celery_crawl.serializer import Codec, codec_from_settings
+from celery_crawl.sites import SitePolicy, SiteState
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -160,6 +161,7 @@ class Scheduler(BaseScheduler):
             ack_timeout=setting(settings, "CELERY_CRAWL_ACK_TIMEOUT"),
             deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),
             dedup_scope=setting(settings, "DUPEFILTER_SCOPE"),
+            sites=SitePolicy.from_settings(settings),
         )
         return cls(
             queue,
@@ -185,6 +187,8 @@ class Scheduler(BaseScheduler):
         if self.flush_on_start:
             self.clear()
         self.queue.join(self.id, self.registration_seconds)
+        if self.queue.sites.enabled:
+            SiteState(self.queue.client, self.queue.keys, self.queue.sites).publish_limits()
         self.df.open()
         self.queue.requeue_expired()
         if self.engine.engine is not None:
@@ -291,6 +295,7 @@ class Scheduler(BaseScheduler):
         assert self.spider is not None, "scheduler not open"
         try:
             payload = self.codec.encode(request, self.spider)
+            site = self.queue.sites.site_of(request)
         except (EncodeError, ConfigError) as exc:
             return self.drop(request, drop_kind(exc, "unserializable"), exc)
         target = target_of(request, self.spider.name)
@@ -303,7 +308,7 @@ class Scheduler(BaseScheduler):
         job = job_of(request)
         if request.meta.get("retry_times"):
             self.job_stats.add(job, "retries")
-        entry = Entry(payload, request.priority, fingerprint, job)
+        entry = Entry(payload, request.priority, fingerprint, job, site)
         self.buffer.add(Pending(request, entry, target))
         return True
 
@@ -439,7 +444,8 @@ class Scheduler(BaseScheduler):
         from twisted.internet import threads
 
         self._waiting = True
-        waiting = threads.deferToThread(self.queue.wait, self.wake_timeout, self.id)
+        timeout = min(self.wake_timeout, self.queue.next_ready or self.wake_timeout)
+        waiting = threads.deferToThread(self.queue.wait, timeout, self.id)
         waiting.addBoth(self._woken)
 
     def _woken(self, result: Any) -> None:

@@ -21,6 +21,14 @@ succeed): a request is answered 503 with probability ``error_rate``; a 200
 body is cut in half, which is never valid JSON, with probability
 ``malformed_rate``. ``latency`` seconds pass before each response.
 
+Politeness, for crawlers measured at the site: with ``rate_limit`` above 0, a
+request that finds ``rate_limit`` or more requests accepted (answered other
+than 429) in the last second is answered 429 with ``Retry-After:
+<retry_after>``; :meth:`DemoSite.answer_429` makes the next requests 429 on
+demand. Every request served is logged as an :class:`Arrival` (path, start,
+end, status), and the site keeps the highest number of requests it served at
+once (:attr:`ArrivalLog.max_in_flight`).
+
 :meth:`SiteConfig.expected` gives the totals a complete crawl must reach.
 ``python -m tasks.site --port 8000`` (or ``celery-crawl site``) serves a forum
 until Ctrl-C.
@@ -38,8 +46,8 @@ import sys
 import threading
 import time
 import zlib
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections import Counter, deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -54,6 +62,8 @@ EPOCH = datetime(2026, 11, 1, tzinfo=UTC)
 IDLE_TIMEOUT = 60.0  # seconds a keep-alive connection may sit idle
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1024 * 1024
+MAX_ARRIVALS = 200_000  # the arrival log keeps the latest this many requests
+RATE_WINDOW = 1.0  # seconds over which ``rate_limit`` counts accepted requests
 
 Json = dict[str, Any]
 
@@ -63,11 +73,13 @@ REASONS = {
     400: "Bad Request",
     404: "Not Found",
     405: "Method Not Allowed",
+    429: "Too Many Requests",
     503: "Service Unavailable",
 }
 ERROR_BODIES = {
     400: b'{"error": "bad request"}',
     405: b'{"error": "method not allowed"}',
+    429: b'{"error": "rate limited"}',
     503: b'{"error": "service unavailable"}',
 }
 
@@ -100,6 +112,8 @@ class SiteConfig:
     malformed_rate: float = 0.0
     latency: float = 0.0
     seed: int = 1
+    rate_limit: float = 0.0  # accepted requests per second before 429s; 0: no limit
+    retry_after: int = 1  # seconds, in the Retry-After header of a rate-limit 429
 
     def __post_init__(self) -> None:
         if not 0 <= self.posts_per_forum < POST_ID_STRIDE:
@@ -110,6 +124,8 @@ class SiteConfig:
             raise ValueError("page sizes must be at least 1")
         if not (0.0 <= self.error_rate <= 1.0 and 0.0 <= self.malformed_rate <= 1.0):
             raise ValueError("error_rate and malformed_rate must be in [0, 1]")
+        if self.rate_limit < 0 or self.retry_after < 0:
+            raise ValueError("rate_limit and retry_after must not be negative")
 
     def max_page(self) -> int:
         """List pages of each forum (an empty forum still has page 1)."""
@@ -365,17 +381,133 @@ def parse_request(head: bytes) -> Request | None:
     return Request(words[0], words[1], keep_alive, body_length)
 
 
-def response_bytes(status: int, body: bytes, keep_alive: bool) -> bytes:
+def response_bytes(
+    status: int, body: bytes, keep_alive: bool, headers: Mapping[str, str] | None = None
+) -> bytes:
+    """A whole response; ``headers`` are added after the usual ones."""
     allow = "Allow: GET\r\n" if status == 405 else ""
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     head = (
         f"HTTP/1.1 {status} {REASONS[status]}\r\n"
         "Server: celery-crawl-demo\r\n"
         "Content-Type: application/json; charset=utf-8\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n"
-        f"{allow}\r\n"
+        f"{allow}{extra}\r\n"
     )
     return head.encode("latin-1") + body
+
+
+async def skip_body(reader: asyncio.StreamReader, request: Request) -> bool:
+    """Read past the body of ``request``; whether the connection can stay open."""
+    keep_alive = request.keep_alive and request.method == "GET"
+    if keep_alive and not 0 <= request.body_length <= MAX_BODY:
+        return False  # a body we cannot skip would desync the next request
+    if keep_alive and request.body_length:
+        await reader.readexactly(request.body_length)
+    return keep_alive
+
+
+# -- politeness: what arrived when, and 429s ---------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    """One request the site served."""
+
+    path: str
+    started: float  # time.time() when its head was parsed
+    ended: float  # time.time() after its response was written
+    status: int
+
+
+class ArrivalLog:
+    """The latest requests served, and the most served at once; thread-safe.
+
+    A request is logged just after its response is written, so a client may
+    read the response first: :meth:`wait_idle` before reading the log.
+    """
+
+    def __init__(self, maxlen: int = MAX_ARRIVALS) -> None:
+        self._lock = threading.Condition(threading.Lock())
+        self._arrivals: deque[Arrival] = deque(maxlen=maxlen)
+        self._in_flight = 0
+        self._max_in_flight = 0
+
+    def enter(self) -> None:
+        """A request is being served from now on."""
+        with self._lock:
+            self._in_flight += 1
+            self._max_in_flight = max(self._max_in_flight, self._in_flight)
+
+    def leave(self, arrival: Arrival) -> None:
+        """A request entered with :meth:`enter` is done: log it."""
+        with self._lock:
+            self._in_flight -= 1
+            self._arrivals.append(arrival)
+            if not self._in_flight:
+                self._lock.notify_all()
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait until no request is being served; False if ``timeout`` seconds pass first."""
+        with self._lock:
+            return self._lock.wait_for(lambda: not self._in_flight, timeout)
+
+    def arrivals(self) -> list[Arrival]:
+        """A copy of the log, oldest first (in the order the responses ended)."""
+        with self._lock:
+            return list(self._arrivals)
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests served at once since the start or the last reset."""
+        with self._lock:
+            return self._max_in_flight
+
+    def reset(self) -> None:
+        """Forget the logged requests; the maximum restarts from those in flight now."""
+        with self._lock:
+            self._arrivals.clear()
+            self._max_in_flight = self._in_flight
+
+
+class Throttle:
+    """Which requests get 429: injected ones, then those above the rate; thread-safe."""
+
+    def __init__(self, rate_limit: float, retry_after: int) -> None:
+        self.rate_limit = rate_limit
+        self.retry_after = retry_after
+        self._lock = threading.Lock()
+        self._accepted: deque[float] = deque()  # arrival times within the window
+        self._injected = 0
+        self._injected_retry_after = 0
+
+    def inject(self, count: int, retry_after: int) -> None:
+        """Answer the next ``count`` requests 429; replaces injections still pending."""
+        if count < 0 or retry_after < 0:
+            raise ValueError("count and retry_after must not be negative")
+        with self._lock:
+            self._injected, self._injected_retry_after = count, retry_after
+
+    def check(self, now: float) -> int | None:
+        """The Retry-After seconds of a 429 for a request arriving at ``now``, or None."""
+        with self._lock:
+            if self._injected > 0:
+                self._injected -= 1
+                return self._injected_retry_after
+            if self.rate_limit <= 0:
+                return None
+            while self._accepted and self._accepted[0] <= now - RATE_WINDOW:
+                self._accepted.popleft()
+            if len(self._accepted) >= self.rate_limit:
+                return self.retry_after
+            self._accepted.append(now)
+            return None
 
 
 class DemoSite:
@@ -391,6 +523,8 @@ class DemoSite:
         self.last_request_at: dict[str, float] = {}  # path -> time.monotonic()
         self.first_request_time: float | None = None
         self.responses_by_status: Counter[int] = Counter()
+        self.log = ArrivalLog()
+        self._throttle = Throttle(self.config.rate_limit, self.config.retry_after)
         self._rng = random.Random(self.config.seed)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -418,8 +552,20 @@ class DemoSite:
         await self._server.wait_closed()
         self._server = None
 
-    def answer(self, request: Request) -> tuple[int, bytes]:
-        """Status and body for one request, faults included; counts it."""
+    def answer_429(self, count: int = 1, retry_after: int = 2) -> None:
+        """Answer the next ``count`` requests, any path, 429 with ``Retry-After``.
+
+        Thread-safe; replaces injected 429s still pending.
+        """
+        self._throttle.inject(count, retry_after)
+
+    def answer(
+        self, request: Request, arrived: float | None = None
+    ) -> tuple[int, bytes, dict[str, str]]:
+        """Status, body and extra headers for one request, faults included; counts it.
+
+        ``arrived`` (time.time() by default) places the request in the rate window.
+        """
         self.requests_served += 1
         self.requests_by_kind[path_kind(request.path)] += 1
         self.requests_by_path[request.path] += 1
@@ -427,9 +573,13 @@ class DemoSite:
         self.last_request_at[request.path] = now
         if self.first_request_time is None:
             self.first_request_time = now
-        status, body = self._answer(request)
+        retry_after = self._throttle.check(time.time() if arrived is None else arrived)
+        if retry_after is not None:
+            status, body, headers = 429, ERROR_BODIES[429], {"Retry-After": str(retry_after)}
+        else:
+            (status, body), headers = self._answer(request), {}
         self.responses_by_status[status] += 1
-        return status, body
+        return status, body, headers
 
     def _answer(self, request: Request) -> tuple[int, bytes]:
         if request.method != "GET":
@@ -478,16 +628,17 @@ class DemoSite:
             writer.write(response_bytes(400, ERROR_BODIES[400], keep_alive=False))
             await writer.drain()
             return False
-        keep_alive = request.keep_alive and request.method == "GET"
-        if keep_alive and not 0 <= request.body_length <= MAX_BODY:
-            keep_alive = False  # a body we cannot skip would desync the next request
-        elif keep_alive and request.body_length:
-            await reader.readexactly(request.body_length)
-        status, body = self.answer(request)
-        if self.config.latency > 0:
-            await asyncio.sleep(self.config.latency)
-        writer.write(response_bytes(status, body, keep_alive))
-        await writer.drain()
+        started = time.time()
+        status, body, headers = self.answer(request, started)  # no await since parsing
+        self.log.enter()
+        try:
+            keep_alive = await skip_body(reader, request)
+            if self.config.latency > 0:
+                await asyncio.sleep(self.config.latency)
+            writer.write(response_bytes(status, body, keep_alive, headers))
+            await writer.drain()
+        finally:
+            self.log.leave(Arrival(request.path, started, time.time(), status))
         return keep_alive
 
 
@@ -513,6 +664,30 @@ class SiteThread:
     @property
     def requests_served(self) -> int:
         return self.site.requests_served
+
+    def arrivals(self) -> list[Arrival]:
+        """A copy of the site's arrival log, oldest first."""
+        return self.site.log.arrivals()
+
+    @property
+    def max_in_flight(self) -> int:
+        """The most requests the site served at once since the start or :meth:`reset_log`."""
+        return self.site.log.max_in_flight
+
+    def reset_log(self) -> None:
+        """Clear the arrival log and the maximum of requests in flight."""
+        self.site.log.reset()
+
+    def wait_idle(self, timeout: float = 5.0) -> bool:
+        """Wait until no request is in flight, so every response a client got is logged.
+
+        False if ``timeout`` seconds pass first.
+        """
+        return self.site.log.wait_idle(timeout)
+
+    def answer_429(self, count: int = 1, retry_after: int = 2) -> None:
+        """Answer the next ``count`` requests 429 with ``Retry-After: <retry_after>``."""
+        self.site.answer_429(count, retry_after)
 
     def start(self) -> SiteThread:
         self._thread.start()
@@ -579,7 +754,33 @@ def _parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--malformed-rate", type=float, default=0.0)
     parser.add_argument("--latency", type=float, default=0.0, help="seconds per response")
     parser.add_argument("--seed", type=int, default=SiteConfig.seed)
+    parser.add_argument(
+        "--rate-limit",
+        type=float,
+        default=SiteConfig.rate_limit,
+        help="answer 429 with Retry-After above this many requests per second; 0: no limit",
+    )
+    parser.add_argument(
+        "--retry-after",
+        type=int,
+        default=SiteConfig.retry_after,
+        help="seconds in the Retry-After header of a rate-limit 429",
+    )
     return parser
+
+
+def config_from_args(args: argparse.Namespace) -> SiteConfig:
+    """The :class:`SiteConfig` of parsed :func:`_parser` options."""
+    return SiteConfig(
+        forums=args.forums,
+        posts_per_forum=args.posts,
+        error_rate=args.error_rate,
+        malformed_rate=args.malformed_rate,
+        latency=args.latency,
+        seed=args.seed,
+        rate_limit=args.rate_limit,
+        retry_after=args.retry_after,
+    )
 
 
 async def serve_forever(config: SiteConfig, host: str = "127.0.0.1", port: int = 8000) -> None:
@@ -594,14 +795,7 @@ async def serve_forever(config: SiteConfig, host: str = "127.0.0.1", port: int =
 
 def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     args = _parser(prog).parse_args(argv)
-    config = SiteConfig(
-        forums=args.forums,
-        posts_per_forum=args.posts,
-        error_rate=args.error_rate,
-        malformed_rate=args.malformed_rate,
-        latency=args.latency,
-        seed=args.seed,
-    )
+    config = config_from_args(args)
     try:
         with contextlib.suppress(KeyboardInterrupt):
             asyncio.run(serve_forever(config, args.host, args.port))

@@ -22,7 +22,7 @@
 -- ARGV[6]  dedup scope: 'job' (a job's requests are checked against the job's
 --          own set) or 'spider' (against the spider's filter)
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
---          payload, lane (0 = this spider's queue)
+--          payload, lane (0 = this spider's queue), site ('' = none: no site limits)
 -- then s groups: job id, field, delta
 -- then m lease members to ack
 -- then d dead-letter records (JSON text), pushed in order
@@ -38,7 +38,7 @@
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local SCOPE, FIRST = ARGV[6], 7
-local DEDUP_ARGV = FIRST + 5 * n + 3 * s + m + d
+local DEDUP_ARGV = FIRST + 6 * n + 3 * s + m + d
 --!slot dupefilter
 --!include jobs
 --!include push
@@ -50,7 +50,7 @@ for j = 1, (#KEYS - 7) / 4 do
 end
 local accepted = push_requests(lanes, ARGV, FIRST, n)
 
-local base = FIRST + 5 * n
+local base = FIRST + 6 * n
 for i = 0, s - 1 do
     local job, field = ARGV[base + 3 * i], ARGV[base + 3 * i + 1]
     job_add(job, field, ARGV[base + 3 * i + 2])

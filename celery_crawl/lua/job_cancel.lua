@@ -16,7 +16,7 @@
 -- Slot     dupefilter: the configured filter's fragment (every spider of a group
 --          has the same kind)
 --
--- Cost: one pass over the queued requests (LRANGE of every level).
+-- Cost: one pass over the queued requests (LRANGE of every level), parked ones included.
 
 local JOB_PREFIX = KEYS[1]
 local DEDUP_KEY, COUNT_KEY = KEYS[3], KEYS[4]
@@ -69,6 +69,12 @@ local purged = 0
 for i = 2, #KEYS, 3 do
     dedup_use(KEYS[i + 1], KEYS[i + 2])
     purged = purged + purge(KEYS[i])
+    local parked = KEYS[i] .. ':site:~parked'
+    for _, site in ipairs(redis.call('ZRANGE', parked, 0, -1)) do  -- include/sites.lua
+        local q = site_key(KEYS[i], site) .. ':q'
+        purged = purged + purge(q)
+        if redis.call('EXISTS', q) == 0 then redis.call('ZREM', parked, site) end
+    end
 end
 redis.call('HINCRBY', key, 'pending', -purged)
 redis.call('HINCRBY', key, 'purged', purged)

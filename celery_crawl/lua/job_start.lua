@@ -6,7 +6,7 @@
 -- ARGV[2]  number of seed requests n
 -- ARGV[3]  number of job fields f
 -- ARGV[4]  dedup scope: 'job' or 'spider' (as in enqueue.lua)
--- then n groups: priority, fingerprint, job id, payload, lane 0 (as in enqueue.lua)
+-- then n groups: priority, fingerprint, job id, payload, lane 0, site (as in enqueue.lua)
 -- then f pairs: field, value (spider, seeds, priority, ...)
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed
@@ -15,7 +15,7 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local job, n, f, SCOPE = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local DEDUP_ARGV = 5 + 5 * n + 2 * f
+local DEDUP_ARGV = 5 + 6 * n + 2 * f
 --!slot dupefilter
 --!include jobs
 --!include push
@@ -27,7 +27,7 @@ local now = redis.call('TIME')
 redis.call('HSET', key, 'state', 'running', 'pending', 0, 'leased', 0, 'done', 0,
     'created_at', now[1] + now[2] / 1000000)
 job_phase(job, 'queued')
-local fields_at = 5 + 5 * n
+local fields_at = 5 + 6 * n
 for i = fields_at, fields_at + 2 * f - 1, 2 do
     redis.call('HSET', key, ARGV[i], ARGV[i + 1])
 end

@@ -7,46 +7,198 @@
 -- ARGV[1]  n, the most requests to lease
 -- ARGV[2]  lease duration, ms (the deadline is taken from the server's clock)
 -- ARGV[3]  'head' or 'tail': which end of a level list to pop
--- Returns  the leased members: 8-byte lease id .. 4-byte priority .. entry
+-- ARGV[4]  'sites' to hold entries that carry a site to its limits (include/sites.lua),
+--          '' to lease in plain priority order
+-- ARGV[5]  with 'sites': the default limits, "concurrency interval_ms burst"
+-- ARGV[6]  with 'sites': '1' when KEYS[1] .. ':site:~limits' names sites of other limits
+-- Returns  {leased members, wait}: a member is 8-byte lease id .. 4-byte priority ..
+--          entry; wait is -1, or when nothing was leased and entries are parked,
+--          the ms until the first parked site may take one (a pop waits that long)
 --
--- A lease member is unique, so identical payloads never merge in flight. An
--- entry is: 1 byte job id length, the job id (a fingerprint may follow: entry_fp in
--- include/jobs.lua), the encoded request. An entry of
--- a job that no longer runs (closed at a limit) is discarded instead of leased.
+-- A lease member is unique, so identical payloads never merge in flight. An entry
+-- (include/entries.lua) carries its job id, and may carry a fingerprint and a site.
+-- An entry of a job that no longer runs (closed at a limit) is discarded instead.
+--
+-- With 'sites', an entry whose site may not take one more request now (at its
+-- concurrency cap, its rate's next slot not due, paused) is parked under its site,
+-- at its priority, and the queue behind it keeps flowing: a slow site never holds
+-- back the others. Parked entries of the sites whose time has come go first, when
+-- their priority is not below the queue's top; within a site, priority and order hold.
 
 local JOB_PREFIX = KEYS[4]
 --!include jobs
 
 local levels, inflight = KEYS[1], KEYS[2]
-local now = redis.call('TIME')
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
 local want = tonumber(ARGV[1])
-local deadline = now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[2])
+local deadline = now + tonumber(ARGV[2])
 local pop = ARGV[3] == 'tail' and 'RPOP' or 'LPOP'
-local leased = {}
+local park_push = ARGV[3] == 'tail' and 'LPUSH' or 'RPUSH'
+local SITES = ARGV[4] == 'sites'
+local parked_key = levels .. ':site:~parked'
+local taken = {}  -- {priority, entry, counted}
 
-while #leased < want do
+local function keep(entry, priority, counted, job)
+    taken[#taken + 1] = {priority, entry, counted}
+    job_leased(job)
+end
+
+local function purge(job)
+    job_add(job, 'pending', -1)
+    job_add(job, 'purged', 1)
+end
+
+-- Lease an entry that counts against no site, unless its job no longer runs.
+local function take(entry, priority)
+    local job = entry_job(entry, 1)
+    if job_running(job) then keep(entry, priority, false, job) else purge(job) end
+end
+
+local function lease_taken()
+    if #taken == 0 then return {} end
+    local first = redis.call('INCRBY', KEYS[3], #taken) - #taken
+    local members = {}
+    for i, t in ipairs(taken) do
+        local id = first + i
+        local high = math.floor(id / 2 ^ 32) % 2 ^ 31 + (t[3] and 2 ^ 31 or 0)
+        local member = struct.pack('>I4I4i4', high, id % 2 ^ 32, tonumber(t[1])) .. t[2]
+        redis.call('ZADD', inflight, deadline, member)
+        members[i] = member
+    end
+    return members
+end
+
+local function top_priority()
+    local top = redis.call('ZRANGE', levels, 0, 0)[1]
+    return top and tonumber(top) or nil
+end
+
+if not SITES then
+    while #taken < want do
+        local top = redis.call('ZRANGE', levels, 0, 0)[1]
+        if not top then break end
+        local list = levels .. ':' .. top
+        local payloads = redis.call(pop, list, want - #taken)
+        if not payloads or redis.call('EXISTS', list) == 0 then
+            redis.call('ZREM', levels, top)
+        end
+        for _, entry in ipairs(payloads or {}) do take(entry, top) end
+    end
+    return {lease_taken(), -1}
+end
+
+-- per-site limits -------------------------------------------------------------
+
+local defaults = site_parse_limits(ARGV[5])
+local overrides = ARGV[6] == '1'
+local states, limits = {}, {}
+
+local function limits_of(site)
+    if not limits[site] then
+        local text = overrides and redis.call('HGET', levels .. ':site:~limits', site)
+        limits[site] = text and site_parse_limits(text) or defaults
+    end
+    return limits[site]
+end
+
+local function state_of(site)
+    local state = states[site]
+    if state then return state end
+    local v = redis.call('HMGET', site_key(levels, site), 'inflight', 'tat', 'until', 'delay',
+        'leased', 'parked')
+    if not v[5] then redis.call('SADD', levels .. ':site:~known', site) end
+    state = {inflight = tonumber(v[1] or '0'), tat = tonumber(v[2] or '0'),
+        paused = tonumber(v[3] or '0'), delay = tonumber(v[4] or '0'),
+        leased = tonumber(v[5] or '0'), parked_total = tonumber(v[6] or '0'),
+        parked = redis.call('ZSCORE', parked_key, site) ~= false, dirty = not v[5]}
+    states[site] = state
+    return state
+end
+
+-- Lease the site's parked entries while it may take them, and while they are
+-- not below the queue's top priority.
+local function drain(site)
+    local state, lim = state_of(site), limits_of(site)
+    local q = site_key(levels, site) .. ':q'
+    while #taken < want and site_wait_ms(state, lim, now) == 0 do
+        local top = redis.call('ZRANGE', q, 0, 0)[1]
+        if not top then break end
+        local main = top_priority()
+        if main and tonumber(top) < main then break end
+        local list = q .. ':' .. top
+        local entry = redis.call(pop, list)
+        if redis.call('EXISTS', list) == 0 then redis.call('ZREM', q, top) end
+        local job = entry and entry_job(entry, 1)
+        if job and job_running(job) then
+            keep(entry, top, site_take(state, lim, now), job)
+        elseif job then
+            purge(job)
+        end
+    end
+    if redis.call('EXISTS', q) == 0 then
+        redis.call('ZREM', parked_key, site)
+        state.parked = false
+    else
+        redis.call('ZADD', parked_key, site_ready_at(state, lim, now), site)
+    end
+end
+
+local function park(site, state, priority, entry)
+    local q = site_key(levels, site) .. ':q'
+    redis.call(park_push, q .. ':' .. priority, entry)
+    redis.call('ZADD', q, 'NX', -tonumber(priority), priority)
+    state.parked = true
+    state.parked_total = state.parked_total + 1
+    state.dirty = true
+end
+
+for _, site in ipairs(redis.call('ZRANGE', parked_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, want)) do
+    if #taken >= want then break end
+    drain(site)
+end
+
+local moved, max_moved, parked_now = 0, want * 4 + 64, {}
+while #taken < want and moved < max_moved do
     local top = redis.call('ZRANGE', levels, 0, 0)[1]
     if not top then break end
     local list = levels .. ':' .. top
-    local payloads = redis.call(pop, list, want - #leased)
+    local payloads = redis.call(pop, list, want - #taken)
     if not payloads or redis.call('EXISTS', list) == 0 then
         redis.call('ZREM', levels, top)
     end
-    if payloads then
-        local first = redis.call('INCRBY', KEYS[3], #payloads) - #payloads
-        for i, entry in ipairs(payloads) do
-            local job = entry_job(entry, 1)
-            if job_running(job) then
-                local member = struct.pack('>I4I4i4', math.floor((first + i) / 2 ^ 32),
-                    (first + i) % 2 ^ 32, tonumber(top)) .. entry
-                redis.call('ZADD', inflight, deadline, member)
-                job_leased(job)
-                leased[#leased + 1] = member
+    for _, entry in ipairs(payloads or {}) do
+        local site, job = entry_site(entry, 1), entry_job(entry, 1)
+        if not job_running(job) then
+            purge(job)
+        elseif not site then
+            keep(entry, top, false, job)
+        else
+            local state, lim = state_of(site), limits_of(site)
+            if state.parked or site_wait_ms(state, lim, now) ~= 0 then
+                park(site, state, top, entry)
+                parked_now[site] = true
+                moved = moved + 1
             else
-                job_add(job, 'pending', -1)
-                job_add(job, 'purged', 1)
+                keep(entry, top, site_take(state, lim, now), job)
             end
         end
     end
 end
-return leased
+for site in pairs(parked_now) do drain(site) end
+
+for site, state in pairs(states) do
+    if state.dirty then
+        redis.call('HSET', site_key(levels, site), 'inflight', state.inflight, 'tat', state.tat,
+            'leased', state.leased, 'parked', state.parked_total)
+    end
+end
+
+local wait = -1
+if #taken == 0 and moved >= max_moved then
+    wait = 0  -- more of the queue to look through: at once
+elseif #taken == 0 then
+    local first = redis.call('ZRANGE', parked_key, 0, 0, 'WITHSCORES')
+    if first[2] then wait = math.max(0, tonumber(first[2]) - now) end
+end
+return {lease_taken(), wait}

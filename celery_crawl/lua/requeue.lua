@@ -11,7 +11,8 @@
 --
 -- A member already acked (no longer in KEYS[2]) is left alone, so a late
 -- hand-back can never duplicate a finished request. A request of a job that
--- no longer runs (cancelled) is finished instead of requeued.
+-- no longer runs (cancelled) is finished instead of requeued. A lease counted
+-- against its site's cap gives the site its slot back (include/sites.lua).
 
 local JOB_PREFIX = KEYS[4]
 --!include jobs
@@ -30,11 +31,13 @@ end
 local requeued = 0
 for _, member in ipairs(members) do
     if redis.call('ZREM', inflight, member) == 1 then
+        site_release(levels, member)
         local job = entry_job(member, 13)
         if job_running(job) then
             local priority = struct.unpack('>i4', member, 9)
-            redis.call(push, levels .. ':' .. priority, string.sub(member, 13))
-            redis.call('ZADD', levels, 'NX', -priority, priority)
+            local into = site_front(levels, member)  -- its site's parked entries wait: before them
+            redis.call(push, into .. ':' .. priority, string.sub(member, 13))
+            redis.call('ZADD', into, 'NX', -priority, priority)
             job_add(job, 'leased', -1)
             requeued = requeued + 1
         else

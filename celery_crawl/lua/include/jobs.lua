@@ -7,11 +7,9 @@
 -- comes after the children of the acked request were counted in, so pending
 -- never touches 0 while a derived request is outstanding.
 --
--- A queue entry is: 1 byte job id length, the job id, the encoded request.
--- With the spider dedup scope, a job's request that was filtered carries its
--- fingerprint too, for cancel() to take it out of the filter: the length byte
--- has its high bit set (job ids are at most 127 bytes), and the job id is
--- followed by 1 byte fingerprint length and the fingerprint (entry_fp).
+-- A queue entry starts with its job id (include/entries.lua): with the spider
+-- dedup scope, a job's request that was filtered carries its fingerprint too,
+-- for cancel() to take it out of the filter (entry_fp).
 --
 -- A job ends failed instead of done when not one page was fetched and errors
 -- were counted (fields errors/<kind>): the site was down, every download failed.
@@ -43,27 +41,16 @@
 -- leaves (lua/job_leave.lua). The last to leave pushes the done tokens again:
 -- Job.wait() returns once the job has ended and no participant is left.
 --
--- Uses: JOB_PREFIX. Defines: job_seen_add, entry_job, entry_fp, job_running, job_add, job_phase,
+-- Uses: JOB_PREFIX. Includes sites (and with it entries). Defines: job_seen_add,
+-- job_running, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
 -- job_notify.
+
+--!include sites
 
 local JOB_TTL = 7 * 24 * 3600
 local DONE_TOKENS = 16
 local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
-
-local function entry_job(entry, offset)
-    local length = (string.byte(entry, offset) or 0) % 128
-    return string.sub(entry, offset + 1, offset + length)
-end
-
--- The fingerprint an entry carries, or nil.
-local function entry_fp(entry, offset)
-    local flagged = string.byte(entry, offset) or 0
-    if flagged < 128 then return nil end
-    local at = offset + 1 + flagged - 128
-    local length = string.byte(entry, at) or 0
-    return string.sub(entry, at + 1, at + length)
-end
 
 local FINAL = {done = true, incomplete = true, failed = true, cancelled = true, closed = true}
 
@@ -206,13 +193,20 @@ end
 
 -- Finish leases args[first .. last] of the in-flight set; returns how many were held.
 -- A member no longer leased (acked before, or requeued) is skipped.
+-- A freed site with parked entries wakes a blocked pop.
 local function ack_leases(inflight, args, first, last)
-    local acked = 0
+    local acked, freed = 0, false
+    local levels = string.sub(inflight, 1, -10)  -- the queue key: inflight is Q .. ':inflight'
     for i = first, last do
         if redis.call('ZREM', inflight, args[i]) == 1 then
             job_ack(entry_job(args[i], 13))
+            freed = site_release(levels, args[i]) or freed
             acked = acked + 1
         end
+    end
+    if freed then
+        redis.call('RPUSH', levels .. ':signal', 1)
+        redis.call('LTRIM', levels .. ':signal', -64, -1)
     end
     return acked
 end

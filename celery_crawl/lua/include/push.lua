@@ -6,7 +6,7 @@
 -- (job_seen_add), 'spider' against the spider's filter. Requests of no job
 -- always use the spider's filter.
 -- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
--- fingerprint, job id, payload, lane) from args starting at index first, and
+-- fingerprint, job id, payload, lane, site) from args starting at index first, and
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
 -- queue of another spider of the group, each {levels, signal, dupefilter,
 -- dupefilter count}. Returns a list of n flags, 1 = enqueued.
@@ -21,20 +21,23 @@ end
 local function push_requests(lanes, args, first, n)
     local accepted, added, current = {}, {}, 0
     for i = 0, n - 1 do
-        local at = first + 5 * i
+        local at = first + 6 * i
         local priority, fp, job, payload = args[at], args[at + 1], args[at + 2], args[at + 3]
-        local lane = tonumber(args[at + 4])
+        local lane, site = tonumber(args[at + 4]), args[at + 5]
         local keys = lanes[lane]
         if lane ~= current then dedup_use(keys[3], keys[4]) end
         current = lane
         local own = SCOPE == 'job' and job ~= ''
         if job_running(job) and (fp == '' or (own and job_seen_add(job, fp))
                 or (not own and dedup_add(fp))) then
-            local head = string.char(#job) .. job
+            local flags, tail = #job, ''
             if not own and job ~= '' and fp ~= '' then  -- for cancel(): see entry_fp
-                head = string.char(#job + 128) .. job .. string.char(#fp) .. fp
+                flags, tail = flags + 128, string.char(#fp) .. fp
             end
-            redis.call('RPUSH', keys[1] .. ':' .. priority, head .. payload)
+            if site ~= '' then  -- held to its site's limits: include/sites.lua
+                flags, tail = flags + 64, tail .. string.char(#site) .. site
+            end
+            redis.call('RPUSH', keys[1] .. ':' .. priority, string.char(flags) .. job .. tail .. payload)
             redis.call('ZADD', keys[1], 'NX', -tonumber(priority), priority)
             job_add(job, 'pending', 1)
             accepted[i + 1], added[lane] = 1, (added[lane] or 0) + 1

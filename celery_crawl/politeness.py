@@ -1,0 +1,98 @@
+"""The downloader side of per-site politeness (:mod:`celery_crawl.sites`).
+
+:class:`SiteLimitsMiddleware`, installed in hosted crawlers, checks a site's
+shared pause just before each download, and reports what responses say: a
+back-off code pauses the site for every process, and with AutoThrottle the
+latency feeds the site's shared estimate.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Self
+
+from celery_crawl import connection
+from celery_crawl.errors import ConfigError
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.sites import SitePolicy, SiteState, retry_after
+
+if TYPE_CHECKING:
+    from scrapy import Request
+    from scrapy.crawler import Crawler
+
+logger = logging.getLogger(__name__)
+STRIKES_META = "_site_strikes"  # back-offs in a row the gate saw: a success then ends them
+
+
+class SiteLimitsMiddleware:
+    """``DOWNLOADER_MIDDLEWARES = {"celery_crawl.politeness.SiteLimitsMiddleware": 800}``.
+
+    Installed in hosted crawlers. Checks the site's pause just before each
+    download, and reports back-offs (and, with AutoThrottle, latencies) to the
+    site's shared state.
+    """
+
+    def __init__(self, state: SiteState, crawler: Crawler | None = None) -> None:
+        self.state = state
+        self.policy = state.policy
+        self.crawler = crawler
+
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        assert crawler.spidercls is not None
+        settings = crawler.settings
+        keys = SpiderKeys.from_settings(crawler.spidercls.name, settings)
+        client = connection.from_settings(settings)
+        return cls(SiteState(client, keys, SitePolicy.from_settings(settings)), crawler)
+
+    async def process_request(self, request: Request) -> None:
+        site = self._site(request)
+        if not site:
+            return
+        for _ in range(100):  # bounded: a site paused again and again keeps waiting
+            try:
+                wait, strikes = self.state.gate(site)
+            except connection.TRANSIENT_ERRORS:
+                return  # Redis away: the lease already held the site to its limits
+            request.meta[STRIKES_META] = strikes
+            if wait <= 0:
+                return
+            self._inc("celery_crawl/site/gate_waits")
+            await sleep(wait / 1000)
+
+    def process_response(self, request: Request, response: Any) -> Any:
+        site = self._site(request)
+        if not site:
+            return response
+        try:
+            if response.status in self.policy.backoff.codes:
+                seconds = retry_after(response.headers.get(b"Retry-After"))
+                self._backed_off(site, self.state.backoff(site, seconds), response.status)
+            elif request.meta.get(STRIKES_META) or self.policy.autothrottle is not None:
+                latency = request.meta.get("download_latency")
+                self.state.success(site, latency, response.status)
+        except connection.TRANSIENT_ERRORS as exc:
+            logger.warning("Redis unreachable, site %s not updated: %s", site, exc)
+        return response
+
+    def _site(self, request: Request) -> str:
+        try:
+            return self.policy.site_of(request)
+        except ConfigError:
+            return ""  # the scheduler dropped such a request: it is not downloaded
+
+    def _backed_off(self, site: str, wait_ms: int, cause: int | str) -> None:
+        self._inc("celery_crawl/site/backoffs")
+        logger.info("site %s paused for %.1f s (%s), in every process", site, wait_ms / 1000, cause)
+
+    def _inc(self, key: str) -> None:
+        if self.crawler is not None and self.crawler.stats is not None:
+            self.crawler.stats.inc_value(key)
+
+
+async def sleep(seconds: float) -> None:
+    """Wait in the reactor, whichever reactor runs."""
+    from scrapy.utils.defer import maybe_deferred_to_future
+    from twisted.internet import reactor, task
+
+    await maybe_deferred_to_future(task.deferLater(reactor, seconds))

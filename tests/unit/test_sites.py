@@ -1,0 +1,215 @@
+"""Per-site limits in the lease script, on a real server: caps, rates, parking, pauses."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+from scrapy import Request
+from scrapy.settings import Settings
+
+from celery_crawl.errors import ConfigError
+from celery_crawl.jobs import Job
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Base, Entry, LifoQueue, PriorityQueue
+from celery_crawl.sites import Limits, SitePolicy, SiteState, retry_after
+
+
+def queue_with(
+    client: redis.Redis,
+    prefix: str,
+    limits: Limits,
+    cls: type[Base] = PriorityQueue,
+    **over: Limits,
+) -> Base:
+    policy = SitePolicy(limits=limits, overrides=over)
+    queue = cls(client, SpiderKeys.build("sites", prefix=prefix), lease_seconds=60, sites=policy)
+    SiteState(client, queue.keys, policy).publish_limits()
+    return queue
+
+
+def entry(name: str, site: str, priority: int = 0, job: str = "") -> Entry:
+    return Entry(name.encode(), priority, None, job, site)
+
+
+def names(leases: list) -> list[str]:
+    return [lease.payload.decode() for lease in leases]
+
+
+def test_a_site_at_its_cap_leases_no_more_until_an_ack(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits(concurrency=2))
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(6)])
+    first = queue.lease(10)
+    assert names(first) == ["a0", "a1"]
+    assert queue.lease(10) == []
+    assert len(queue) == 4  # parked entries are still queued
+    queue.ack([first[0].member])
+    assert names(queue.lease(10)) == ["a2"]
+    state = SiteState(client, queue.keys, queue.sites).read()["a.example"]
+    assert state["inflight"] == "2"
+
+
+def test_a_blocked_site_holds_back_no_other_site(client: redis.Redis, prefix: str) -> None:
+    """Head-of-line: the slow site's entries come first and at a higher priority."""
+    queue = queue_with(client, prefix, Limits(), **{"slow.example": Limits(concurrency=1)})
+    queue.push_many([entry(f"s{i}", "slow.example", priority=10) for i in range(50)])
+    queue.push_many([entry(f"f{i}", "fast.example") for i in range(5)])
+    leased = names(queue.lease(6))
+    assert leased == ["s0", "f0", "f1", "f2", "f3", "f4"]
+
+
+def test_a_rate_spaces_leases_and_says_when_the_next_is_due(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = queue_with(client, prefix, Limits(rate=5))  # one per 200 ms
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(3)])
+    assert names(queue.lease(3)) == ["a0"]
+    assert queue.lease(3) == []
+    assert queue.next_ready is not None and 0.1 < queue.next_ready <= 0.2
+    times = []
+    deadline = time.monotonic() + 5
+    while len(times) < 2 and time.monotonic() < deadline:
+        if queue.lease(1):
+            times.append(time.monotonic())
+        time.sleep(0.005)
+    assert len(times) == 2 and times[1] - times[0] >= 0.19
+
+
+def test_a_burst_leases_that_many_at_once(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits(rate=1, burst=3))
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(5)])
+    assert names(queue.lease(5)) == ["a0", "a1", "a2"]
+
+
+def test_priority_holds_within_a_parked_site(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits(concurrency=1))
+    queue.push_many([entry("first", "a.example")])
+    held = queue.lease(1)
+    queue.push_many([entry("low", "a.example", 0), entry("high", "a.example", 5)])
+    assert queue.lease(5) == []  # both parked, at their levels
+    queue.ack([held[0].member])
+    assert names(queue.lease(5)) == ["high"]
+
+
+def test_lifo_order_holds_for_parked_entries(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits(concurrency=1), cls=LifoQueue)
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(4)])
+    held = queue.lease(4)
+    assert names(held) == ["a3"]
+    queue.ack([held[0].member])
+    assert names(queue.lease(4)) == ["a2"]
+
+
+def test_a_requeued_lease_gives_its_site_the_slot_back(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits(concurrency=1))
+    queue.push_many([entry("a0", "a.example"), entry("a1", "a.example")])
+    held = queue.lease(2)
+    assert queue.release([held[0].member]) == 1
+    assert names(queue.lease(2)) == ["a0"]
+
+
+def test_a_back_off_pauses_the_site_for_every_lease(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits())
+    state = SiteState(client, queue.keys, queue.sites)
+    queue.push_many([entry("a0", "a.example"), entry("b0", "b.example")])
+    assert state.backoff("a.example", 2.0) > 1900
+    assert names(queue.lease(2)) == ["b0"]
+    assert queue.lease(2) == []
+    assert queue.next_ready is not None and 1.8 < queue.next_ready <= 2.0
+    wait, strikes = state.gate("a.example")
+    assert 1800 < wait <= 2000 and strikes == 1
+
+
+def test_back_offs_in_a_row_double_then_pause_and_a_success_ends_them(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = queue_with(client, prefix, Limits())
+    policy = SitePolicy(
+        backoff=SitePolicy().backoff.__class__(first=0.01, longest=0.05, pause_after=4, pause=30)
+    )
+    state = SiteState(client, queue.keys, policy)
+    waits = [state.backoff("a.example", None) for _ in range(3)]
+    assert waits[0] <= 10 and waits[2] >= 30  # 10, 20, 40 ms: each at least the one before
+    assert state.backoff("a.example", None) > 29_000  # the fourth in a row: paused
+    state.success("a.example", None, 200)
+    assert state.gate("a.example")[1] == 0
+
+
+def test_cancelled_jobs_parked_entries_are_purged_not_leased(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = queue_with(client, prefix, Limits(concurrency=1))
+    queue.start_job("j1", [entry(f"a{i}", "a.example", job="j1") for i in range(3)], {})
+    held = queue.lease(3)
+    assert len(held) == 1 and held[0].site == "a.example" and held[0].job == "j1"
+    queue.close_job("j1", "test")
+    queue.ack([held[0].member])
+    assert queue.lease(3) == []
+    assert len(queue) == 0
+    purged = client.hget(queue.keys.job("j1"), "purged")
+    assert purged is not None and int(purged) == 2
+
+
+def test_clear_deletes_every_site_key(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits(concurrency=1))
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(3)])
+    queue.lease(3)
+    queue.clear()
+    assert not client.keys(queue.keys.queue + ":site:*")
+
+
+def test_without_limits_entries_with_sites_lease_in_plain_order(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("sites", prefix=prefix))
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(3)])
+    assert names(queue.lease(3)) == ["a0", "a1", "a2"]
+    assert queue.next_ready is None
+
+
+def test_an_entry_carries_job_fingerprint_and_site(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits())
+    queue.start_job("j2", [Entry(b"payload", 0, b"\x01" * 16, "j2", "a.example")], {})
+    (lease,) = queue.lease(1)
+    assert (lease.job, lease.site, lease.payload) == ("j2", "a.example", b"payload")
+
+
+def test_the_site_of_a_request() -> None:
+    request = Request("https://Forum.Example.co.uk:8443/t/1")
+    assert SitePolicy().site_of(request) == "forum.example.co.uk"
+    assert SitePolicy(key="domain").site_of(request) == "example.co.uk"
+    assert SitePolicy(key="ip").site_of(Request("http://127.0.0.1/")) == "127.0.0.1"
+    assert SitePolicy().site_of(Request("http://a.example/", meta={"site": "mine"})) == "mine"
+    assert SitePolicy(enabled=False).site_of(request) == ""
+    with pytest.raises(ConfigError, match="site key"):
+        SitePolicy().site_of(Request("http://a.example/", meta={"site": "~x"}))
+
+
+def test_defaults_come_from_scrapys_own_settings() -> None:
+    settings = Settings({"CONCURRENT_REQUESTS_PER_DOMAIN": 3, "DOWNLOAD_DELAY": 0.5})
+    assert SitePolicy.from_settings(settings).limits == Limits(3, 2.0, 1)
+    over = Settings({"SITE_OVERRIDES": {"a.example": {"rate": 10}}, "SITE_CONCURRENCY": 0})
+    assert SitePolicy.from_settings(over).overrides["a.example"] == Limits(0, 10.0, 1)
+    with pytest.raises(ConfigError, match="SITE_KEY"):
+        SitePolicy.from_settings(Settings({"SITE_KEY": "port"}))
+    with pytest.raises(ConfigError, match="speed"):
+        SitePolicy.from_settings(Settings({"SITE_OVERRIDES": {"a": {"speed": 1}}}))
+
+
+def test_retry_after_reads_seconds_and_dates() -> None:
+    assert retry_after(b"2") == 2.0
+    assert retry_after(None) is None and retry_after(b"soon") is None
+    in_a_minute = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 60))
+    found = retry_after(in_a_minute)
+    assert found is not None and 55 < found <= 60
+
+
+def test_cancel_purges_parked_entries_too(client: redis.Redis, prefix: str) -> None:
+    queue = queue_with(client, prefix, Limits(concurrency=1))
+    queue.start_job("j3", [entry(f"a{i}", "a.example", job="j3") for i in range(4)], {})
+    held = queue.lease(4)  # one leased, three parked
+    assert len(held) == 1 and len(queue) == 3
+    Job("j3", "sites", client, queue.keys, [queue.keys], dedup=queue.dedup).cancel()
+    assert len(queue) == 0
+    assert not client.exists(queue.keys.site_parked)
