@@ -8,6 +8,7 @@ SPIDER_MODULES = [
     "tests.support.kinds_spiders",
     "tests.support.hosted_members",
     "tests.support.job_hooks",
+    "tests.support.sites_spider",
 ]
 # of the spider kinds, only the CrawlSpider runs hosted: an idle hosted crawler keeps a
 # reactor thread waiting for work, so the workers host no crawler that no test uses
@@ -19,6 +20,7 @@ CELERY_CRAWL_SPIDERS = [
     "paths_jobs",
     "kind_crawl",
     "hosted_members",
+    "site_pages",
 ]
 SCHEDULER_LEASE_SECONDS = 4
 SCHEDULER_REQUEUE_INTERVAL = 1
@@ -34,6 +36,10 @@ TEST_ENV = [
     "SCHEDULER_LEASE_SECONDS",
     "SCHEDULER_REQUEUE_INTERVAL",
     "CELERY_CRAWL_HEARTBEAT_SECONDS",
+    # the politeness tests: sites' limits
+    "SITE_CONCURRENCY",
+    "SITE_OVERRIDES",
+    "SITE_LIMITS_ENABLED",
 ]
 CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, *TEST_ENV]  # noqa: F405
 PATHS_BASE_URL = ""

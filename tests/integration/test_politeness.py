@@ -1,0 +1,136 @@
+"""Per-site limits shared by four worker processes, measured at the sites themselves.
+
+Two demo sites on loopback: ``127.0.0.1`` limited to 10 requests/s and 4 in
+flight (SITE_OVERRIDES), ``127.0.0.2`` unlimited. Real Celery workers host the
+``site_pages`` spider; the sites log every arrival.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_crawl import crawl
+from celery_crawl.keys import SpiderKeys
+from tasks.site import Arrival, SiteConfig, SiteThread
+from tests.support.workers import Worker, started_workers
+
+LIMITED = {"concurrency": 4, "rate": 10, "burst": 1}
+CONFIG = SiteConfig(forums=30, posts_per_forum=100)  # 3,000 post pages
+
+
+@pytest.fixture
+def two_sites() -> Iterator[tuple[SiteThread, SiteThread]]:
+    with (
+        SiteThread(CONFIG, host="127.0.0.1").start() as limited,
+        SiteThread(CONFIG, host="127.0.0.2").start() as free,
+    ):
+        yield limited, free
+
+
+@pytest.fixture
+def politeness_env(env: dict[str, str]) -> dict[str, str]:
+    return {
+        **env,
+        "SITE_CONCURRENCY": "0",  # sites are unlimited unless named
+        "SITE_OVERRIDES": json.dumps({"127.0.0.1": LIMITED}),
+    }
+
+
+@pytest.fixture
+def four_workers(politeness_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    with started_workers(politeness_env, tmp_path) as start:
+        for name in ("w1", "w2"):  # two workers of two processes each
+            start(name, pool="prefork", concurrency=2)
+        yield start
+
+
+def pages(site: SiteThread, first: int, count: int) -> list[str]:
+    return [f"{site.url}/post/{post}" for post in CONFIG.post_ids()[first : first + count]]
+
+
+def most_in_one_second(arrivals: list[Arrival]) -> int:
+    """The most arrivals in any window [t, t + 1 s) that starts at an arrival."""
+    times = sorted(a.started for a in arrivals)
+    most, end = 0, 0
+    for start, at in enumerate(times):
+        while end < len(times) and times[end] < at + 1.0:
+            end += 1
+        most = max(most, end - start)
+    return most
+
+
+def span(arrivals: list[Arrival]) -> float:
+    times = [a.started for a in arrivals]
+    return max(times) - min(times)
+
+
+def run(app: Celery, jobs: dict[str, list[str]], timeout: float = 120) -> dict[str, Any]:
+    started = {name: crawl("site_pages", seeds, app=app) for name, seeds in jobs.items()}
+    return {name: job.wait(timeout=timeout) for name, job in started.items()}
+
+
+def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
+    app: Celery,
+    two_sites: tuple[SiteThread, SiteThread],
+    four_workers: Callable[..., Worker],
+) -> None:
+    limited, free = two_sites
+    run(app, {"warm": pages(free, 0, 50) + pages(limited, 0, 5)})  # every process joined
+    for site in two_sites:
+        assert site.wait_idle()
+        site.reset_log()
+
+    run(app, {"alone": pages(free, 0, 2400)})
+    assert free.wait_idle()
+    alone = free.arrivals()
+    free.reset_log()
+
+    together = run(app, {"limited": pages(limited, 0, 100), "free": pages(free, 0, 2400)})
+    assert limited.wait_idle() and free.wait_idle()
+    slow, fast = limited.arrivals(), free.arrivals()
+
+    assert together["limited"]["state"] == together["free"]["state"] == "done"
+    assert len(slow) == 100 and len(alone) == len(fast) == 2400
+    assert most_in_one_second(slow) <= 11, f"{most_in_one_second(slow)} requests in one second"
+    assert limited.max_in_flight <= 4
+    assert span(slow) >= 9.0  # 100 pages at 10/s: the limit held them, nothing else did
+    # the unlimited site, crawled beside the limited one, as fast as alone (within 10%)
+    assert span(fast) <= 1.10 * span(alone), (span(fast), span(alone))
+    assert span(fast) < span(slow)  # the fast site finished while the slow one was crawled
+
+
+def test_a_retry_after_seen_by_one_worker_holds_back_every_worker(
+    app: Celery,
+    prefix: str,
+    state_client: redis.Redis,
+    two_sites: tuple[SiteThread, SiteThread],
+    four_workers: Callable[..., Worker],
+) -> None:
+    _, site = two_sites  # unlimited: only the Retry-After slows it
+    run(app, {"warm": pages(site, 0, 50)})
+    assert site.wait_idle()
+    site.reset_log()
+    site.answer_429(count=1, retry_after=2)
+    result = run(app, {"paused": pages(site, 0, 400)})["paused"]
+    assert site.wait_idle()
+    arrivals = sorted(site.arrivals(), key=lambda a: a.started)
+
+    refused = [a for a in arrivals if a.status == 429]
+    assert len(refused) == 1 and result["state"] == "done"
+    # when the worker that got the 429 paused the site for every process (server clock)
+    key = SpiderKeys.build("site_pages", prefix=prefix).site("127.0.0.2")
+    paused_at = int(state_client.hget(key, "backoff_at") or 0) / 1000
+    assert refused[0].started <= paused_at < refused[0].started + 1.0
+    grace = 0.05  # requests that had passed the check before the pause, still on their way
+    during = [a for a in arrivals if paused_at + grace < a.started < refused[0].started + 2.0]
+    assert not during, f"{len(during)} requests within the 2 s of Retry-After"
+    after = [a for a in arrivals if a.started >= refused[0].started + 2.0]
+    assert after and {a.status for a in after} <= {200, 404}  # then on, the retry included
+    assert len(arrivals) == 401  # every page once, and the refused one again
