@@ -52,7 +52,13 @@ from benchmarks.common import median, redis_url, table
 from tasks.site import SiteConfig, SiteThread, run_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
-SYSTEMS = ("celery_crawl", "scrapy-redis", "plain Scrapy", "plain Scrapy, GC frozen")
+SYSTEMS = (
+    "celery_crawl",
+    "celery_crawl, no site limits",
+    "scrapy-redis",
+    "plain Scrapy",
+    "plain Scrapy, GC frozen",
+)
 LOGS = Path(os.environ.get("BENCH_LOGS", "/tmp")) / "celery_crawl-e2e"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -215,12 +221,15 @@ def env_for(url: str, prefix: str, site: str, feeds: Feeds | None = None) -> dic
     return env
 
 
-def run_celery_crawl(url: str, config: SiteConfig, processes: int, samples: int) -> Run:
+def run_celery_crawl(
+    url: str, config: SiteConfig, processes: int, samples: int, site_limits: bool = True
+) -> Run:
     prefix = f"bench-{uuid.uuid4().hex[:8]}"
     procs = Processes()
     feeds = Feeds("celery_crawl")
     with run_in_thread(config) as site:
         env = env_for(url, prefix, site.url, feeds)
+        env["SITE_LIMITS_ENABLED"] = str(site_limits).lower()
         os.environ.update(
             {k: env[k] for k in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL")}
         )
@@ -331,6 +340,7 @@ def run_plain(
 
 RUNNERS: dict[str, Callable[[str, SiteConfig, int, int], Run]] = {
     "celery_crawl": run_celery_crawl,
+    "celery_crawl, no site limits": partial(run_celery_crawl, site_limits=False),
     "scrapy-redis": run_scrapy_redis,
     "plain Scrapy": run_plain,
     "plain Scrapy, GC frozen": partial(run_plain, mode="plain-frozen"),

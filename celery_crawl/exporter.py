@@ -26,6 +26,7 @@ from celery_crawl import connection, scripts
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.middleware import LAST_RESPONSE
 from celery_crawl.registry import Registry, WorkerInfo, hosts
+from celery_crawl.sites import SiteReading, read_sites
 
 NS = "celery_crawl"
 DROPPED = "scheduler/dropped/"  # stats field prefix of requests that could not be queued
@@ -144,6 +145,8 @@ class CrawlCollector(Collector):
         yield from gauges(readings)
         yield from counters(readings)
         yield from job_metrics(readings)
+        groups = [keys for keys in self.spiders if keys.group == keys.spider]
+        yield from site_metrics({keys.group: read_sites(self.client, keys) for keys in groups})
         if self.registry is not None:
             yield from worker_metrics(self.registry.read(self.client), self.spiders)
 
@@ -203,6 +206,36 @@ def job_metrics(readings: list[Reading]) -> Iterator[Metric]:
         for state in JOB_COUNTERS:
             finished.add_metric([r.keys.spider, state], r.jobs.get(state, 0))
     yield from (jobs, finished)
+
+
+SITE_GAUGES = {
+    "in_flight": ("site_in_flight", "Requests of the site leased now, across all workers."),
+    "paused_for": ("site_pause_remaining_seconds", "Seconds the site stays paused by a back-off."),
+    "delay": ("site_delay_seconds", "The site's shared AutoThrottle interval (0: none)."),
+}
+SITE_COUNTERS = {
+    "leased": ("site_leased", "Requests of the site leased (their rate is the site's rate)."),
+    "parked": ("site_parked", "Requests that waited for the site's limits before a lease."),
+    "backoffs": ("site_backoffs", "Back-off responses (429, 503) from the site."),
+    "paused_total": ("site_paused_seconds", "Seconds the site was paused by back-offs."),
+}
+
+
+def site_metrics(groups: dict[str, list[SiteReading]]) -> Iterator[Metric]:
+    """Per site of each spider group: in flight, pause, rate, waits and back-offs."""
+    labels = ["group", "site"]
+    now = {f: GaugeMetricFamily(f"{NS}_{n}", t, labels=labels) for f, (n, t) in SITE_GAUGES.items()}
+    total = {
+        f: CounterMetricFamily(f"{NS}_{n}", t, labels=labels) for f, (n, t) in SITE_COUNTERS.items()
+    }
+    for group, sites in groups.items():
+        for reading in sites:
+            for field, gauge in now.items():
+                gauge.add_metric([group, reading.site], getattr(reading, field))
+            for field, counter in total.items():
+                counter.add_metric([group, reading.site], getattr(reading, field))
+    yield from now.values()
+    yield from total.values()
 
 
 def worker_metrics(workers: list[WorkerInfo], spiders: Sequence[SpiderKeys]) -> Iterator[Metric]:

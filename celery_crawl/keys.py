@@ -114,8 +114,9 @@ class SpiderKeys:
     Queue layout (see ``celery_crawl.queue``): ``queue`` is a sorted set of
     priority levels, ``queue:<priority>`` one list per level, ``queue:inflight``
     the leases, ``queue:seq`` the lease counter, ``queue:signal`` the wake-up list,
-    ``queue:schedulers`` the processes that have the queue open, ``queue:site:<site>``
-    a site's shared limits state and parked entries (``celery_crawl.sites``).
+    ``queue:schedulers`` the processes that have the queue open, ``queue:parked``
+    the entries parked under their site; ``site_prefix`` holds the group's sites
+    (``celery_crawl.sites``).
     """
 
     spider: str
@@ -149,24 +150,33 @@ class SpiderKeys:
         """Sorted set of the schedulers open on the queue, score = registration deadline (ms)."""
         return self.queue + ":schedulers"
 
+    @property
+    def site_prefix(self) -> str:
+        """The group's sites: every spider of a group crawls under the same site limits."""
+        return self.job_prefix.removesuffix("job:") + "site:"
+
     def site(self, site: str) -> str:
-        """A site's shared state: in flight, rate, pause, back-offs (``lua/include/sites.lua``)."""
-        return f"{self.queue}:site:{site}"
+        """A site's shared state: rate, pause, back-offs (``lua/include/sites.lua``)."""
+        return self.site_prefix + site
+
+    def site_leases(self, site: str) -> str:
+        """Sorted set: the site's leases held now, score = lease deadline (ms)."""
+        return self.site_prefix + site + ":leases"
 
     @property
     def site_known(self) -> str:
-        """Set of the sites seen by the lease script or a back-off."""
-        return self.queue + ":site:~known"
+        """Set of the group's sites seen by a lease or a back-off."""
+        return self.site_prefix + "~known"
 
     @property
     def site_limits(self) -> str:
         """Hash: site -> its limits over the defaults (``SITE_OVERRIDES``)."""
-        return self.queue + ":site:~limits"
+        return self.site_prefix + "~limits"
 
     @property
-    def site_parked(self) -> str:
-        """Sorted set: sites with parked entries, score = when they may take one more (ms)."""
-        return self.queue + ":site:~parked"
+    def parked(self) -> str:
+        """Sorted set: sites with entries parked in this queue, score = when one may go (ms)."""
+        return self.queue + ":parked"
 
     def level(self, priority: int) -> str:
         return f"{self.queue}:{priority}"

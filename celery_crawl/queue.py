@@ -332,7 +332,8 @@ class Base:
         if not members:
             return 0
         duration = int((seconds or self.lease_seconds) * 1000)
-        return int(self._script("extend")(keys=[self.keys.inflight], args=[duration, *members]))
+        keys = [self.keys.inflight, self.keys.job_prefix]
+        return int(self._script("extend")(keys=keys, args=[duration, *members]))
 
     def requeue_expired(self, limit: int = 1000) -> int:
         """Put requests whose lease ran out back at the front of their level."""

@@ -236,10 +236,12 @@ def retry_after(value: bytes | str | None) -> float | None:
 class SiteState:
     """The shared state of one spider's sites in Redis (``lua/include/sites.lua``)."""
 
-    def __init__(self, client: redis.Redis, keys: SpiderKeys, policy: SitePolicy) -> None:
+    def __init__(
+        self, client: redis.Redis, keys: SpiderKeys, policy: SitePolicy | None = None
+    ) -> None:
         self.client = client
         self.keys = keys
-        self.policy = policy
+        self.policy = policy or SitePolicy()
 
     def publish_limits(self) -> None:
         """Write SITE_OVERRIDES for the lease script: one transaction, replacing the old ones."""
@@ -267,22 +269,68 @@ class SiteState:
         self._feedback(site, ["ok", *extra])
 
     def _feedback(self, site: str, args: list[Any]) -> tuple[int, int]:
-        keys = [self.keys.site(site), self.keys.site_known]
+        keys = [self.keys.site(site), self.keys.site_known]  # the group's: keys.site_prefix
         wait, strikes = scripts.script(self.client, "site_feedback")(keys=keys, args=[site, *args])
         return int(wait), int(strikes)
 
     def read(self) -> dict[str, dict[str, str]]:
-        """Every known site's state fields (status, exporter): a few commands per site."""
+        """Every known site's state fields and its leases held now (``inflight``).
+
+        Two round trips, two commands per site.
+        """
         sites = sorted(map(text, self.client.smembers(self.keys.site_known)))
+        now_ms = int(time.time() * 1000)
         with self.client.pipeline(transaction=False) as pipe:
             for site in sites:
                 pipe.hgetall(self.keys.site(site))
+                pipe.zcount(self.keys.site_leases(site), now_ms, "+inf")
             found = pipe.execute()
-        return {
-            site: {text(k): text(v) for k, v in values.items()}
-            for site, values in zip(sites, found, strict=True)
-        }
+        states = {}
+        for site, values, inflight in zip(sites, found[::2], found[1::2], strict=True):
+            states[site] = {text(k): text(v) for k, v in values.items()}
+            states[site]["inflight"] = str(inflight)
+        return states
 
 
 def text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
+
+
+@dataclass(frozen=True)
+class SiteReading:
+    """One site, as status and the exporter show it."""
+
+    site: str
+    in_flight: int
+    leased: int
+    parked: int  # requests that had to wait for the site
+    backoffs: int
+    paused_for: float  # seconds the site is still paused
+    paused_total: float  # seconds it was paused by back-offs, over its life
+    delay: float  # the shared AutoThrottle interval, seconds
+
+    @classmethod
+    def parse(cls, site: str, fields: dict[str, str], now: float) -> SiteReading:
+        def number(name: str) -> float:
+            try:
+                return float(fields.get(name) or 0)
+            except ValueError:
+                return 0.0
+
+        return cls(
+            site,
+            int(number("inflight")),
+            int(number("leased")),
+            int(number("parked")),
+            int(number("backoffs")),
+            max(0.0, number("until") / 1000 - now),
+            number("paused_ms") / 1000,
+            number("delay") / 1000,
+        )
+
+
+def read_sites(client: redis.Redis, keys: SpiderKeys) -> list[SiteReading]:
+    """The group's sites, busiest first (in flight, then paused, then leased)."""
+    now = time.time()
+    found = [SiteReading.parse(s, f, now) for s, f in SiteState(client, keys).read().items()]
+    return sorted(found, key=lambda r: (-r.in_flight, -r.paused_for, -r.leased, r.site))

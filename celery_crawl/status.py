@@ -5,13 +5,15 @@ they could not be queued (in the dead-letter list), pages/s and items/s over
 the last minute (from the per-minute counts the stats collector keeps), the
 running jobs with their progress (and "waiting: no live worker hosts ..."
 while that is so); the Celery workers online; and the worker processes of the
-registry, with the age of their last heartbeat.
+registry, with the age of their last heartbeat; and per spider group, its
+busiest sites: in flight, leased, waits for the limits, back-offs, pauses.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict
 from typing import Any
 
 import redis
@@ -23,6 +25,7 @@ from celery_crawl.jobs import parse_status
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.project import project_of
 from celery_crawl.registry import Registry, waiting_reason
+from celery_crawl.sites import read_sites
 
 Raw = dict[bytes, bytes]
 
@@ -81,9 +84,18 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
     ]
     return {
         "spiders": per_spider,
+        "sites": site_rows(client, spiders),
         "workers": workers(app),
         "processes": [p.as_dict() for p in processes],
     }
+
+
+def site_rows(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[dict[str, Any]]:
+    """Every site of each spider group, busiest first (docs/politeness.md)."""
+    rows = []
+    for keys in (k for k in spiders if k.group == k.spider):
+        rows += [{"group": keys.group, **asdict(r)} for r in read_sites(client, keys)]
+    return rows
 
 
 def minute_counts(
@@ -158,7 +170,31 @@ def render(data: dict[str, Any]) -> Group:
     online = Table(title=f"workers online: {len(data['workers'])}", show_header=False)
     for name in data["workers"]:
         online.add_row(name)
-    return Group(spiders, jobs, online, process_table(data["processes"]))
+    return Group(spiders, jobs, site_table(data["sites"]), online, process_table(data["processes"]))
+
+
+SHOWN_SITES = 10  # the busiest; --json lists every site
+
+
+def site_table(sites: list[dict[str, Any]]) -> Table:
+    """The busiest sites: in flight, paused, leased, waits and back-offs."""
+    more = f", the {SHOWN_SITES} busiest shown" if len(sites) > SHOWN_SITES else ""
+    table = Table(title=f"sites: {len(sites)}{more}")
+    columns = ("group", "site", "in flight", "leased", "waited", "back-offs", "paused for")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("group", "site") else "right")
+    for s in sites[:SHOWN_SITES]:
+        paused = f"[red]{s['paused_for']:.0f} s[/red]" if s["paused_for"] > 0 else "-"
+        table.add_row(
+            s["group"],
+            s["site"],
+            f"{s['in_flight']:,}",
+            f"{s['leased']:,}",
+            f"{s['parked']:,}",
+            f"{s['backoffs']:,}",
+            paused,
+        )
+    return table
 
 
 def process_table(processes: list[dict[str, Any]]) -> Table:

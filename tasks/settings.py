@@ -22,7 +22,11 @@ CELERY_CRAWL_QUEUES = {"forum": "forum.list", "forum_detail": "forum.detail"}
 REQUEST_FINGERPRINTER_CLASS = "celery_crawl.fingerprint.VersionedRequestFingerprinter"
 
 CONCURRENT_REQUESTS = 32
-CONCURRENT_REQUESTS_PER_DOMAIN = 32
+CONCURRENT_REQUESTS_PER_DOMAIN = 32  # per process; and, shared, per site for the whole crawl
+# Politeness for every worker together (docs/politeness.md): the demo site answers 429
+# above 250 requests/s, so the crawl stays below it however many workers run.
+SITE_RATE = 200.0
+SITE_BURST = 20
 DOWNLOAD_TIMEOUT = 30
 RETRY_TIMES = 3
 HTTPERROR_ALLOWED_CODES: list[int] = []

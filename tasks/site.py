@@ -665,6 +665,11 @@ class SiteThread:
     def requests_served(self) -> int:
         return self.site.requests_served
 
+    @property
+    def rate_limited(self) -> int:
+        """Requests answered 429 (above the rate limit, or injected)."""
+        return self.site.responses_by_status[429]
+
     def arrivals(self) -> list[Arrival]:
         """A copy of the site's arrival log, oldest first."""
         return self.site.log.arrivals()

@@ -69,9 +69,9 @@ local purged = 0
 for i = 2, #KEYS, 3 do
     dedup_use(KEYS[i + 1], KEYS[i + 2])
     purged = purged + purge(KEYS[i])
-    local parked = KEYS[i] .. ':site:~parked'
+    local parked = KEYS[i] .. ':parked'
     for _, site in ipairs(redis.call('ZRANGE', parked, 0, -1)) do  -- include/sites.lua
-        local q = site_key(KEYS[i], site) .. ':q'
+        local q = site_parked_key(KEYS[i], site)
         purged = purged + purge(q)
         if redis.call('EXISTS', q) == 0 then redis.call('ZREM', parked, site) end
     end

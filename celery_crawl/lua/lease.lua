@@ -10,7 +10,8 @@
 -- ARGV[4]  'sites' to hold entries that carry a site to its limits (include/sites.lua),
 --          '' to lease in plain priority order
 -- ARGV[5]  with 'sites': the default limits, "concurrency interval_ms burst"
--- ARGV[6]  with 'sites': '1' when KEYS[1] .. ':site:~limits' names sites of other limits
+-- ARGV[6]  with 'sites': '1' when the group's site limits hash (include/sites.lua) names
+--          sites of other limits
 -- Returns  {leased members, wait}: a member is 8-byte lease id .. 4-byte priority ..
 --          entry; wait is -1, or when nothing was leased and entries are parked,
 --          the ms until the first parked site may take one (a pop waits that long)
@@ -36,8 +37,8 @@ local deadline = now + tonumber(ARGV[2])
 local pop = ARGV[3] == 'tail' and 'RPOP' or 'LPOP'
 local park_push = ARGV[3] == 'tail' and 'LPUSH' or 'RPUSH'
 local SITES = ARGV[4] == 'sites'
-local parked_key = levels .. ':site:~parked'
-local taken = {}  -- {priority, entry, counted}
+local sites, parked_key = site_prefix(JOB_PREFIX), levels .. ':parked'
+local taken = {}  -- {priority, entry, site whose cap counts it, or false}
 
 local function keep(entry, priority, counted, job)
     taken[#taken + 1] = {priority, entry, counted}
@@ -64,6 +65,9 @@ local function lease_taken()
         local high = math.floor(id / 2 ^ 32) % 2 ^ 31 + (t[3] and 2 ^ 31 or 0)
         local member = struct.pack('>I4I4i4', high, id % 2 ^ 32, tonumber(t[1])) .. t[2]
         redis.call('ZADD', inflight, deadline, member)
+        if t[3] then
+            redis.call('ZADD', sites .. t[3] .. ':leases', deadline, string.sub(member, 1, 8) .. levels)
+        end
         members[i] = member
     end
     return members
@@ -96,7 +100,7 @@ local states, limits = {}, {}
 
 local function limits_of(site)
     if not limits[site] then
-        local text = overrides and redis.call('HGET', levels .. ':site:~limits', site)
+        local text = overrides and redis.call('HGET', sites .. '~limits', site)
         limits[site] = text and site_parse_limits(text) or defaults
     end
     return limits[site]
@@ -105,13 +109,14 @@ end
 local function state_of(site)
     local state = states[site]
     if state then return state end
-    local v = redis.call('HMGET', site_key(levels, site), 'inflight', 'tat', 'until', 'delay',
-        'leased', 'parked')
-    if not v[5] then redis.call('SADD', levels .. ':site:~known', site) end
-    state = {inflight = tonumber(v[1] or '0'), tat = tonumber(v[2] or '0'),
-        paused = tonumber(v[3] or '0'), delay = tonumber(v[4] or '0'),
-        leased = tonumber(v[5] or '0'), parked_total = tonumber(v[6] or '0'),
-        parked = redis.call('ZSCORE', parked_key, site) ~= false, dirty = not v[5]}
+    local v = redis.call('HMGET', sites .. site, 'tat', 'until', 'delay', 'leased', 'parked')
+    if not v[4] then redis.call('SADD', sites .. '~known', site) end
+    local leases = sites .. site .. ':leases'
+    redis.call('ZREMRANGEBYSCORE', leases, '-inf', '(' .. now)  -- lost leases stop counting
+    state = {inflight = redis.call('ZCARD', leases), tat = tonumber(v[1] or '0'),
+        paused = tonumber(v[2] or '0'), delay = tonumber(v[3] or '0'),
+        leased = tonumber(v[4] or '0'), parked_total = tonumber(v[5] or '0'),
+        parked = redis.call('ZSCORE', parked_key, site) ~= false, dirty = not v[4]}
     states[site] = state
     return state
 end
@@ -120,7 +125,7 @@ end
 -- not below the queue's top priority.
 local function drain(site)
     local state, lim = state_of(site), limits_of(site)
-    local q = site_key(levels, site) .. ':q'
+    local q = site_parked_key(levels, site)
     while #taken < want and site_wait_ms(state, lim, now) == 0 do
         local top = redis.call('ZRANGE', q, 0, 0)[1]
         if not top then break end
@@ -131,7 +136,7 @@ local function drain(site)
         if redis.call('EXISTS', list) == 0 then redis.call('ZREM', q, top) end
         local job = entry and entry_job(entry, 1)
         if job and job_running(job) then
-            keep(entry, top, site_take(state, lim, now), job)
+            keep(entry, top, site_take(state, lim, now) and site, job)
         elseif job then
             purge(job)
         end
@@ -145,7 +150,7 @@ local function drain(site)
 end
 
 local function park(site, state, priority, entry)
-    local q = site_key(levels, site) .. ':q'
+    local q = site_parked_key(levels, site)
     redis.call(park_push, q .. ':' .. priority, entry)
     redis.call('ZADD', q, 'NX', -tonumber(priority), priority)
     state.parked = true
@@ -153,7 +158,10 @@ local function park(site, state, priority, entry)
     state.dirty = true
 end
 
-for _, site in ipairs(redis.call('ZRANGE', parked_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, want)) do
+-- sites due now, and those at their cap (due AT_CAP_MS ahead): another spider's ack may
+-- have freed a slot
+local due = redis.call('ZRANGE', parked_key, '-inf', now + AT_CAP_MS, 'BYSCORE', 'LIMIT', 0, want)
+for _, site in ipairs(due) do
     if #taken >= want then break end
     drain(site)
 end
@@ -180,7 +188,7 @@ while #taken < want and moved < max_moved do
                 parked_now[site] = true
                 moved = moved + 1
             else
-                keep(entry, top, site_take(state, lim, now), job)
+                keep(entry, top, site_take(state, lim, now) and site, job)
             end
         end
     end
@@ -189,8 +197,8 @@ for site in pairs(parked_now) do drain(site) end
 
 for site, state in pairs(states) do
     if state.dirty then
-        redis.call('HSET', site_key(levels, site), 'inflight', state.inflight, 'tat', state.tat,
-            'leased', state.leased, 'parked', state.parked_total)
+        redis.call('HSET', sites .. site, 'tat', state.tat, 'leased', state.leased,
+            'parked', state.parked_total)
     end
 end
 

@@ -31,7 +31,7 @@ end
 local requeued = 0
 for _, member in ipairs(members) do
     if redis.call('ZREM', inflight, member) == 1 then
-        site_release(levels, member)
+        site_release(site_prefix(JOB_PREFIX), levels, member)
         local job = entry_job(member, 13)
         if job_running(job) then
             local priority = struct.unpack('>i4', member, 9)

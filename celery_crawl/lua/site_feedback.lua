@@ -28,9 +28,11 @@ if mode == 'backoff' then
     local pause = given >= 0 and given or math.min(longest, first * 2 ^ (strikes - 1))
     local after = tonumber(ARGV[6])
     if after > 0 and strikes >= after then pause = math.max(pause, tonumber(ARGV[7])) end
+    local longer = math.max(0, now + pause - math.max(paused, now))  -- paused time it adds
     paused = math.max(paused, now + pause)
     redis.call('HSET', key, 'until', paused, 'strikes', strikes, 'backoff_at', now)
     redis.call('HINCRBY', key, 'backoffs', 1)
+    redis.call('HINCRBY', key, 'paused_ms', longer)
     redis.call('SADD', KEYS[2], ARGV[1])
 elseif mode == 'ok' then
     if strikes > 0 then

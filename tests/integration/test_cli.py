@@ -91,6 +91,7 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
     assert "export REDIS_URL=redis://" in done.stdout  # how to try it by hand
     assert f"│ items      │ {expected.posts + expected.comments}" in done.stdout
     assert f"│ pages      │ {expected.pages + expected.not_found}" in done.stdout
+    assert "│ 429s       │ 0 " in done.stdout  # the site's rate limit was never reached
     lines = [line for f in items.rglob("*.jsonl") for line in f.read_text().splitlines()]
     assert len(lines) == expected.posts + expected.comments
     # a folder per job (one per forum), no empty file (the list spider's, which yields no item)

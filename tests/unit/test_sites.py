@@ -151,12 +151,12 @@ def test_cancelled_jobs_parked_entries_are_purged_not_leased(
     assert purged is not None and int(purged) == 2
 
 
-def test_clear_deletes_every_site_key(client: redis.Redis, prefix: str) -> None:
+def test_clear_deletes_every_parked_entry(client: redis.Redis, prefix: str) -> None:
     queue = queue_with(client, prefix, Limits(concurrency=1))
     queue.push_many([entry(f"a{i}", "a.example") for i in range(3)])
     queue.lease(3)
     queue.clear()
-    assert not client.keys(queue.keys.queue + ":site:*")
+    assert not client.keys(queue.keys.parked + "*")
 
 
 def test_without_limits_entries_with_sites_lease_in_plain_order(
@@ -212,4 +212,42 @@ def test_cancel_purges_parked_entries_too(client: redis.Redis, prefix: str) -> N
     assert len(held) == 1 and len(queue) == 3
     Job("j3", "sites", client, queue.keys, [queue.keys], dedup=queue.dedup).cancel()
     assert len(queue) == 0
-    assert not client.exists(queue.keys.site_parked)
+    assert not client.exists(queue.keys.parked)
+
+
+def test_the_spiders_of_a_group_share_their_sites_limits(client: redis.Redis, prefix: str) -> None:
+    policy = SitePolicy(limits=Limits(concurrency=2))
+    one, two = (
+        PriorityQueue(client, SpiderKeys.build(name, group="g", prefix=prefix), sites=policy)
+        for name in ("g", "g_detail")
+    )
+    one.push_many([entry(f"a{i}", "a.example") for i in range(2)])
+    two.push_many([entry(f"b{i}", "a.example") for i in range(2)])
+    held = one.lease(2)
+    assert len(held) == 2 and two.lease(2) == []  # the site's two slots are taken
+    one.ack([held[0].member])
+    assert names(two.lease(2)) == ["b0"]
+
+
+def test_a_lost_lease_stops_counting_at_its_deadline(client: redis.Redis, prefix: str) -> None:
+    """A cleared queue (or a lost write) cannot keep a site's slot for good."""
+    policy = SitePolicy(limits=Limits(concurrency=1))
+    keys = SpiderKeys.build("sites", prefix=prefix)
+    queue = PriorityQueue(client, keys, lease_seconds=0.3, sites=policy)
+    queue.push_many([entry("a0", "a.example"), entry("a1", "a.example")])
+    assert len(queue.lease(2)) == 1
+    client.delete(keys.inflight)  # the lease is gone, its ack will never come
+    assert queue.lease(2) == []
+    time.sleep(0.4)
+    assert names(queue.lease(2)) == ["a1"]
+
+
+def test_a_renewed_lease_keeps_its_site_slot(client: redis.Redis, prefix: str) -> None:
+    policy = SitePolicy(limits=Limits(concurrency=1))
+    queue = PriorityQueue(client, SpiderKeys.build("sites", prefix=prefix), 0.3, sites=policy)
+    queue.push_many([entry("a0", "a.example"), entry("a1", "a.example")])
+    held = queue.lease(2)
+    for _ in range(3):
+        time.sleep(0.15)
+        assert queue.extend([held[0].member]) == 1
+    assert queue.lease(2) == []

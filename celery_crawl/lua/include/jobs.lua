@@ -200,7 +200,7 @@ local function ack_leases(inflight, args, first, last)
     for i = first, last do
         if redis.call('ZREM', inflight, args[i]) == 1 then
             job_ack(entry_job(args[i], 13))
-            freed = site_release(levels, args[i]) or freed
+            freed = site_release(site_prefix(JOB_PREFIX), levels, args[i]) or freed
             acked = acked + 1
         end
     end

@@ -3,8 +3,8 @@
 -- Uses: nothing from the including script. Includes sites.
 -- Defines: queue_delete(levels, inflight, seq, signal): deletes the priority
 -- levels' sorted set, every level list, the leases, the lease counter, the
--- signal list, and every site's state and parked entries; returns the number of
--- keys deleted.
+-- signal list, and the entries parked under their sites (include/sites.lua);
+-- returns the number of keys deleted.
 
 --!include sites
 
@@ -13,6 +13,6 @@ local function queue_delete(levels, inflight, seq, signal)
     for _, level in ipairs(redis.call('ZRANGE', levels, 0, -1)) do
         deleted = deleted + redis.call('DEL', levels .. ':' .. level)
     end
-    deleted = deleted + site_delete_all(levels)
+    deleted = deleted + site_parked_delete(levels)
     return deleted + redis.call('DEL', levels, inflight, seq, signal)
 end

@@ -1,42 +1,52 @@
 -- Per-site politeness: included, never run alone.
 --
--- A queue entry may carry its site (entry_site, include/jobs.lua): the key its
--- request counts against (the URL's host by default). For a queue Q, a site s has:
---   Q:site:s        hash: inflight (its leases held now), tat (ms: when the next
---                   lease is due, GCRA), until (ms: paused before then: Retry-After,
---                   back-off), delay (ms: the shared AutoThrottle interval, 0 none),
---                   strikes (back-offs in a row), and counters for status: leased,
---                   backoffs, parked (entries that had to wait), waited_ms
---   Q:site:s:q      sorted set of the priority levels of its parked entries, and
---   Q:site:s:q:<p>  a list per level: entries that may not be leased yet, set aside
---                   so that the queue behind them keeps flowing
--- and the queue has:
---   Q:site:~parked  sorted set: sites with parked entries, score = when they may
---                   take one more (ms; far ahead while at the concurrency cap: an
---                   ack brings it forward)
---   Q:site:~known   set of the sites with limits seen (status, clear)
---   Q:site:~limits  hash: site -> "concurrency interval_ms tolerance_ms", the limits of
---                   named sites over the defaults the lease script is given
--- A lease of a limited site has its lease id's top bit set: every script that ends
--- a lease (ack, requeue) gives the site its slot back (site_release).
+-- A queue entry may carry its site (entry_site, include/entries.lua): the key its
+-- request counts against (the URL's host by default). A site's state belongs to the
+-- spider group (every spider of the group crawls under the same limits); its
+-- prefix S is the group's site prefix, '<prefix>:{group}:site:' (site_prefix):
+--   S .. site            hash: tat (ms: when the next lease is due, GCRA), until (ms:
+--                        paused before then: Retry-After, back-off), delay (ms: the shared
+--                        AutoThrottle interval), strikes (back-offs in a row), backoff_at,
+--                        and counters for status: leased, backoffs, parked (entries that
+--                        had to wait), paused_ms (time paused by back-offs)
+--   S .. site .. ':leases'  sorted set of the site's leases held now (member: lease id ..
+--                        queue key, score: lease deadline ms). Counted from the deadline
+--                        on, so a lease lost any way (a cleared queue, a restart) stops
+--                        counting once its deadline passes; renewed with the lease.
+--   S .. '~known'        set of the sites seen
+--   S .. '~limits'       hash: site -> "concurrency interval_ms burst", over the defaults
+-- Entries that may not be leased yet are parked, per queue Q:
+--   Q:parked             sorted set: sites with parked entries, score = when they may
+--                        take one more (ms; soon again while at the cap: other spiders'
+--                        acks free slots too)
+--   Q:parked:site        sorted set of the priority levels of its parked entries, and
+--   Q:parked:site:<p>    a list per level, in the queue's order
+-- A lease of a site with a cap has its lease id's top bit set: every script that ends
+-- or renews a lease (ack, requeue, extend) finds it in the site's leases.
 --
 -- Uses: nothing from the including script. Includes entries.
--- Defines: site_key, site_parked_length, site_delete_all, site_release, site_front, and
--- the lease script's site_parse_limits, site_wait_ms, site_take, site_ready_at.
+-- Defines: site_prefix, site_parked_key, site_parked_length, site_parked_delete,
+-- site_release, site_renew, site_front, and for the lease script site_parse_limits,
+-- site_wait_ms, site_take, site_ready_at.
 
 --!include entries
 
-local AT_CAP_MS = 60000  -- a site at its cap is looked at again at the latest after this
+local AT_CAP_MS = 250  -- a site at its cap is looked at again this soon
 
-local function site_key(levels, site)
-    return levels .. ':site:' .. site
+-- The group's site prefix, from its job prefix ('<prefix>:{group}:job:', keys.py).
+local function site_prefix(job_prefix)
+    return string.sub(job_prefix, 1, -5) .. 'site:'
+end
+
+local function site_parked_key(levels, site)
+    return levels .. ':parked:' .. site
 end
 
 -- The parked entries of every site of the queue.
 local function site_parked_length(levels)
     local total = 0
-    for _, site in ipairs(redis.call('ZRANGE', levels .. ':site:~parked', 0, -1)) do
-        local q = site_key(levels, site) .. ':q'
+    for _, site in ipairs(redis.call('ZRANGE', levels .. ':parked', 0, -1)) do
+        local q = site_parked_key(levels, site)
         for _, level in ipairs(redis.call('ZRANGE', q, 0, -1)) do
             total = total + redis.call('LLEN', q .. ':' .. level)
         end
@@ -44,32 +54,57 @@ local function site_parked_length(levels)
     return total
 end
 
--- Delete every site's state and parked entries; returns the number of keys deleted.
-local function site_delete_all(levels)
-    local prefix, deleted = levels .. ':site:', 0
-    for _, site in ipairs(redis.call('SMEMBERS', prefix .. '~known')) do
-        local q = prefix .. site .. ':q'
+-- Delete the queue's parked entries; returns the number of keys deleted. The sites'
+-- state stays: their leases stop counting at their deadlines.
+local function site_parked_delete(levels)
+    local deleted = 0
+    for _, site in ipairs(redis.call('ZRANGE', levels .. ':parked', 0, -1)) do
+        local q = site_parked_key(levels, site)
         for _, level in ipairs(redis.call('ZRANGE', q, 0, -1)) do
             deleted = deleted + redis.call('DEL', q .. ':' .. level)
         end
-        deleted = deleted + redis.call('DEL', prefix .. site, q)
+        deleted = deleted + redis.call('DEL', q)
     end
-    return deleted + redis.call('DEL', prefix .. '~parked', prefix .. '~known', prefix .. '~limits')
+    return deleted + redis.call('DEL', levels .. ':parked')
 end
 
--- A lease member (8-byte lease id, 4-byte priority, entry) is no longer held:
--- its site, if counted, gets its slot back, and may lease again at once.
--- Returns true when a site with parked entries was freed (the caller wakes a pop).
-local function site_release(levels, member)
-    if (string.byte(member, 1) or 0) < 128 then return false end
-    local site = entry_site(member, 13)
+-- A lease's member in its site's leases: its lease id, and the queue it is of.
+local function site_lease_tag(levels, member)
+    return string.sub(member, 1, 8) .. levels
+end
+
+local function site_counted(member)
+    return (string.byte(member, 1) or 0) >= 128 and entry_site(member, 13)
+end
+
+-- A lease member (8-byte lease id, 4-byte priority, entry) is no longer held: its
+-- site, if it counts it, gets the slot back and may lease again at once.
+-- Returns true when this queue has entries of that site parked (the caller wakes a pop).
+local function site_release(sites, levels, member)
+    local site = site_counted(member)
     if not site then return false end
-    local key = site_key(levels, site)
-    if redis.call('HINCRBY', key, 'inflight', -1) < 0 then redis.call('HSET', key, 'inflight', 0) end
-    local parked = levels .. ':site:~parked'
+    redis.call('ZREM', sites .. site .. ':leases', site_lease_tag(levels, member))
     local now = redis.call('TIME')
-    return redis.call('ZADD', parked, 'XX', 'LT', 'CH', now[1] * 1000 + math.floor(now[2] / 1000),
-        site) == 1
+    return redis.call('ZADD', levels .. ':parked', 'XX', 'LT', 'CH',
+        now[1] * 1000 + math.floor(now[2] / 1000), site) == 1
+end
+
+-- A lease renewed until deadline: its site keeps counting it.
+local function site_renew(sites, levels, member, deadline)
+    local site = site_counted(member)
+    if site then
+        redis.call('ZADD', sites .. site .. ':leases', 'XX', deadline, site_lease_tag(levels, member))
+    end
+end
+
+-- Where a lease handed back goes: the queue levels, or its site's parked levels
+-- when entries of the site are parked (it then keeps its place before them).
+local function site_front(levels, member)
+    local site = entry_site(member, 13)
+    if site and redis.call('ZSCORE', levels .. ':parked', site) then
+        return site_parked_key(levels, site)
+    end
+    return levels
 end
 
 -- Limits: {concurrency cap (0 none), interval ms (0 none), burst}, from "c interval burst".
@@ -105,14 +140,4 @@ end
 local function site_ready_at(state, limits, now)
     local wait = site_wait_ms(state, limits, now)
     return wait < 0 and now + AT_CAP_MS or now + wait
-end
-
--- Where a lease handed back goes: the queue levels, or its site's parked levels
--- when entries of the site are parked (it then keeps its place before them).
-local function site_front(levels, member)
-    local site = entry_site(member, 13)
-    if site and redis.call('ZSCORE', levels .. ':site:~parked', site) then
-        return site_key(levels, site) .. ':q'
-    end
-    return levels
 end
