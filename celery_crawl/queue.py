@@ -360,7 +360,7 @@ class Base:
         return int(queued), int(leased)
 
     def clear(self) -> None:
-        self._script("queue_clear")(keys=self._queue_keys())
+        self._script("queue_clear")(keys=[*self._queue_keys(), self.keys.job_prefix])
 
     def _queue_keys(self) -> list[str]:
         return [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.signal]
@@ -376,7 +376,7 @@ class Base:
         Returns (schedulers still open, keys deleted), in one atomic step.
         """
         keys = [self.keys.open_schedulers, *self._queue_keys()]
-        keys += [self.keys.dupefilter, self.keys.dupefilter_count]
+        keys += [self.keys.dupefilter, self.keys.dupefilter_count, self.keys.job_prefix]
         args = [scheduler_id, 1 if clear else 0, *self.dedup.params]
         script = self._script("scheduler_leave", dupefilter=self.dedup.lua)
         still_open, deleted = script(keys=keys, args=args)

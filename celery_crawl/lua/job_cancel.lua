@@ -69,11 +69,10 @@ local purged = 0
 for i = 2, #KEYS, 3 do
     dedup_use(KEYS[i + 1], KEYS[i + 2])
     purged = purged + purge(KEYS[i])
-    local parked = KEYS[i] .. ':parked'
-    for _, site in ipairs(redis.call('ZRANGE', parked, 0, -1)) do  -- include/sites.lua
+    for _, site in ipairs(redis.call('ZRANGE', KEYS[i] .. ':parked', 0, -1)) do  -- sites.lua
         local q = site_parked_key(KEYS[i], site)
         purged = purged + purge(q)
-        if redis.call('EXISTS', q) == 0 then redis.call('ZREM', parked, site) end
+        if redis.call('EXISTS', q) == 0 then site_parked_none(site_prefix(JOB_PREFIX), KEYS[i], site) end
     end
 end
 redis.call('HINCRBY', key, 'pending', -purged)

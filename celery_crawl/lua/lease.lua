@@ -95,6 +95,7 @@ end
 -- per-site limits -------------------------------------------------------------
 
 local defaults = site_parse_limits(ARGV[5])
+local any_parked = redis.call('EXISTS', parked_key) == 1  -- else no site has parked entries
 local overrides = ARGV[6] == '1'
 local states, limits = {}, {}
 
@@ -116,7 +117,8 @@ local function state_of(site)
     state = {inflight = redis.call('ZCARD', leases), tat = tonumber(v[1] or '0'),
         paused = tonumber(v[2] or '0'), delay = tonumber(v[3] or '0'),
         leased = tonumber(v[4] or '0'), parked_total = tonumber(v[5] or '0'),
-        parked = redis.call('ZSCORE', parked_key, site) ~= false, dirty = not v[4]}
+        parked = any_parked and redis.call('ZSCORE', parked_key, site) ~= false,
+        dirty = not v[4]}
     states[site] = state
     return state
 end
@@ -126,10 +128,10 @@ end
 local function drain(site)
     local state, lim = state_of(site), limits_of(site)
     local q = site_parked_key(levels, site)
+    local main = top_priority()  -- the queue's own levels do not change while draining
     while #taken < want and site_wait_ms(state, lim, now) == 0 do
         local top = redis.call('ZRANGE', q, 0, 0)[1]
         if not top then break end
-        local main = top_priority()
         if main and tonumber(top) < main then break end
         local list = q .. ':' .. top
         local entry = redis.call(pop, list)
@@ -142,15 +144,17 @@ local function drain(site)
         end
     end
     if redis.call('EXISTS', q) == 0 then
-        redis.call('ZREM', parked_key, site)
+        site_parked_none(sites, levels, site)
         state.parked = false
     else
-        redis.call('ZADD', parked_key, site_ready_at(state, lim, now), site)
+        redis.call('ZADD', parked_key, site_ready_at(sites, site, state, lim, now, deadline), site)
     end
 end
 
 local function park(site, state, priority, entry)
     local q = site_parked_key(levels, site)
+    if not state.parked then site_parked_first(sites, levels, site) end
+    any_parked = true
     redis.call(park_push, q .. ':' .. priority, entry)
     redis.call('ZADD', q, 'NX', -tonumber(priority), priority)
     state.parked = true
@@ -158,10 +162,9 @@ local function park(site, state, priority, entry)
     state.dirty = true
 end
 
--- sites due now, and those at their cap (due AT_CAP_MS ahead): another spider's ack may
--- have freed a slot
-local due = redis.call('ZRANGE', parked_key, '-inf', now + AT_CAP_MS, 'BYSCORE', 'LIMIT', 0, want)
-for _, site in ipairs(due) do
+local due = any_parked
+    and redis.call('ZRANGE', parked_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, want)
+for _, site in ipairs(due or {}) do
     if #taken >= want then break end
     drain(site)
 end
@@ -205,7 +208,7 @@ end
 local wait = -1
 if #taken == 0 and moved >= max_moved then
     wait = 0  -- more of the queue to look through: at once
-elseif #taken == 0 then
+elseif #taken == 0 and any_parked then
     local first = redis.call('ZRANGE', parked_key, 0, 0, 'WITHSCORES')
     if first[2] then wait = math.max(0, tonumber(first[2]) - now) end
 end

@@ -10,6 +10,7 @@
 -- KEYS[5]  signal list
 -- KEYS[6]  dupefilter key (the filter's other keys are derived from it)
 -- KEYS[7]  dupefilter count
+-- KEYS[8]  job key prefix (the group's site prefix is derived from it)
 -- ARGV[1]  this scheduler's id
 -- ARGV[2]  1: clear the queue and the dedup filter if no other scheduler is open; 0: never
 -- then     the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
@@ -29,6 +30,6 @@ local open = redis.call('ZCARD', KEYS[1])
 if open > 0 or ARGV[2] ~= '1' then return {open, 0} end
 
 local function delete(key) return redis.call('DEL', key) end
-local deleted = queue_delete(KEYS[2], KEYS[3], KEYS[4], KEYS[5])
+local deleted = queue_delete(KEYS[2], KEYS[3], KEYS[4], KEYS[5], site_prefix(KEYS[8]))
 deleted = deleted + dedup_each_key(delete) + delete(DEDUP_KEY .. ':kind')
 return {0, deleted}

@@ -193,20 +193,16 @@ end
 
 -- Finish leases args[first .. last] of the in-flight set; returns how many were held.
 -- A member no longer leased (acked before, or requeued) is skipped.
--- A freed site with parked entries wakes a blocked pop.
+-- A lease of a site with a cap gives the site its slot back (include/sites.lua).
 local function ack_leases(inflight, args, first, last)
-    local acked, freed = 0, false
+    local acked = 0
     local levels = string.sub(inflight, 1, -10)  -- the queue key: inflight is Q .. ':inflight'
     for i = first, last do
         if redis.call('ZREM', inflight, args[i]) == 1 then
             job_ack(entry_job(args[i], 13))
-            freed = site_release(site_prefix(JOB_PREFIX), levels, args[i]) or freed
+            site_release(site_prefix(JOB_PREFIX), levels, args[i])
             acked = acked + 1
         end
-    end
-    if freed then
-        redis.call('RPUSH', levels .. ':signal', 1)
-        redis.call('LTRIM', levels .. ':signal', -64, -1)
     end
     return acked
 end

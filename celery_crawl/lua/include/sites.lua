@@ -13,12 +13,13 @@
 --                        queue key, score: lease deadline ms). Counted from the deadline
 --                        on, so a lease lost any way (a cleared queue, a restart) stops
 --                        counting once its deadline passes; renewed with the lease.
+--   S .. site .. ':waiting'  set of the queues (their keys) with entries of the site parked:
+--                        a freed slot brings the site forward in each, and wakes its pops
 --   S .. '~known'        set of the sites seen
 --   S .. '~limits'       hash: site -> "concurrency interval_ms burst", over the defaults
 -- Entries that may not be leased yet are parked, per queue Q:
 --   Q:parked             sorted set: sites with parked entries, score = when they may
---                        take one more (ms; soon again while at the cap: other spiders'
---                        acks free slots too)
+--                        take one more (ms; at the cap, when a lease ends: site_release)
 --   Q:parked:site        sorted set of the priority levels of its parked entries, and
 --   Q:parked:site:<p>    a list per level, in the queue's order
 -- A lease of a site with a cap has its lease id's top bit set: every script that ends
@@ -26,12 +27,12 @@
 --
 -- Uses: nothing from the including script. Includes entries.
 -- Defines: site_prefix, site_parked_key, site_parked_length, site_parked_delete,
--- site_release, site_renew, site_front, and for the lease script site_parse_limits,
+-- site_release, site_parked_first, site_parked_none, site_renew, site_front, and for the lease script site_parse_limits,
 -- site_wait_ms, site_take, site_ready_at.
 
 --!include entries
 
-local AT_CAP_MS = 250  -- a site at its cap is looked at again this soon
+local AT_CAP_MS = 60000  -- a site at its cap waits for a release, or at most this long
 
 -- The group's site prefix, from its job prefix ('<prefix>:{group}:job:', keys.py).
 local function site_prefix(job_prefix)
@@ -56,9 +57,10 @@ end
 
 -- Delete the queue's parked entries; returns the number of keys deleted. The sites'
 -- state stays: their leases stop counting at their deadlines.
-local function site_parked_delete(levels)
+local function site_parked_delete(sites, levels)
     local deleted = 0
     for _, site in ipairs(redis.call('ZRANGE', levels .. ':parked', 0, -1)) do
+        redis.call('SREM', sites .. site .. ':waiting', levels)
         local q = site_parked_key(levels, site)
         for _, level in ipairs(redis.call('ZRANGE', q, 0, -1)) do
             deleted = deleted + redis.call('DEL', q .. ':' .. level)
@@ -78,15 +80,32 @@ local function site_counted(member)
 end
 
 -- A lease member (8-byte lease id, 4-byte priority, entry) is no longer held: its
--- site, if it counts it, gets the slot back and may lease again at once.
--- Returns true when this queue has entries of that site parked (the caller wakes a pop).
+-- site, if it counts it, gets the slot back and may lease again at once, in every
+-- queue of the group that has entries of it parked (their pops are woken).
 local function site_release(sites, levels, member)
     local site = site_counted(member)
-    if not site then return false end
+    if not site then return end
     redis.call('ZREM', sites .. site .. ':leases', site_lease_tag(levels, member))
-    local now = redis.call('TIME')
-    return redis.call('ZADD', levels .. ':parked', 'XX', 'LT', 'CH',
-        now[1] * 1000 + math.floor(now[2] / 1000), site) == 1
+    local waiting = redis.call('SMEMBERS', sites .. site .. ':waiting')
+    if #waiting == 0 then return end
+    local clock = redis.call('TIME')
+    local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+    for _, queue in ipairs(waiting) do
+        if redis.call('ZADD', queue .. ':parked', 'XX', 'LT', 'CH', now, site) == 1 then
+            redis.call('RPUSH', queue .. ':signal', 1)
+            redis.call('LTRIM', queue .. ':signal', -64, -1)
+        end
+    end
+end
+
+-- The site's entries parked in the queue: the first, or none left.
+local function site_parked_first(sites, levels, site)
+    redis.call('SADD', sites .. site .. ':waiting', levels)
+end
+
+local function site_parked_none(sites, levels, site)
+    redis.call('ZREM', levels .. ':parked', site)
+    redis.call('SREM', sites .. site .. ':waiting', levels)
 end
 
 -- A lease renewed until deadline: its site keeps counting it.
@@ -136,8 +155,13 @@ local function site_take(state, limits, now)
     return false
 end
 
--- When the site may take one more lease (ms), for the parked index.
-local function site_ready_at(state, limits, now)
+-- When the site may take one more lease (ms), for the parked index: at its cap, when
+-- its first lease would stop counting (a release comes sooner, or a renewal moves it on).
+-- taken_until: the deadline of leases taken in this call, not yet in the site's leases.
+local function site_ready_at(sites, site, state, limits, now, taken_until)
     local wait = site_wait_ms(state, limits, now)
-    return wait < 0 and now + AT_CAP_MS or now + wait
+    if wait >= 0 then return now + wait end
+    local first = redis.call('ZRANGE', sites .. site .. ':leases', 0, 0, 'WITHSCORES')[2]
+    local expires = first and math.min(tonumber(first), taken_until) or taken_until
+    return math.min(now + AT_CAP_MS, expires + 1)
 end
