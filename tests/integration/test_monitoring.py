@@ -101,9 +101,32 @@ def exporter_names(client: redis.Redis, prefix: str) -> set[str]:
     }
     client.hset(keys.stats, mapping=fields)
     client.hset(keys.job_states, mapping={"running": 1, "done": 1})
+    site = {"leased": 3, "parked": 2, "backoffs": 1, "paused_ms": 2000, "delay": 250}
+    client.hset(keys.site("forum.example"), mapping=site)
+    client.sadd(keys.site_known, "forum.example")
     registry = Registry(workers_key(prefix), 5.0)
     collector = CrawlCollector(client, [keys], registry)
     return {s.name for f in collector.collect() for s in f.samples}
+
+
+def test_the_exporter_serves_each_sites_state(client: redis.Redis, prefix: str) -> None:
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    now_ms = int(time.time() * 1000)
+    state = {"leased": 40, "parked": 7, "backoffs": 2, "paused_ms": 3000, "until": now_ms + 30_000}
+    client.hset(keys.site("forum.example"), mapping=state)
+    client.zadd(keys.site_leases("forum.example"), {b"lease-1": now_ms + 60_000})
+    client.sadd(keys.site_known, "forum.example")
+    samples = {
+        (s.name, s.labels.get("site")): s.value
+        for f in CrawlCollector(client, [keys]).collect()
+        for s in f.samples
+    }
+    assert samples[("celery_crawl_site_leased_total", "forum.example")] == 40
+    assert samples[("celery_crawl_site_parked_total", "forum.example")] == 7
+    assert samples[("celery_crawl_site_backoffs_total", "forum.example")] == 2
+    assert samples[("celery_crawl_site_paused_seconds_total", "forum.example")] == 3.0
+    assert samples[("celery_crawl_site_in_flight", "forum.example")] == 1
+    assert 28 < samples[("celery_crawl_site_pause_remaining_seconds", "forum.example")] <= 30
 
 
 def test_alert_rules_are_valid_and_name_only_exported_metrics(
@@ -120,6 +143,8 @@ def test_alert_rules_are_valid_and_name_only_exported_metrics(
         "CrawlJobsFailing",
         "CrawlRequestsDropped",
         "CrawlNoLiveWorker",
+        "CrawlSitePaused",
+        "CrawlSiteBackingOff",
     }
     for alert in alerts:
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}
@@ -180,7 +205,7 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
     try:
         groups = wait_for_evaluated_rules(port, deadline=time.monotonic() + 60)
         rules_seen = [rule for group in groups for rule in group["rules"]]
-        assert len(rules_seen) == 7
+        assert len(rules_seen) == 9
         assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
         items = prometheus_api(port, "query", query="celery_crawl_items_total")["result"]
         assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]

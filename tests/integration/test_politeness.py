@@ -38,7 +38,8 @@ def two_sites() -> Iterator[tuple[SiteThread, SiteThread]]:
 def politeness_env(env: dict[str, str]) -> dict[str, str]:
     return {
         **env,
-        "SITE_CONCURRENCY": "0",  # sites are unlimited unless named
+        "SITE_CONCURRENCY": "0",  # sites are unlimited unless named (the forum app's
+        "SITE_RATE": "0",  # own SITE_RATE would hold the other site to 200 requests/s)
         "SITE_OVERRIDES": json.dumps({"127.0.0.1": LIMITED}),
     }
 
@@ -71,6 +72,14 @@ def span(arrivals: list[Arrival]) -> float:
     return max(times) - min(times)
 
 
+def crawl_alone(app: Celery, site: SiteThread) -> list[Arrival]:
+    run(app, {"alone": pages(site, 0, 2400)})
+    assert site.wait_idle()
+    arrivals = site.arrivals()
+    site.reset_log()
+    return arrivals
+
+
 def run(app: Celery, jobs: dict[str, list[str]], timeout: float = 120) -> dict[str, Any]:
     started = {name: crawl("site_pages", seeds, app=app) for name, seeds in jobs.items()}
     return {name: job.wait(timeout=timeout) for name, job in started.items()}
@@ -87,22 +96,22 @@ def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
         assert site.wait_idle()
         site.reset_log()
 
-    run(app, {"alone": pages(free, 0, 2400)})
-    assert free.wait_idle()
-    alone = free.arrivals()
-    free.reset_log()
-
+    alone = crawl_alone(app, free)
     together = run(app, {"limited": pages(limited, 0, 100), "free": pages(free, 0, 2400)})
     assert limited.wait_idle() and free.wait_idle()
     slow, fast = limited.arrivals(), free.arrivals()
+    free.reset_log()
+    again = crawl_alone(app, free)  # alone before and after: drift of the machine cancels out
 
     assert together["limited"]["state"] == together["free"]["state"] == "done"
-    assert len(slow) == 100 and len(alone) == len(fast) == 2400
+    assert len(slow) == 100 and len(alone) == len(fast) == len(again) == 2400
     assert most_in_one_second(slow) <= 11, f"{most_in_one_second(slow)} requests in one second"
     assert limited.max_in_flight <= 4
     assert span(slow) >= 9.0  # 100 pages at 10/s: the limit held them, nothing else did
     # the unlimited site, crawled beside the limited one, as fast as alone (within 10%)
-    assert span(fast) <= 1.10 * span(alone), (span(fast), span(alone))
+    by_itself = (span(alone) + span(again)) / 2
+    print(f"unlimited site: {by_itself:.2f} s alone, {span(fast):.2f} s beside the limited one")
+    assert span(fast) <= 1.10 * by_itself, (span(fast), span(alone), span(again))
     assert span(fast) < span(slow)  # the fast site finished while the slow one was crawled
 
 

@@ -38,6 +38,7 @@ TEST_ENV = [
     "CELERY_CRAWL_HEARTBEAT_SECONDS",
     # the politeness tests: sites' limits
     "SITE_CONCURRENCY",
+    "SITE_RATE",
     "SITE_OVERRIDES",
     "SITE_LIMITS_ENABLED",
 ]

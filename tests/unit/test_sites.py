@@ -13,7 +13,7 @@ from celery_crawl.errors import ConfigError
 from celery_crawl.jobs import Job
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.queue import Base, Entry, LifoQueue, PriorityQueue
-from celery_crawl.sites import Limits, SitePolicy, SiteState, retry_after
+from celery_crawl.sites import AutoThrottle, Limits, SitePolicy, SiteState, read_sites, retry_after
 
 
 def queue_with(
@@ -251,3 +251,22 @@ def test_a_renewed_lease_keeps_its_site_slot(client: redis.Redis, prefix: str) -
         time.sleep(0.15)
         assert queue.extend([held[0].member]) == 1
     assert queue.lease(2) == []
+
+
+def test_a_shared_autothrottle_estimate_spaces_the_sites_leases(
+    client: redis.Redis, prefix: str
+) -> None:
+    """AutoThrottle's formula on one estimate per site: latency 0.4 s at target 2 -> 0.2 s."""
+    queue = queue_with(client, prefix, Limits())
+    throttle = AutoThrottle(target=2.0, start=0.0, low=0.0, high=5.0)
+    state = SiteState(client, queue.keys, SitePolicy(autothrottle=throttle))
+    for _ in range(12):  # the estimate converges on latency / target
+        state.success("a.example", 0.4, 200)
+    reading = next(r for r in read_sites(client, queue.keys) if r.site == "a.example")
+    assert 0.19 <= reading.delay <= 0.2
+    state.success("a.example", 0.01, 503)  # not a 200: the estimate never drops on it
+    assert next(r for r in read_sites(client, queue.keys)).delay >= 0.19
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(2)])
+    assert names(queue.lease(2)) == ["a0"]
+    assert queue.lease(2) == []
+    assert queue.next_ready is not None and 0.15 < queue.next_ready <= 0.2
