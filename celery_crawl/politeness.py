@@ -12,6 +12,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Self
 
 from celery_crawl import connection
+from celery_crawl.defaults import setting
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.sites import SitePolicy, SiteState, retry_after
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
+MIDDLEWARE = "celery_crawl.politeness.SiteLimitsMiddleware"
 STRIKES_META = "_site_strikes"  # back-offs in a row the gate saw: a success then ends them
 
 
@@ -88,6 +90,24 @@ class SiteLimitsMiddleware:
     def _inc(self, key: str) -> None:
         if self.crawler is not None and self.crawler.stats is not None:
             self.crawler.stats.inc_value(key)
+
+
+def check_installed(settings: Any) -> None:
+    """With site limits on and the middleware missing (a plain ``scrapy crawl``), say so once:
+    the limits still hold at the lease, but 429s are not shared."""
+    from scrapy.utils.conf import build_component_list
+    from scrapy.utils.misc import load_object
+
+    if not setting(settings, "SITE_LIMITS_ENABLED"):
+        return
+    paths = build_component_list(settings.getwithbase("DOWNLOADER_MIDDLEWARES"))
+    classes = [load_object(path) if isinstance(path, str) else path for path in paths]
+    if not any(isinstance(c, type) and issubclass(c, SiteLimitsMiddleware) for c in classes):
+        logger.info(
+            "site limits hold at the lease, but 429/503 back-offs are not shared: add"
+            " DOWNLOADER_MIDDLEWARES = {%r: 800} (docs/politeness.md)",
+            MIDDLEWARE,
+        )
 
 
 async def sleep(seconds: float) -> None:

@@ -52,7 +52,7 @@ from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from twisted.python.failure import Failure
 
-from celery_crawl import compat, connection
+from celery_crawl import compat, connection, politeness
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.cookies import check_installed
@@ -198,6 +198,7 @@ class Scheduler(BaseScheduler):
             self.jobs.start()
         if self.crawler is not None:
             check_installed(self.crawler.settings)
+            politeness.check_installed(self.crawler.settings)
             self.job_stats.connect(self.crawler.signals)
             self.crawler.signals.connect(self.close_job, signal=job_close)
 

@@ -18,6 +18,7 @@ from celery import Celery
 
 from celery_crawl import crawl
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.status import snapshot
 from tasks.site import Arrival, SiteConfig, SiteThread
 from tests.support.workers import Worker, started_workers
 
@@ -50,6 +51,10 @@ def four_workers(politeness_env: dict[str, str], tmp_path: Path) -> Iterator[Cal
         for name in ("w1", "w2"):  # two workers of two processes each
             start(name, pool="prefork", concurrency=2)
         yield start
+
+
+def keys_of(prefix: str) -> SpiderKeys:
+    return SpiderKeys.build("site_pages", prefix=prefix)
 
 
 def pages(site: SiteThread, first: int, count: int) -> list[str]:
@@ -87,6 +92,8 @@ def run(app: Celery, jobs: dict[str, list[str]], timeout: float = 120) -> dict[s
 
 def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
     app: Celery,
+    prefix: str,
+    state_client: redis.Redis,
     two_sites: tuple[SiteThread, SiteThread],
     four_workers: Callable[..., Worker],
 ) -> None:
@@ -113,6 +120,10 @@ def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
     print(f"unlimited site: {by_itself:.2f} s alone, {span(fast):.2f} s beside the limited one")
     assert span(fast) <= 1.10 * by_itself, (span(fast), span(alone), span(again))
     assert span(fast) < span(slow)  # the fast site finished while the slow one was crawled
+    # celery-crawl status shows the limited site, its requests that waited for the limits
+    sites = {row["site"]: row for row in snapshot(state_client, [keys_of(prefix)], app)["sites"]}
+    assert sites["127.0.0.1"]["leased"] >= 100 and sites["127.0.0.1"]["parked"] > 0
+    assert sites["127.0.0.1"]["backoffs"] == 0 and sites["127.0.0.2"]["parked"] == 0
 
 
 def test_a_retry_after_seen_by_one_worker_holds_back_every_worker(
@@ -134,7 +145,7 @@ def test_a_retry_after_seen_by_one_worker_holds_back_every_worker(
     refused = [a for a in arrivals if a.status == 429]
     assert len(refused) == 1 and result["state"] == "done"
     # when the worker that got the 429 paused the site for every process (server clock)
-    key = SpiderKeys.build("site_pages", prefix=prefix).site("127.0.0.2")
+    key = keys_of(prefix).site("127.0.0.2")
     paused_at = int(state_client.hget(key, "backoff_at") or 0) / 1000
     assert refused[0].started <= paused_at < refused[0].started + 1.0
     grace = 0.05  # requests that had passed the check before the pause, still on their way
