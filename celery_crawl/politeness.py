@@ -9,6 +9,7 @@ latency feeds the site's shared estimate.
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any, Self
 
 from celery_crawl import connection
@@ -24,20 +25,26 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 MIDDLEWARE = "celery_crawl.politeness.SiteLimitsMiddleware"
 STRIKES_META = "_site_strikes"  # back-offs in a row the gate saw: a success then ends them
+# A process asks whether a site is paused at most once per GATE_SECONDS: a pause set by
+# another process reaches this one within that long (its own, at once).
+GATE_SECONDS = 0.025
+MAX_REMEMBERED = 10_000  # sites whose last check this process remembers
 
 
 class SiteLimitsMiddleware:
     """``DOWNLOADER_MIDDLEWARES = {"celery_crawl.politeness.SiteLimitsMiddleware": 800}``.
 
     Installed in hosted crawlers. Checks the site's pause just before each
-    download, and reports back-offs (and, with AutoThrottle, latencies) to the
-    site's shared state.
+    download (asking Redis at most once per ``GATE_SECONDS`` per site), and
+    reports back-offs (and, with AutoThrottle, latencies) to the site's shared
+    state.
     """
 
     def __init__(self, state: SiteState, crawler: Crawler | None = None) -> None:
         self.state = state
         self.policy = state.policy
         self.crawler = crawler
+        self._open: dict[str, tuple[float, int]] = {}  # site -> (not paused until, strikes)
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -52,15 +59,26 @@ class SiteLimitsMiddleware:
         if not site:
             return
         for _ in range(100):  # bounded: a site paused again and again keeps waiting
+            known = self._open.get(site)
+            if known is not None and time.monotonic() < known[0]:
+                request.meta[STRIKES_META] = known[1]
+                return
             try:
                 wait, strikes = self.state.gate(site)
             except connection.TRANSIENT_ERRORS:
                 return  # Redis away: the lease already held the site to its limits
             request.meta[STRIKES_META] = strikes
             if wait <= 0:
+                self._remember(site, strikes)
                 return
             self._inc("celery_crawl/site/gate_waits")
             await sleep(wait / 1000)
+
+    def _remember(self, site: str, strikes: int) -> None:
+        """The site is not paused: for GATE_SECONDS, this process does not ask again."""
+        if len(self._open) >= MAX_REMEMBERED:
+            self._open.clear()
+        self._open[site] = (time.monotonic() + GATE_SECONDS, strikes)
 
     def process_response(self, request: Request, response: Any) -> Any:
         site = self._site(request)
@@ -68,6 +86,7 @@ class SiteLimitsMiddleware:
             return response
         try:
             if response.status in self.policy.backoff.codes:
+                self._open.pop(site, None)
                 seconds = retry_after(response.headers.get(b"Retry-After"))
                 self._backed_off(site, self.state.backoff(site, seconds), response.status)
             elif request.meta.get(STRIKES_META) or self.policy.autothrottle is not None:
