@@ -256,8 +256,10 @@ class Base:
         many seconds a parked site may take one (None: none is parked).
         """
         keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.job_prefix]
+        keys += [self.keys.deadletter, self.keys.stats]
         args: list[Any] = [count, int(self.lease_seconds * 1000), self.pop_side]
-        members, wait = self._script("lease")(keys=keys, args=args + self.sites.lease_args())
+        args += [self.deadletter_max, *self.sites.lease_args()]
+        members, wait = self._script("lease")(keys=keys, args=args)
         self.next_ready = None if int(wait) < 0 else int(wait) / 1000
         return [Lease(m) for m in members]
 
@@ -337,14 +339,16 @@ class Base:
 
     def requeue_expired(self, limit: int = 1000) -> int:
         """Put requests whose lease ran out back at the front of their level."""
-        return self._requeue([self.pop_side, limit])
+        return self._requeue([self.pop_side, limit, self.deadletter_max])
 
     def release(self, members: Sequence[bytes]) -> int:
         """Hand leases back now (shutdown), instead of waiting for them to expire."""
-        return self._requeue([self.pop_side, 0, *members]) if members else 0
+        args = [self.pop_side, 0, self.deadletter_max, *members]
+        return self._requeue(args) if members else 0
 
     def _requeue(self, args: list[Any]) -> int:
         keys = [self.keys.queue, self.keys.inflight, self.keys.signal, self.keys.job_prefix]
+        keys += [self.keys.deadletter, self.keys.stats]
         return int(self._script("requeue")(keys=keys, args=args))
 
     def __len__(self) -> int:

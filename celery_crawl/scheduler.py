@@ -399,7 +399,12 @@ class Scheduler(BaseScheduler):
     def next_request(self) -> Request | None:
         while (lease := self._next_lease()) is not None:
             try:
-                info = self.jobs.info(lease.job) if lease.job else JobInfo()
+                job = lease.job
+            except (ValueError, IndexError) as exc:  # the lease script lets none through
+                self.dead_letter(lease, DecodeError("malformed", f"an unreadable lease: {exc}"))
+                continue
+            try:
+                info = self.jobs.info(job) if job else JobInfo()
             except connection.TRANSIENT_ERRORS as exc:  # the lease waits for Redis
                 logger.warning("Redis unreachable, job %s not joined: %s", lease.job, exc)
                 self.prefetch.put_back(lease)
@@ -464,16 +469,23 @@ class Scheduler(BaseScheduler):
             return self.codec.decode(lease.payload, self.spider)
         except DecodeError as exc:
             self.dead_letter(lease, exc)
-            return None
+        except Exception as exc:  # a codec bug or an input no check foresaw: never the engine's
+            self.dead_letter(lease, DecodeError("malformed", f"{type(exc).__name__}: {exc}"))
+        return None
 
     def dead_letter(self, lease: Lease, error: DecodeError) -> None:
         """Move an entry that cannot become a request out of the queue, with the reason.
 
         Record, job stat and ack are one script call.
         """
-        entry = base64.b64encode(lease.payload).decode("ascii")
+        try:
+            raw = lease.payload
+        except (ValueError, IndexError):
+            raw = lease.member[12:]
+        entry = base64.b64encode(raw).decode("ascii")
         self.buffer.dead_letter(self._record(error.kind, error, "dequeue", entry=entry))
-        self.job_stats.add(lease.job, f"errors/dead_letter/{error.kind}")
+        with contextlib.suppress(ValueError, IndexError):  # a job only when it can be read
+            self.job_stats.add(lease.job, f"errors/dead_letter/{error.kind}")
         self.buffer.ack(lease.member)  # finished: its job must not wait for it
         self.flush()
         logger.warning("dead-lettered a queue entry (%s): %s", error.kind, error)

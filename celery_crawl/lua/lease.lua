@@ -4,13 +4,15 @@
 -- KEYS[2]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[3]  lease counter
 -- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
+-- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
 -- ARGV[1]  n, the most requests to lease
 -- ARGV[2]  lease duration, ms (the deadline is taken from the server's clock)
 -- ARGV[3]  'head' or 'tail': which end of a level list to pop
--- ARGV[4]  'sites' to hold entries that carry a site to its limits (include/sites.lua),
+-- ARGV[4]  the most records the dead-letter list keeps
+-- ARGV[5]  'sites' to hold entries that carry a site to its limits (include/sites.lua),
 --          '' to lease in plain priority order
--- ARGV[5]  with 'sites': the default limits, "concurrency interval_ms burst"
--- ARGV[6]  with 'sites': '1' when the group's site limits hash (include/sites.lua) names
+-- ARGV[6]  with 'sites': the default limits, "concurrency interval_ms burst"
+-- ARGV[7]  with 'sites': '1' when the group's site limits hash (include/sites.lua) names
 --          sites of other limits
 -- Returns  {leased members, wait}: a member is 8-byte lease id .. 4-byte priority ..
 --          entry; wait is -1, or when nothing was leased and entries are parked,
@@ -18,7 +20,9 @@
 --
 -- A lease member is unique, so identical payloads never merge in flight. An entry
 -- (include/entries.lua) carries its job id, and may carry a fingerprint and a site.
--- An entry of a job that no longer runs (closed at a limit) is discarded instead.
+-- An entry of a job that no longer runs (closed at a limit) is discarded instead. An
+-- entry that cannot be read, or of an unknown job, is poison: dead-lettered and
+-- counted in this call, never leased (include/poison.lua).
 --
 -- With 'sites', an entry whose site may not take one more request now (at its
 -- concurrency cap, its rate's next slot not due, paused) is parked under its site,
@@ -27,7 +31,9 @@
 -- their priority is not below the queue's top; within a site, priority and order hold.
 
 local JOB_PREFIX = KEYS[4]
+local QUEUE, DEADLETTER, STATS, DEADLETTER_MAX = KEYS[1], KEYS[5], KEYS[6], tonumber(ARGV[4])
 --!include jobs
+--!include poison
 
 local levels, inflight = KEYS[1], KEYS[2]
 local clock = redis.call('TIME')
@@ -36,7 +42,7 @@ local want = tonumber(ARGV[1])
 local deadline = now + tonumber(ARGV[2])
 local pop = ARGV[3] == 'tail' and 'RPOP' or 'LPOP'
 local park_push = ARGV[3] == 'tail' and 'LPUSH' or 'RPUSH'
-local SITES = ARGV[4] == 'sites'
+local SITES = ARGV[5] == 'sites'
 local sites, parked_key = site_prefix(JOB_PREFIX), levels .. ':parked'
 local taken = {}  -- {priority, entry, site whose cap counts it, or false}
 
@@ -45,15 +51,20 @@ local function keep(entry, priority, counted, job)
     job_leased(job)
 end
 
-local function purge(job)
+-- An entry of a job that no longer runs: discarded and counted, or poison if the job
+-- is unknown.
+local function purge(entry, job)
+    if not job_exists(job) then return poison(entry, 'an unknown job', 'lease') end
     job_add(job, 'pending', -1)
     job_add(job, 'purged', 1)
 end
 
 -- Lease an entry that counts against no site, unless its job no longer runs.
 local function take(entry, priority)
+    local problem = entry_problem(entry)
+    if problem then return poison(entry, problem, 'lease') end
     local job = entry_job(entry, 1)
-    if job_running(job) then keep(entry, priority, false, job) else purge(job) end
+    if job_running(job) then keep(entry, priority, false, job) else purge(entry, job) end
 end
 
 local function lease_taken()
@@ -94,9 +105,9 @@ end
 
 -- per-site limits -------------------------------------------------------------
 
-local defaults = site_parse_limits(ARGV[5])
+local defaults = site_parse_limits(ARGV[6])
 local any_parked = redis.call('EXISTS', parked_key) == 1  -- else no site has parked entries
-local overrides = ARGV[6] == '1'
+local overrides = ARGV[7] == '1'
 local states, limits = {}, {}
 
 local function limits_of(site)
@@ -140,7 +151,7 @@ local function drain(site)
         if job and job_running(job) then
             keep(entry, top, site_take(state, lim, now) and site, job)
         elseif job then
-            purge(job)
+            purge(entry, job)
         end
     end
     if redis.call('EXISTS', q) == 0 then
@@ -179,9 +190,12 @@ while #taken < want and moved < max_moved do
         redis.call('ZREM', levels, top)
     end
     for _, entry in ipairs(payloads or {}) do
+        local problem = entry_problem(entry)
         local site, job = entry_site(entry, 1), entry_job(entry, 1)
-        if not job_running(job) then
-            purge(job)
+        if problem then
+            poison(entry, problem, 'lease')
+        elseif not job_running(job) then
+            purge(entry, job)
         elseif not site then
             keep(entry, top, false, job)
         else

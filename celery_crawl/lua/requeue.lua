@@ -4,24 +4,30 @@
 -- KEYS[2]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[3]  signal list, woken once per requeued request (capped)
 -- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
+-- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
 -- ARGV[1]  'head' or 'tail': the end of a level list that pops read from
 -- ARGV[2]  the most expired leases to requeue in this call (expiry uses the server's clock)
--- ARGV[3..] explicit lease members to hand back now; when given, expiry is ignored
+-- ARGV[3]  the most records the dead-letter list keeps
+-- ARGV[4..] explicit lease members to hand back now; when given, expiry is ignored
 -- Returns  the number of requests requeued
 --
 -- A member already acked (no longer in KEYS[2]) is left alone, so a late
 -- hand-back can never duplicate a finished request. A request of a job that
 -- no longer runs (cancelled) is finished instead of requeued. A lease counted
--- against its site's cap gives the site its slot back (include/sites.lua).
+-- against its site's cap gives the site its slot back (include/sites.lua). A member
+-- that cannot be read (too short for a lease header, or an entry with a broken
+-- header) is poison: taken out and dead-lettered, never put back.
 
 local JOB_PREFIX = KEYS[4]
+local QUEUE, DEADLETTER, STATS, DEADLETTER_MAX = KEYS[1], KEYS[5], KEYS[6], tonumber(ARGV[3])
 --!include jobs
+--!include poison
 
 local levels, inflight = KEYS[1], KEYS[2]
 local push = ARGV[1] == 'tail' and 'RPUSH' or 'LPUSH'
 local members = {}
-if #ARGV > 2 then
-    for i = 3, #ARGV do members[#members + 1] = ARGV[i] end
+if #ARGV > 3 then
+    for i = 4, #ARGV do members[#members + 1] = ARGV[i] end
 else
     local now = redis.call('TIME')
     local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
@@ -30,7 +36,11 @@ end
 
 local requeued = 0
 for _, member in ipairs(members) do
-    if redis.call('ZREM', inflight, member) == 1 then
+    local entry = string.sub(member, 13)
+    local broken = #member < 13 and 'a lease shorter than its header' or entry_problem(entry)
+    if broken and redis.call('ZREM', inflight, member) == 1 then
+        poison(#member < 13 and member or entry, broken, 'requeue')
+    elseif redis.call('ZREM', inflight, member) == 1 then
         site_release(site_prefix(JOB_PREFIX), levels, member)
         local job = entry_job(member, 13)
         if job_running(job) then

@@ -7,7 +7,7 @@
 -- 1 byte length and the site. In a lease member the entry starts at offset 13.
 --
 -- Uses: nothing from the including script.
--- Defines: entry_job, entry_fp, entry_site.
+-- Defines: entry_job, entry_fp, entry_site, entry_problem, entry_hex.
 
 local function entry_job(entry, offset)
     local length = (string.byte(entry, offset) or 0) % 64
@@ -31,4 +31,32 @@ local function entry_site(entry, offset)
     local length = string.byte(entry, at) or 0
     if length == 0 then return nil end
     return string.sub(entry, at + 1, at + length)
+end
+
+-- What is wrong with an entry's header, or nil when it can be read: its job id,
+-- fingerprint and site within the entry, and a request after them.
+local function entry_problem(entry)
+    local size = #entry
+    if size == 0 then return 'an empty entry' end
+    local flags = string.byte(entry, 1)
+    local at = 2 + flags % 64  -- after the job id
+    if at > size + 1 then return 'a job id longer than the entry' end
+    if flags >= 128 then
+        if at > size then return 'a fingerprint past the end of the entry' end
+        at = at + 1 + string.byte(entry, at)
+    end
+    if flags % 128 >= 64 then
+        if at > size then return 'a site past the end of the entry' end
+        if string.byte(entry, at) == 0 then return 'an empty site' end
+        at = at + 1 + string.byte(entry, at)
+    end
+    if at > size then return 'no request after the header' end
+    return nil
+end
+
+-- Up to limit bytes of an entry as hex, for a dead-letter record (JSON holds no bytes).
+local function entry_hex(entry, limit)
+    return (string.gsub(string.sub(entry, 1, limit), '.', function(c)
+        return string.format('%02x', string.byte(c))
+    end))
 end

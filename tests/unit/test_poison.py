@@ -1,0 +1,110 @@
+"""Poison in the queue: entries that cannot be read are dead-lettered once, in the step that
+meets them, counted, and never reach Scrapy's engine. On a real server, with a real scheduler."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from typing import Any
+
+import redis
+from scrapy import Request
+
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import PriorityQueue
+from tests.support.schedulers import open_scheduler
+
+STAT = "celery_crawl/dead_letter/malformed"
+
+
+def poison_entries(job: bytes) -> list[bytes]:
+    """The kinds the issue found, and the header's other ways to be wrong."""
+    return [
+        os.urandom(40),  # random bytes: a random header, most likely an unknown job
+        bytes([len(job)]) + job,  # the job's prefix and nothing after it
+        b"",  # empty
+        bytes([60]) + b"ab",  # a job id length past the end
+        bytes([0x80 | len(job)]) + job,  # a fingerprint flag and nothing after the job id
+        bytes([0x40 | len(job)]) + job + b"\x00request",  # an empty site
+        bytes([len(b"ghost")]) + b"ghost" + b"payload",  # a job that does not exist
+    ]
+
+
+def push_raw(client: redis.Redis, keys: SpiderKeys, entries: list[bytes], priority: int) -> None:
+    client.rpush(f"{keys.queue}:{priority}", *entries)
+    client.zadd(keys.queue, {str(priority): -priority})
+
+
+def records(client: redis.Redis, keys: SpiderKeys) -> list[dict[str, Any]]:
+    return [json.loads(r) for r in client.lrange(keys.deadletter, 0, -1)]
+
+
+def test_poison_is_dead_lettered_once_and_never_reaches_the_engine(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    scheduler = open_scheduler(make_crawler(SCHEDULER_PREFETCH=4))
+    keys = scheduler.queue.keys
+    scheduler.queue.start_job("j1", [], {})
+    client.hset(keys.job("j1"), mapping={"state": "running", "pending": 7})  # as if queued
+    push_raw(client, keys, poison_entries(b"j1"), priority=100)
+    scheduler.enqueue_request(Request("http://127.0.0.1/post/1"))
+    scheduler.flush()
+
+    got = [scheduler.next_request() for _ in range(12)]  # never raises
+    assert [r.url for r in got if r is not None] == ["http://127.0.0.1/post/1"]
+    scheduler.flush()
+    dead = records(client, keys)
+    assert len(dead) == 7 and {r["stage"] for r in dead} == {"lease"}
+    assert all(r["reason"] == "malformed" and "entry_hex" in r for r in dead)
+    assert int(client.hget(keys.stats, STAT) or 0) == 7
+    assert client.zcard(keys.inflight) == 1  # only the good request, still held
+    assert len(scheduler.queue) == 0
+
+    scheduler.queue.requeue_expired()  # nothing comes back: poison is never retried
+    assert [scheduler.next_request() for _ in range(3)] == [None] * 3
+    assert len(records(client, keys)) == 7
+
+
+def test_a_job_whose_entries_were_poisoned_still_ends_and_counts_them(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    scheduler = open_scheduler(make_crawler())
+    keys = scheduler.queue.keys
+    scheduler.queue.start_job("j2", [], {})
+    broken = [bytes([2]) + b"j2", bytes([0x80 | 2]) + b"j2"]  # the job's, headers broken
+    client.hset(keys.job("j2"), mapping={"state": "running", "pending": len(broken)})
+    push_raw(client, keys, broken, priority=0)
+    assert scheduler.next_request() is None
+    job = client.hgetall(keys.job("j2"))
+    assert job[b"state"] == b"failed"  # its last request was poison: it ended, no page fetched
+    assert job[b"errors/dead_letter/malformed"] == b"2" and job[b"pending"] == b"0"
+
+
+def test_a_broken_lease_in_flight_is_dead_lettered_not_requeued(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("poison", prefix=prefix), lease_seconds=60)
+    short = b"\x00\x00\x00"  # shorter than a lease header
+    broken = struct.pack(">IIi", 0, 1, 0) + bytes([9]) + b"ab"  # its entry's header broken
+    client.zadd(queue.keys.inflight, {short: 0, broken: 0})  # both expired long ago
+    assert queue.requeue_expired() == 0
+    assert client.zcard(queue.keys.inflight) == 0 and len(queue) == 0
+    dead = records(client, queue.keys)
+    assert sorted(r["error"] for r in dead) == [
+        "a job id longer than the entry",
+        "a lease shorter than its header",
+    ]
+    assert {r["stage"] for r in dead} == {"requeue"}
+
+
+def test_a_request_the_codec_cannot_rebuild_is_dead_lettered_with_its_ack(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    scheduler = open_scheduler(make_crawler())
+    keys = scheduler.queue.keys
+    push_raw(client, keys, [bytes([0]) + b"\x93\x01\x02"], priority=0)  # msgpack, not a request
+    assert scheduler.next_request() is None
+    scheduler.flush()
+    (record,) = records(client, keys)
+    assert record["stage"] == "dequeue" and client.zcard(keys.inflight) == 0
