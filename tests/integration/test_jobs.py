@@ -338,7 +338,10 @@ def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
 
     faulty = SiteConfig(forums=2, posts_per_forum=60, error_rate=0.1, malformed_rate=0.1)
     with run_in_thread(faulty) as site:
-        worker = Worker("faulty", {**env, "FORUM_BASE_URL": site.url}, tmp_path / "f.log")
+        # its random 503s are errors, not overload: each still pauses the site for every
+        # process (docs/politeness.md), here 10 ms and doubling, not 1 s
+        faulty_env = {**env, "FORUM_BASE_URL": site.url, "SITE_BACKOFF_SECONDS": "0.01"}
+        worker = Worker("faulty", faulty_env, tmp_path / "f.log")
         try:
             worker.wait_ready()
             seeds = [{"forum_id": f} for f in faulty.forum_ids()]
