@@ -24,7 +24,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 MIDDLEWARE = "celery_crawl.politeness.SiteLimitsMiddleware"
-STRIKES_META = "_site_strikes"  # back-offs in a row the gate saw: a success then ends them
 # A process asks whether a site is paused at most once per GATE_SECONDS: a pause set by
 # another process reaches this one within that long (its own, at once).
 GATE_SECONDS = 0.025
@@ -44,7 +43,10 @@ class SiteLimitsMiddleware:
         self.state = state
         self.policy = state.policy
         self.crawler = crawler
-        self._open: dict[str, tuple[float, int]] = {}  # site -> (not paused until, strikes)
+        self._open: dict[str, float] = {}  # site -> not paused until (monotonic)
+        # Sites with back-offs in a row that this process knows of: the next success from
+        # any of them, whenever it was sent, ends the row (one call, then not again).
+        self._struck: set[str] = set()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -59,26 +61,30 @@ class SiteLimitsMiddleware:
         if not site:
             return
         for _ in range(100):  # bounded: a site paused again and again keeps waiting
-            known = self._open.get(site)
-            if known is not None and time.monotonic() < known[0]:
-                request.meta[STRIKES_META] = known[1]
+            if time.monotonic() < self._open.get(site, 0.0):
                 return
             try:
                 wait, strikes = self.state.gate(site)
             except connection.TRANSIENT_ERRORS:
                 return  # Redis away: the lease already held the site to its limits
-            request.meta[STRIKES_META] = strikes
+            if strikes:
+                self._mark_struck(site)
             if wait <= 0:
-                self._remember(site, strikes)
+                self._remember(site)
                 return
             self._inc("celery_crawl/site/gate_waits")
             await sleep(wait / 1000)
 
-    def _remember(self, site: str, strikes: int) -> None:
+    def _remember(self, site: str) -> None:
         """The site is not paused: for GATE_SECONDS, this process does not ask again."""
         if len(self._open) >= MAX_REMEMBERED:
             self._open.clear()
-        self._open[site] = (time.monotonic() + GATE_SECONDS, strikes)
+        self._open[site] = time.monotonic() + GATE_SECONDS
+
+    def _mark_struck(self, site: str) -> None:
+        if len(self._struck) >= MAX_REMEMBERED:
+            self._struck.clear()  # their rows then end at the next back-off's success instead
+        self._struck.add(site)
 
     def process_response(self, request: Request, response: Any) -> Any:
         site = self._site(request)
@@ -87,11 +93,13 @@ class SiteLimitsMiddleware:
         try:
             if response.status in self.policy.backoff.codes:
                 self._open.pop(site, None)
+                self._mark_struck(site)
                 seconds = retry_after(response.headers.get(b"Retry-After"))
                 self._backed_off(site, self.state.backoff(site, seconds), response.status)
-            elif request.meta.get(STRIKES_META) or self.policy.autothrottle is not None:
+            elif site in self._struck or self.policy.autothrottle is not None:
                 latency = request.meta.get("download_latency")
                 self.state.success(site, latency, response.status)
+                self._struck.discard(site)
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, site %s not updated: %s", site, exc)
         return response

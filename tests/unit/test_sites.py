@@ -13,7 +13,15 @@ from celery_crawl.errors import ConfigError
 from celery_crawl.jobs import Job
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.queue import Base, Entry, LifoQueue, PriorityQueue
-from celery_crawl.sites import AutoThrottle, Limits, SitePolicy, SiteState, read_sites, retry_after
+from celery_crawl.sites import (
+    AutoThrottle,
+    Backoff,
+    Limits,
+    SitePolicy,
+    SiteState,
+    read_sites,
+    retry_after,
+)
 
 
 def queue_with(
@@ -270,3 +278,43 @@ def test_a_shared_autothrottle_estimate_spaces_the_sites_leases(
     assert names(queue.lease(2)) == ["a0"]
     assert queue.lease(2) == []
     assert queue.next_ready is not None and 0.15 < queue.next_ready <= 0.2
+
+
+def test_a_success_ends_the_row_even_if_sent_before_the_back_off(
+    client: redis.Redis, prefix: str
+) -> None:
+    """Scattered 503s among successes in flight never add up to a pause.
+
+    Two requests pass the gate together; one answers 503, the other 200 after
+    it. Ten such rounds are more than ``pause_after`` back-offs, but none in a row.
+    """
+    from scrapy.http import Response
+
+    from celery_crawl.politeness import SiteLimitsMiddleware
+
+    policy = SitePolicy(backoff=Backoff(first=0.001, pause_after=3, pause=300))
+    state = SiteState(client, SpiderKeys.build("sites", prefix=prefix), policy)
+    middleware = SiteLimitsMiddleware(state)
+    url = "http://a.example/"
+    for _ in range(10):
+        middleware.process_response(Request(url), Response(url, status=503))
+        middleware.process_response(Request(url), Response(url, status=200))
+    site = state.read()["a.example"]
+    assert site["backoffs"] == "10"
+    assert site["strikes"] == "0"
+    assert int(site["paused_ms"]) < 1000  # ten first back-offs of 1 ms, never the 300 s pause
+
+
+def test_back_offs_with_no_success_between_pause_the_site(client: redis.Redis, prefix: str) -> None:
+    from scrapy.http import Response
+
+    from celery_crawl.politeness import SiteLimitsMiddleware
+
+    policy = SitePolicy(backoff=Backoff(first=0.001, pause_after=3, pause=300))
+    state = SiteState(client, SpiderKeys.build("sites", prefix=prefix), policy)
+    middleware = SiteLimitsMiddleware(state)
+    url = "http://a.example/"
+    for _ in range(3):
+        middleware.process_response(Request(url), Response(url, status=503))
+    wait, strikes = state.gate("a.example")
+    assert strikes == 3 and wait > 290_000
