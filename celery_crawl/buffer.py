@@ -8,8 +8,9 @@ first of them was buffered, or at once when ``batch_size`` requests wait.
 The children always go in before, or with, their parent's ack, so a crash
 never leaves a finished parent whose children are missing.
 
-If Redis is away, the buffer keeps everything and tries again a second
-later: nothing buffered is lost while the process lives.
+If Redis is away, or refuses the script (a damaged key: ``on_error`` is
+told, see :mod:`celery_crawl.repair`), the buffer keeps everything and tries
+again a second later: nothing buffered is lost while the process lives.
 
 The buffer does not import Twisted. ``call_later(delay, fn)`` is injected
 (the reactor's ``callLater`` in a crawl, a fake clock in tests, nothing when
@@ -59,6 +60,7 @@ class WriteBehind:
         *,
         router: Router | None = None,
         call_later: CallLater | None = None,
+        on_error: Callable[[Exception], None] | None = None,
         delay: float,
         batch_size: int,
     ) -> None:
@@ -66,6 +68,7 @@ class WriteBehind:
         self.on_written = on_written  # each pending request, and whether it was enqueued
         self.router = router
         self.call_later = call_later
+        self.on_error = on_error
         self.delay = delay
         self.batch_size = max(1, batch_size)
         self.pending: list[Pending] = []
@@ -110,14 +113,17 @@ class WriteBehind:
         try:
             own, routed = self._batches(pending)
             flags = self.queue.push_many(own, acks, job_stats, routed, letters)
-        except connection.TRANSIENT_ERRORS:
-            # Redis is away (restarting?): keep everything for the next flush
+        except connection.REFUSED_OR_TRANSIENT as exc:
+            # Redis is away (restarting?) or a key is damaged: keep everything, try again
             self.pending, self.acks = pending + self.pending, acks + self.acks
             self.dead_letters = letters + self.dead_letters
             self.job_stats.restore(job_stats)
-            logger.warning(
-                "Redis unreachable; %d requests and %d acks kept", len(pending), len(acks)
-            )
+            if isinstance(exc, connection.TRANSIENT_ERRORS):
+                logger.warning(
+                    "Redis unreachable; %d requests and %d acks kept", len(pending), len(acks)
+                )
+            elif self.on_error is not None:
+                self.on_error(exc)
             self.schedule(RETRY_DELAY)
             return
         self.on_written(pending, flags)

@@ -49,6 +49,9 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     ClusterDownError,
     TryAgainError,
 )
+# and with them, what a damaged key makes a script raise (WRONGTYPE, a counter
+# that is not a number): the buffers are kept, and the keys repaired (repair.py)
+REFUSED_OR_TRANSIENT: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, redis.ResponseError)
 DEFAULT_PARAMS: dict[str, Any] = dict(SETTINGS["REDIS_PARAMS"].default)
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")

@@ -261,11 +261,31 @@ class JobStatus:
         }
 
 
+def end_lost_jobs(
+    client: redis.Redis, group: Sequence[SpiderKeys], grace_seconds: float
+) -> list[str]:
+    """End the group's jobs whose requests are gone from Redis: ``incomplete``, with
+    ``errors/lost`` (``lua/job_reconcile.lua``). One script call; the ids it ended."""
+    keys = [group[0].job_prefix]
+    for spider in group:
+        keys += [spider.queue, spider.parked, spider.inflight]
+    ended = scripts.script(client, "job_reconcile")(keys=keys, args=[int(grace_seconds * 1000)])
+    return [job.decode() if isinstance(job, bytes) else job for job in ended]
+
+
+def _count(value: str) -> int:
+    """A counter of a job's hash; 0 if it is damaged (lua/repair.lua then ends the job)."""
+    try:
+        return int(value)
+    except ValueError:
+        return 0
+
+
 def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus:
-    fields = {k.decode(): v.decode() for k, v in raw.items()}
-    counts = {name: int(fields.get(name, 0)) for name in _COUNTERS}
+    fields = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
+    counts = {name: _count(fields.get(name, "0")) for name in _COUNTERS}
     prefixed = {
-        name: int(value)
+        name: _count(value)
         for name, value in fields.items()
         if name.startswith(("errors/", "status/"))
     }

@@ -29,8 +29,10 @@ import redis
 
 from celery_crawl import scripts
 from celery_crawl.defaults import SETTINGS
+from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.queue import Base
+from celery_crawl.repair import repair
 
 logger = logging.getLogger(__name__)
 
@@ -63,7 +65,12 @@ class Producer:
 
     def sources(self, configured: Sequence[str]) -> list[str]:
         """The Redis set when it exists, else the configured list; in a stable order."""
-        members: set[bytes] = self.client.smembers(self.keys.sources)  # type: ignore[assignment]
+        try:
+            members: set[bytes] = self.client.smembers(self.keys.sources)  # type: ignore[assignment]
+        except redis.ResponseError as exc:  # written by application code: never moved aside
+            raise ConfigError(
+                f"the producer's sources {self.keys.sources} must be a set of source ids: {exc}"
+            ) from exc
         return sorted(m.decode() for m in members) if members else list(configured)
 
     def reserve(self, sources: Sequence[str]) -> Tick:
@@ -86,8 +93,16 @@ class Producer:
         self.client.hdel(self.keys.producer_running, source)
 
     def tick(self, sources: Sequence[str], start: Callable[[str, str], Any]) -> Tick:
-        """Reserve, then start a job per reservation with ``start(source, job_id)``."""
-        tick = self.reserve(sources)
+        """Reserve, then start a job per reservation with ``start(source, job_id)``.
+
+        A key of the wrong type is moved aside first (:mod:`celery_crawl.repair`).
+        """
+        try:
+            tick = self.reserve(sources)
+        except redis.ResponseError as exc:
+            logger.error("producer %s: tick refused (%s); repairing", self.keys.spider, exc)
+            repair(self.client, self.keys)
+            tick = self.reserve(sources)
         for source, job_id in tick.produced:
             try:
                 start(source, job_id)

@@ -48,6 +48,7 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Self
 
+import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
 from twisted.python.failure import Failure
@@ -61,10 +62,12 @@ from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.heartbeat import Heartbeat
-from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, job_close, job_of
+from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, end_lost_jobs, job_close, job_of
+from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.participation import JobInfo, Participation
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
+from celery_crawl.repair import Repairer
 from celery_crawl.routing import Router, target_of
 from celery_crawl.serializer import Codec, codec_from_settings
 from celery_crawl.sites import SitePolicy, SiteState
@@ -103,9 +106,12 @@ class Scheduler(BaseScheduler):
         wake_timeout: float = 1.0,
         flush_delay: float = SETTINGS["SCHEDULER_FLUSH_DELAY"].default,
         router: Router | None = None,
+        group: list[SpiderKeys] | None = None,
     ) -> None:
         self.queue = queue
         self.router = router
+        self.repairer = Repairer(queue.client, queue.keys)
+        self.group = group or [queue.keys]  # every spider's keys, for jobs whose work is lost
         self.df = dupefilter
         self.codec = codec
         self.crawler = crawler
@@ -122,6 +128,7 @@ class Scheduler(BaseScheduler):
             self._written,
             router=router,
             call_later=reactor_call_later,
+            on_error=self._refused,
             delay=flush_delay,
             batch_size=batch_size,
         )
@@ -169,6 +176,10 @@ class Scheduler(BaseScheduler):
             codec_from_settings(settings),
             crawler=crawler,
             router=Router(queue, settings),
+            group=[
+                SpiderKeys.from_settings(spider, settings)
+                for spider in group_members(queue.keys.spider, settings)
+            ],
             persist=setting(settings, "SCHEDULER_PERSIST"),
             flush_on_start=setting(settings, "SCHEDULER_FLUSH_ON_START"),
             idle_before_close=setting(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"),
@@ -267,10 +278,23 @@ class Scheduler(BaseScheduler):
         try:
             self.flush()
             self.jobs.check()
+            self._end_lost_jobs()
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, scheduler maintenance will retry: %s", exc)
+        except redis.ResponseError as exc:  # a damaged key: repaired, maintained next time
+            self._refused(exc)
         except Exception:
             logger.exception("scheduler maintenance failed; will retry")
+
+    def _end_lost_jobs(self) -> None:
+        """Jobs whose requests Redis lost end ``incomplete``, twice a lease time after."""
+        for job in end_lost_jobs(self.queue.client, self.group, 2 * self.queue.lease_seconds):
+            logger.error("job %s ended incomplete: requests of it were lost from Redis", job)
+
+    def _refused(self, error: Exception) -> None:
+        """Redis refused a script (a damaged key): counted, and the keys repaired."""
+        self._inc("celery_crawl/redis_errors")
+        self.repairer.after(error)
 
     def renew(self) -> None:
         """The heartbeat, in its own thread: renew this process's leases and registration,
@@ -279,9 +303,13 @@ class Scheduler(BaseScheduler):
         A thread, not the reactor: a callback that holds the reactor longer than
         a lease must not let another process take the requests this one works on.
         """
-        self.queue.extend(self.prefetch.held())
-        self.queue.join(self.id, self.registration_seconds)
-        requeued = self.queue.requeue_expired()
+        try:
+            self.queue.extend(self.prefetch.held())
+            self.queue.join(self.id, self.registration_seconds)
+            requeued = self.queue.requeue_expired()
+        except redis.ResponseError as exc:  # a damaged key: repaired, renewed next beat
+            self.repairer.after(exc)
+            return
         if requeued:
             logger.info("requeued %d requests whose lease expired", requeued)
             if self.stats is not None:
@@ -427,6 +455,9 @@ class Scheduler(BaseScheduler):
             return self.prefetch.next()
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, no request leased: %s", exc)
+            return None
+        except redis.ResponseError as exc:  # a damaged key: repaired, leased again later
+            self._refused(exc)
             return None
 
     def _lease(self, count: int) -> list[Lease]:

@@ -23,6 +23,7 @@ from scrapy.statscollectors import StatsCollector, StatsT
 from celery_crawl import compat, connection, scripts
 from celery_crawl.defaults import setting
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.repair import Repairer
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -91,6 +92,7 @@ class RedisStatsCollector(StatsCollector):
         compat.check_settings(crawler.settings)
         self.client = client or connection.from_settings(crawler.settings)
         self.keys = SpiderKeys.from_settings(crawler.spidercls.name, crawler.settings)
+        self.repairer = Repairer(self.client, self.keys)
         self.flush_interval: float = setting(crawler.settings, "STATS_FLUSH_INTERVAL")
         self.max_ops: int = setting(crawler.settings, "STATS_FLUSH_MAX_OPS")
         self._ops: list[Op] = []
@@ -159,6 +161,9 @@ class RedisStatsCollector(StatsCollector):
             )
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("stats not flushed, will retry: %s", exc)
+            return
+        except redis.ResponseError as exc:  # a damaged key: kept, repaired, tried again
+            self.repairer.after(exc)
             return
         self._ops, self._increments = [], {}
 

@@ -26,13 +26,13 @@ from tests.support.paths_spider import PathsSite
 from tests.support.stub_spider import ForumSpider
 
 HERE = Path(__file__).parent
-SLOW_FOLDERS = [HERE / "integration", HERE / "ha"]
+SLOW_FOLDERS = [HERE / "integration", HERE / "ha", HERE / "faults"]
 _databases = itertools.cycle(range(1, 16))
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Every test that starts processes is ``slow``: those of integration/ and ha/."""
+    """Every test that starts processes is ``slow``: those of integration/, ha/ and faults/."""
     for item in items:
         if any(item.path.is_relative_to(folder) for folder in SLOW_FOLDERS):
             item.add_marker(pytest.mark.slow)

@@ -14,6 +14,9 @@
 -- ARGV[5 .. 4+n]        the sources, in a stable order
 -- ARGV[5+n .. 4+2n]     a fresh job id for each source, used if it is reserved
 -- Returns  a flat list: source, job id, source, job id, ... of the reservations
+--
+-- Damage heals here: a reservation that cannot be read is forgotten, a cursor or
+-- a count that is not a number starts from 0.
 
 local running, cursor_key, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_cap, queued, queue_cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
@@ -35,7 +38,7 @@ end
 
 local room = job_cap - redis.call('HLEN', running)
 if queued >= queue_cap then room = 0 end
-local start = tonumber(redis.call('GET', cursor_key) or '0') % math.max(n, 1)
+local start = (tonumber(redis.call('GET', cursor_key) or '0') or 0) % math.max(n, 1)  -- damaged: 0
 local reserved, skipped, looked = {}, 0, 0
 for step = 0, n - 1 do
     if room <= 0 then break end
@@ -54,7 +57,12 @@ for step = 0, n - 1 do
 end
 redis.call('SET', cursor_key, (start + looked) % math.max(n, 1))
 local produced = #reserved / 2
-redis.call('HINCRBY', stats, 'producer/produced', produced)
-redis.call('HINCRBY', stats, 'producer/skipped_running', skipped)
-redis.call('HINCRBY', stats, 'producer/held_back', n - produced - skipped)
+local function count(field, delta)  -- a damaged count starts afresh
+    local value = redis.call('HGET', stats, field)
+    if value and not string.match(value, '^%-?%d+$') then redis.call('HDEL', stats, field) end
+    redis.call('HINCRBY', stats, field, delta)
+end
+count('producer/produced', produced)
+count('producer/skipped_running', skipped)
+count('producer/held_back', n - produced - skipped)
 return reserved

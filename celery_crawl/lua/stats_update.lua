@@ -8,6 +8,9 @@
 --          expires after RATE_TTL; rates over the last minute come from it) or
 --          'clear' (delete both hashes; field, value and tag are ignored)
 -- Returns  the number of operations applied
+--
+-- A field to add to that holds no number (damaged) starts afresh from the
+-- value added, counted in celery_crawl/damaged/stats.
 
 local stats, types = KEYS[1], KEYS[2]
 local RATE_TTL = 900
@@ -20,6 +23,11 @@ end
 
 local function incr(field, value, tag)
     local current = redis.call('HGET', stats, field)
+    if current and not tonumber(current) then  -- damaged: the count starts afresh
+        redis.call('HINCRBY', stats, 'celery_crawl/damaged/stats', 1)
+        current = false
+        redis.call('HDEL', stats, field)
+    end
     if tag == 'i' and (current == false or string.match(current, '^-?%d+$')) then
         redis.call('HINCRBY', stats, field, value)
         redis.call('HSETNX', types, field, 'i')

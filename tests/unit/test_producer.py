@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.producer import Producer
 from celery_crawl.queue import Entry, PriorityQueue
@@ -183,3 +184,34 @@ def test_produced_jobs_take_the_producers_limits_and_spider_arguments(
     status = job.status()
     assert (status.limits, status.args) == ({"pages": 7.0}, {"lang": "en"})
     job.cancel()
+
+
+def test_damaged_producer_keys_heal_in_the_tick(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    """A reservation that cannot be read is forgotten; a cursor or count that is not a
+    number starts from 0; a running hash of the wrong type is moved aside."""
+    client.hset(keys.producer_running, mapping={FORUMS[0]: "garbage", FORUMS[1]: "|"})
+    client.set(keys.producer_cursor, "not a number")
+    client.hset(keys.stats, "producer/produced", "text")
+    producer = Producer(client, keys, job_cap=len(FORUMS), queue_cap=100)
+    tick = producer.tick(FORUMS, starter(queue))
+    assert sorted(source for source, _ in tick.produced) == FORUMS
+    assert int(client.hget(keys.stats, "producer/produced") or 0) == len(FORUMS)
+
+    client.delete(keys.producer_running)
+    client.rpush(keys.producer_running, "a list")
+    finish_all(queue)
+    tick = producer.tick(FORUMS, starter(queue))
+    assert len(tick.produced) == len(FORUMS)
+    assert client.type(keys.producer_running + "~damaged") == b"list"
+    assert int(client.hget(keys.stats, "celery_crawl/damaged/keys") or 0) == 1
+
+
+def test_a_sources_set_of_the_wrong_type_is_a_clear_error(
+    client: redis.Redis, keys: SpiderKeys
+) -> None:
+    client.set(keys.sources, "00001,00002")
+    with pytest.raises(ConfigError, match="must be a set of source ids"):
+        Producer(client, keys).sources(FORUMS)
+    assert client.get(keys.sources) == b"00001,00002"  # application data: never moved

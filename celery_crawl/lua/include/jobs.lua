@@ -14,8 +14,9 @@
 -- A job ends failed instead of done when not one page was fetched and errors
 -- were counted (fields errors/<kind>): the site was down, every download failed.
 -- It ends incomplete when pages were fetched but requests of it were dropped
--- because they could not be queued (field dropped, with errors/dropped/<kind>):
--- the crawl did not cover what the spider asked for.
+-- because they could not be queued (field dropped, with errors/dropped/<kind>),
+-- or were lost from Redis (field lost: lua/job_reconcile.lua): the crawl did
+-- not cover what the spider asked for.
 --
 -- A job's phase (field phase) is queued (no request leased yet), running,
 -- done, incomplete, failed or cancelled. The hash JOB_PREFIX .. '~states' counts
@@ -103,8 +104,9 @@ end
 -- incomplete when requests were dropped (and a page came back, or no error was
 -- counted), done otherwise.
 local function job_outcome(key)
-    local counts = redis.call('HMGET', key, 'pages', 'dropped')
-    local ended = tonumber(counts[2] or '0') > 0 and 'incomplete' or 'done'
+    local counts = redis.call('HMGET', key, 'pages', 'dropped', 'lost')
+    local short = tonumber(counts[2] or '0') > 0 or tonumber(counts[3] or '0') > 0
+    local ended = short and 'incomplete' or 'done'
     if tonumber(counts[1] or '0') > 0 then return ended end
     local fields = redis.call('HGETALL', key)
     for i = 1, #fields, 2 do

@@ -1,0 +1,57 @@
+-- End the jobs whose requests are gone, incomplete, with the loss counted.
+--
+-- A job's pending count is how many of its requests are queued or leased. When
+-- every queue of the group is empty (no priority level, no parked site, no
+-- lease) and a running job still counts pending requests, those were lost: a
+-- key was deleted, or Redis lost its last writes (AOF everysec, after a crash).
+-- The first time this is seen the job is marked (field lost_check: its done
+-- count, and when). Seen again ARGV[1] ms later, with no request of the job done
+-- since, its pending count moves to fields lost and errors/lost, and the job
+-- ends: incomplete (include/jobs.lua, job_outcome). The wait covers requests
+-- that a process holds while Redis forgot their leases (the in-flight set was
+-- deleted): their acks come within a lease time.
+-- An active job whose state is neither running nor final (damaged) ends closed,
+-- with reason 'damaged: state'.
+--
+-- KEYS[1]  job key prefix: a job's hash is KEYS[1] .. job id
+-- KEYS[2..] three per spider of the group: its queue levels, parked sites and
+--          in-flight leases (sorted sets)
+-- ARGV[1]  ms a job must stay so before it ends
+-- Returns  the ids of the jobs ended
+
+local JOB_PREFIX = KEYS[1]
+--!include jobs
+
+local ended = {}
+for _, job in ipairs(redis.call('SMEMBERS', JOB_PREFIX .. '~active')) do
+    local state = redis.call('HGET', JOB_PREFIX .. job, 'state')
+    if state and state ~= 'running' and not FINAL[state] then
+        redis.call('HSET', JOB_PREFIX .. job, 'state', 'running')
+        job_close(job, 'damaged: state')
+        ended[#ended + 1] = job
+    end
+end
+for i = 2, #KEYS do
+    if redis.call('ZCARD', KEYS[i]) > 0 then return ended end
+end
+
+local clock = redis.call('TIME')
+local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
+for _, job in ipairs(redis.call('SMEMBERS', JOB_PREFIX .. '~active')) do
+    local key = JOB_PREFIX .. job
+    local values = redis.call('HMGET', key, 'state', 'pending', 'done', 'lost_check')
+    local pending, done = tonumber(values[2] or '0') or 0, values[3] or '0'
+    if values[1] == 'running' and pending > 0 then
+        local seen_done, seen_at = string.match(values[4] or '', '^(%-?%d+):(%d+)$')
+        if seen_done ~= done then
+            redis.call('HSET', key, 'lost_check', done .. ':' .. now)
+        elseif now - tonumber(seen_at) >= tonumber(ARGV[1]) then
+            redis.call('HSET', key, 'lost', pending, 'errors/lost', pending, 'pending', 0,
+                'leased', 0)
+            redis.call('HDEL', key, 'lost_check')
+            job_finish_if_done(job)
+            ended[#ended + 1] = job
+        end
+    end
+end
+return ended

@@ -1,0 +1,164 @@
+"""Damaged keys, moved aside so that the crawl goes on.
+
+Every key of a spider has one type ([redis-layout.md](../docs/redis-layout.md)).
+A key of another type, written by something else, makes every script that
+touches it fail (``WRONGTYPE``), and a job counter that is not a number fails
+every ``HINCRBY`` on it. The scheduler then keeps what it was writing, and
+calls :func:`repair`, at most once per :data:`REPAIR_SECONDS`:
+
+- each key of the wrong type, or a counter that is not an integer, is
+  renamed to ``<key>~damaged`` (kept for a look, never read again), so the
+  scripts start it afresh;
+- a running job whose counter is not an integer ends ``closed``, with reason
+  ``damaged: <counter>`` (its old value kept in ``<counter>~damaged``).
+
+Both are counted in the spider's stats (``celery_crawl/damaged/keys`` and
+``/jobs``) and logged. What a key held is lost with it: a dedup key's
+fingerprints (those requests may be fetched again), a level list's requests
+(their jobs end ``incomplete``, see ``lua/job_reconcile.lua``).
+
+``lua/repair.lua`` checks each key's type again in the step that renames it:
+what this module reads only chooses which keys to look at.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from celery_crawl import scripts
+from celery_crawl.keys import SpiderKeys
+
+logger = logging.getLogger(__name__)
+REPAIR_SECONDS = 5.0  # a process repairs a spider's keys at most this often
+MAX_DYNAMIC_KEYS = 10_000  # level lists, parked lists, dedup buckets and jobs looked at
+# dedup keys by the end of their name (docs/redis-layout.md): exact buckets
+# <gen>:<bucket> are sets, the count and its removed count integers, the kind a string
+DEDUP_TYPES = (
+    (re.compile(r":\d+:\d+$"), "set"),
+    (re.compile(r":(count|removed)$"), "counter"),
+    (re.compile(r":kind$"), "string"),
+)
+
+
+def text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def fixed_keys(keys: SpiderKeys) -> dict[str, str]:
+    """The spider's keys whose names do not depend on the data, with their types."""
+    return {
+        keys.queue: "zset",
+        keys.inflight: "zset",
+        keys.signal: "list",
+        keys.seq: "counter",
+        keys.open_schedulers: "zset",
+        keys.parked: "zset",
+        keys.stats_types: "hash",
+        keys.deadletter: "list",
+        keys.dupefilter_count: "counter",
+        keys.job_states: "hash",
+        keys.active_jobs: "set",
+        keys.producer_running: "hash",
+        keys.producer_cursor: "string",
+    }
+
+
+def _members(client: redis.Redis, key: str, command: str) -> list[str]:
+    """A sorted set's or set's members; none when it is of another type (moved aside first)."""
+    try:
+        if command == "zset":
+            found: Any = client.zrange(key, 0, MAX_DYNAMIC_KEYS - 1)
+        else:
+            found = client.smembers(key)
+    except redis.ResponseError:
+        return []
+    return [text(m) for m in found]
+
+
+def dynamic_keys(client: redis.Redis, keys: SpiderKeys) -> dict[str, str]:
+    """Keys named by the data: level lists, parked sites' lists, jobs, dedup keys."""
+    found: dict[str, str] = {}
+    for level in _members(client, keys.queue, "zset"):
+        found[f"{keys.queue}:{level}"] = "list"
+    for site in _members(client, keys.parked, "zset"):
+        site_levels = f"{keys.parked}:{site}"
+        found[site_levels] = "zset"
+        for level in _members(client, site_levels, "zset"):
+            found[f"{site_levels}:{level}"] = "list"
+    for job in _members(client, keys.active_jobs, "set"):
+        found[keys.job(job)] = "job"
+    for key in _scan(client, keys.dupefilter + ":*"):
+        for pattern, kind in DEDUP_TYPES:
+            if pattern.search(key):
+                found[key] = kind
+                break
+    return found
+
+
+def _scan(client: redis.Redis, match: str) -> Iterable[str]:
+    for i, key in enumerate(client.scan_iter(match=match, count=1000)):
+        if i >= MAX_DYNAMIC_KEYS:
+            return
+        if not text(key).endswith("~damaged"):
+            yield text(key)
+
+
+@dataclass
+class Repair:
+    """What one :func:`repair` did."""
+
+    moved: list[str] = field(default_factory=list)
+    jobs_ended: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.moved or self.jobs_ended)
+
+
+def repair(client: redis.Redis, keys: SpiderKeys) -> Repair:
+    """Move aside the spider's keys of the wrong type; end jobs whose counters are damaged.
+
+    Two steps: the fixed keys first (a damaged index must not hide the lists it
+    names), then the keys their contents name.
+    """
+    done = Repair()
+    for wanted in (fixed_keys(keys), dynamic_keys(client, keys)):
+        names, types = list(wanted), list(wanted.values())
+        keys_ = [keys.stats, keys.job_prefix, *names]
+        moved, ended = scripts.script(client, "repair")(keys=keys_, args=[len(names), *types])
+        done.moved += [text(k) for k in moved]
+        done.jobs_ended += [text(j) for j in ended]
+    for key in done.moved:
+        logger.error("key %s had the wrong type: moved aside to %s~damaged", key, key)
+    for job in done.jobs_ended:
+        logger.error("job %s had a counter that is not a number: ended closed (damaged)", job)
+    return done
+
+
+class Repairer:
+    """Calls :func:`repair` after a Redis error, at most once per ``REPAIR_SECONDS``."""
+
+    def __init__(self, client: redis.Redis, keys: SpiderKeys) -> None:
+        self.client = client
+        self.keys = keys
+        self._last = float("-inf")
+
+    def after(self, error: Exception) -> Repair | None:
+        """``error`` came back from a script of this spider: repair, unless just done."""
+        now = time.monotonic()
+        if now - self._last < REPAIR_SECONDS:
+            return None
+        self._last = now
+        spider = self.keys.spider
+        logger.error("Redis refused a script of %s: %s; repairing its keys", spider, error)
+        try:
+            return repair(self.client, self.keys)
+        except redis.RedisError as exc:
+            logger.error("repairing the keys of %s failed: %s", self.keys.spider, exc)
+            return None

@@ -1,0 +1,325 @@
+"""Every kind of key the project writes, damaged mid-crawl under a live worker.
+
+A real worker (prefork, two processes) crawls the demo forum with the forum
+app. Once 40 pages are in, one kind of key of both spiders of the forum group
+is damaged: corrupted (wrong bytes, wrong members, wrong type) or deleted. Each
+case then checks the outcome docs/failure-semantics.md promises for that key,
+and every case checks what always holds: the worker lives, no exception reaches
+Scrapy's engine, the job ends (no hang, no loop) and nothing stays leased.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_crawl import crawl
+from celery_crawl.errors import UnknownJob
+from celery_crawl.keys import SpiderKeys
+from tests.support.forum import FORUM, forum_seeds
+from tests.support.workers import Worker
+
+EXPECTED = FORUM.expected()
+URLS = EXPECTED.pages + EXPECTED.not_found  # distinct URLs a complete crawl fetches
+ITEMS = EXPECTED.posts + EXPECTED.comments
+DAMAGE_AFTER_PAGES = 40
+ENGINE_ERRORS = ("Exception in callback", "Unhandled error", "Unhandled Error")
+
+
+def poison(job: bytes) -> list[bytes]:
+    """The issue's kinds: random bytes, a job id then random bytes, empty, a length past the end."""
+    return [os.urandom(40), bytes([len(job)]) + job + os.urandom(20), b"", bytes([60]) + b"ab"]
+
+
+@dataclass
+class Crawl:
+    """A damaged crawl, once its job ended (``result`` None: the job is gone)."""
+
+    result: dict[str, Any] | None
+    damaged: int  # keys the damage touched
+    client: redis.Redis
+    spiders: list[SpiderKeys]
+    fetched: Counter[str]  # path -> times the site served it
+    log: str
+
+    def stat(self, name: str) -> int:
+        return sum(int(self.client.hget(k.stats, name) or 0) for k in self.spiders)
+
+    def dead_letters(self) -> int:
+        return sum(int(self.client.llen(k.deadletter)) for k in self.spiders)
+
+
+Damage = Callable[[redis.Redis, SpiderKeys, str], int]
+
+
+def levels(client: redis.Redis, keys: SpiderKeys) -> list[str]:
+    return [f"{keys.queue}:{level.decode()}" for level in client.zrange(keys.queue, 0, -1)]
+
+
+def parked_lists(client: redis.Redis, keys: SpiderKeys) -> list[bytes]:
+    found = client.scan_iter(match=keys.parked + ":*", count=1000)
+    return [key for key in found if client.type(key) == b"list"]
+
+
+def wrong_type(client: redis.Redis, keys: list[Any]) -> int:
+    for key in keys:
+        client.delete(key)
+        client.set(key, "not what it should be")
+    return len(keys)
+
+
+# -- the damage, per kind of key ------------------------------------------------
+
+
+def poison_levels(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    client.rpush(f"{keys.queue}:100", *poison(job.encode()))
+    client.rpush(f"{keys.queue}:101", *poison(job.encode()))
+    client.zadd(keys.queue, {"100": -100, "101": -101})
+    return 2
+
+
+def poison_parked(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    found = parked_lists(client, keys)
+    for key in found:
+        client.rpush(key, *poison(job.encode()))
+    return len(found)
+
+
+def delete_queued(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    found = [*levels(client, keys), *parked_lists(client, keys)]
+    return client.delete(*found) if found else 0
+
+
+def junk_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    client.zadd(keys.queue, {"abc": -200, "7.5": -150, "": -300})
+    client.zadd(keys.parked, {"no-such-site": 0, "": 0})
+    return 2
+
+
+def delete_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return client.delete(keys.queue, keys.parked)
+
+
+def delete_inflight(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return client.delete(keys.inflight)
+
+
+def junk_inflight(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return client.zadd(keys.inflight, {b"short": 0, os.urandom(30): 0})
+
+
+def junk_signal(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    client.rpush(keys.signal, *[b"junk"] * 100)
+    return 1
+
+
+def wrong_type_signal(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return wrong_type(client, [keys.signal])
+
+
+def delete_dedup(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    found = list(client.scan_iter(match=keys.dupefilter + ":*", count=1000))
+    return client.delete(*found) if found else 0
+
+
+def wrong_type_dedup(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    found = client.scan_iter(match=keys.dupefilter + ":*", count=1000)
+    buckets = [key for key in found if not key.endswith((b":kind", b":count"))]
+    client.set(keys.dupefilter_count, "not a number")
+    return wrong_type(client, buckets) + 1
+
+
+def junk_stats(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    fields = client.hkeys(keys.stats)
+    for field in fields:
+        client.hset(keys.stats, field, "garbage")
+    return len(fields)
+
+
+def junk_stats_types(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    fields = client.hkeys(keys.stats_types)
+    for field in fields:
+        client.hset(keys.stats_types, field, "os.system")
+    return len(fields)
+
+
+def wrong_type_stats(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return wrong_type(client, [keys.stats, keys.stats_types])
+
+
+def junk_job(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return client.hset(keys.job(job), mapping={"pending": "x", "done": "y"}) + 1
+
+
+def delete_job(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return client.delete(keys.job(job))
+
+
+def delete_job_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return client.delete(keys.job_states, keys.active_jobs)
+
+
+def wrong_type_job_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return wrong_type(client, [keys.job_states, keys.active_jobs])
+
+
+# -- what each promises -----------------------------------------------------------
+
+
+def complete(crawl: Crawl) -> None:
+    """Every page fetched at least once, every item scraped at least once."""
+    assert crawl.result is not None and crawl.result["state"] == "done", crawl.result
+    assert len(crawl.fetched) == URLS
+    assert crawl.result["items"] >= ITEMS
+
+
+def exactly_complete(crawl: Crawl) -> None:
+    """Complete, and not one page fetched twice."""
+    complete(crawl)
+    assert max(crawl.fetched.values()) == 1
+    assert crawl.result is not None and crawl.result["items"] == ITEMS
+
+
+def poison_dead_lettered_once(crawl: Crawl) -> None:
+    exactly_complete(crawl)
+    pushed = len(poison(b"j")) * 2 * len(crawl.spiders)
+    assert crawl.dead_letters() == pushed
+    assert crawl.stat("celery_crawl/dead_letter/malformed") == pushed
+    time.sleep(5)  # more than a lease time and its requeue interval: nothing cycles back
+    assert crawl.dead_letters() == pushed
+
+
+def parked_poison_dead_lettered(crawl: Crawl) -> None:
+    exactly_complete(crawl)
+    assert crawl.dead_letters() == len(poison(b"j")) * crawl.damaged
+
+
+def lost_counted(crawl: Crawl) -> None:
+    """The queued requests are gone: the job ends incomplete and says how many."""
+    assert crawl.result is not None and crawl.result["state"] == "incomplete", crawl.result
+    assert crawl.result["errors"]["lost"] > 0
+    assert len(crawl.fetched) < URLS
+
+
+def ends(crawl: Crawl) -> None:
+    """Leases Redis forgot: their acks are skipped; the job ends, done or incomplete."""
+    assert crawl.result is not None and crawl.result["state"] in ("done", "incomplete")
+    if crawl.result["state"] == "incomplete":
+        assert crawl.result["errors"]["lost"] > 0
+
+
+def junk_leases_dead_lettered(crawl: Crawl) -> None:
+    exactly_complete(crawl)
+    assert crawl.dead_letters() == 2 * len(crawl.spiders)
+
+
+def moved_aside(crawl: Crawl) -> None:
+    complete(crawl)
+    assert crawl.stat("celery_crawl/damaged/keys") >= 1
+    assert crawl.client.keys(f"{crawl.spiders[0].queue.split('{')[0]}*~damaged")
+
+
+def stats_restarted(crawl: Crawl) -> None:
+    exactly_complete(crawl)
+    assert crawl.stat("celery_crawl/damaged/stats") >= 1
+
+
+def job_closed_damaged(crawl: Crawl) -> None:
+    assert crawl.result is not None and crawl.result["state"] == "closed"
+    assert crawl.result["reason"].startswith("damaged: ")
+    assert crawl.stat("celery_crawl/damaged/jobs") == 1
+
+
+def job_gone(crawl: Crawl) -> None:
+    """The job is unknown; its requests left drain (discarded), none loops."""
+    assert crawl.result is None
+    for keys in crawl.spiders:
+        assert crawl.client.zcard(keys.queue) == crawl.client.zcard(keys.parked) == 0
+
+
+CASES: dict[str, tuple[Damage, Callable[[Crawl], None]]] = {
+    "level lists: poison entries": (poison_levels, poison_dead_lettered_once),
+    "parked lists: poison entries": (poison_parked, parked_poison_dead_lettered),
+    "level and parked lists: deleted": (delete_queued, lost_counted),
+    "level index: junk members": (junk_index, exactly_complete),
+    "level index: deleted": (delete_index, lost_counted),
+    "in-flight set: deleted": (delete_inflight, ends),
+    "in-flight set: junk members": (junk_inflight, junk_leases_dead_lettered),
+    "signal list: junk tokens": (junk_signal, exactly_complete),
+    "signal list: wrong type": (wrong_type_signal, moved_aside),
+    "dedup keys: deleted": (delete_dedup, complete),
+    "dedup keys: wrong type, count not a number": (wrong_type_dedup, moved_aside),
+    "stats hash: values not numbers": (junk_stats, stats_restarted),
+    "stats type tags: junk": (junk_stats_types, exactly_complete),
+    "stats hash and tags: wrong type": (wrong_type_stats, complete),
+    "job hash: counters not numbers": (junk_job, job_closed_damaged),
+    "job hash: deleted": (delete_job, job_gone),
+    "job index: deleted": (delete_job_index, exactly_complete),
+    "job index: wrong type": (wrong_type_job_index, moved_aside),
+}
+
+
+def spiders_of(prefix: str) -> list[SpiderKeys]:
+    """The forum group: the list spider and the detail spider its requests are routed to."""
+    forum = SpiderKeys.build("forum", prefix=prefix)
+    return [forum, SpiderKeys.build("forum_detail", group="forum", prefix=prefix)]
+
+
+def damaged_crawl(
+    damage: Damage,
+    app: Celery,
+    worker: Worker,
+    site: Any,
+    client: redis.Redis,
+    prefix: str,
+) -> Crawl:
+    spiders = spiders_of(prefix)
+    job = crawl("forum", forum_seeds(), app=app)
+    deadline = time.monotonic() + 30
+    while job.status().pages < DAMAGE_AFTER_PAGES and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert job.status().state == "running", "the crawl ended before the damage"
+    damaged = sum(damage(client, keys, job.id) for keys in spiders)
+    assert damaged > 0, "nothing was there to damage"
+    try:
+        result: dict[str, Any] | None = job.wait(timeout=60)
+    except UnknownJob:
+        result = None
+        deadline = time.monotonic() + 30  # its requests left drain
+        while any(client.zcard(k.queue) or client.zcard(k.parked) for k in spiders):
+            assert time.monotonic() < deadline, "the deleted job's requests never drained"
+            time.sleep(0.2)
+    assert site.wait_idle(10)
+    fetched = Counter(arrival.path for arrival in site.arrivals())
+    return Crawl(result, damaged, client, spiders, fetched, worker.output())
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_damage_mid_crawl(
+    case: str,
+    env: dict[str, str],
+    app: Celery,
+    start_worker: Callable[..., Worker],
+    state_client: redis.Redis,
+    forum_site: Any,
+    prefix: str,
+    tmp_path: Path,
+) -> None:
+    damage, promise = CASES[case]
+    env["SITE_RATE"] = "100"  # about 5 s of crawl: the damage lands in the middle
+    worker = start_worker("damaged")
+    result = damaged_crawl(damage, app, worker, forum_site, state_client, prefix)
+    promise(result)
+    assert worker.proc.poll() is None, "the worker died"
+    assert not [line for line in result.log.splitlines() if any(e in line for e in ENGINE_ERRORS)]
+    for keys in result.spiders:
+        assert state_client.zcard(keys.inflight) == 0, "a lease was left behind"

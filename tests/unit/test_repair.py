@@ -1,0 +1,92 @@
+"""Damaged keys on a real server: moved aside, counted, and the work kept; lost work ends jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+from scrapy import Request
+
+from celery_crawl.jobs import end_lost_jobs
+from celery_crawl.keys import SpiderKeys
+from celery_crawl.queue import Entry, PriorityQueue
+from celery_crawl.repair import repair
+from tests.support.schedulers import drain, open_scheduler
+
+DAMAGED = "celery_crawl/damaged/keys"
+
+
+def test_keys_of_the_wrong_type_are_moved_aside_and_counted(
+    client: redis.Redis, prefix: str
+) -> None:
+    keys = SpiderKeys.build("r", prefix=prefix)
+    client.set(keys.signal, "x")  # a fixed key
+    client.set(keys.dupefilter_count, "not a number")  # a counter
+    client.zadd(keys.queue, {"5": -5})
+    client.set(keys.level(5), "x")  # a level the index names
+    client.rpush(keys.level(0), b"untouched")  # not named by the index: not looked at
+    done = repair(client, keys)
+    assert sorted(done.moved) == sorted([keys.signal, keys.dupefilter_count, keys.level(5)])
+    assert client.get(keys.signal + "~damaged") == b"x"
+    assert client.exists(keys.signal, keys.dupefilter_count, keys.level(5)) == 0
+    assert int(client.hget(keys.stats, DAMAGED) or 0) == 3
+    assert not repair(client, keys)  # nothing left to do
+
+
+def test_a_job_whose_counter_is_not_a_number_ends_closed(client: redis.Redis, prefix: str) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("j", [Entry(b"seed", job="j")], {})
+    client.hset(keys.job("j"), "pending", "x")
+    done = repair(client, keys)
+    assert done.jobs_ended == ["j"]
+    job = client.hgetall(keys.job("j"))
+    assert job[b"state"] == b"closed" and job[b"reason"] == b"damaged: pending"
+    assert job[b"pending~damaged"] == b"x" and job[b"pending"] == b"0"
+    assert int(client.hget(keys.stats, "celery_crawl/damaged/jobs") or 0) == 1
+
+
+def test_a_refused_flush_keeps_its_requests_and_repairs_the_keys(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """A dedup bucket of the wrong type: the flush fails, nothing is lost, none reaches
+    the caller, and once the key is moved aside the next flush writes the requests."""
+    scheduler = open_scheduler(make_crawler())
+    keys = scheduler.queue.keys
+    for generation_bucket in range(128):
+        client.set(f"{keys.dupefilter}:0:{generation_bucket}", "x")
+    urls = [f"http://127.0.0.1/post/{i}" for i in range(5)]
+    for url in urls:
+        scheduler.enqueue_request(Request(url))
+    scheduler.flush()  # refused: kept, repaired
+    assert len(scheduler.buffer) == 5
+    assert int(client.hget(keys.stats, DAMAGED) or 0) == 128
+    scheduler.flush()
+    assert sorted(r.url for r in drain(scheduler)) == urls
+
+
+def test_a_job_whose_requests_are_gone_ends_incomplete(client: redis.Redis, prefix: str) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("lost", [Entry(b"a", job="lost"), Entry(b"b", job="lost")], {})
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == []  # still queued
+    client.hincrby(keys.job("lost"), "pages", 1)  # some came back (none: it ends failed)
+    client.delete(keys.queue)  # the index: its lists are not found again
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == []  # first seen: marked
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == ["lost"]
+    job = client.hgetall(keys.job("lost"))
+    assert job[b"state"] == b"incomplete"
+    assert job[b"lost"] == b"2" and job[b"errors/lost"] == b"2" and job[b"pending"] == b"0"
+
+
+def test_a_job_that_made_progress_is_not_ended_as_lost(client: redis.Redis, prefix: str) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("slow", [Entry(b"a", job="slow"), Entry(b"b", job="slow")], {})
+    assert len(queue.lease(2)) == 2
+    client.delete(keys.inflight)  # Redis forgot both leases; the process still works
+    assert end_lost_jobs(client, [keys], grace_seconds=3600) == []  # marked
+    assert end_lost_jobs(client, [keys], grace_seconds=3600) == []  # not for long enough
+    client.hincrby(keys.job("slow"), "done", 1)  # a request of it was done meanwhile
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == []  # progress: marked again
+    assert client.hget(keys.job("slow"), "state") == b"running"
