@@ -292,6 +292,16 @@ class Base:
             pipe.expire(key, 60)
             pipe.execute()
 
+    def dead_letter(self, member: bytes, record: str, kind: str) -> bool:
+        """End a lease whose entry cannot become a request, with its dead-letter record.
+
+        Its job counts it in ``errors/dead_letter/<kind>``; its pending count is
+        left alone (``lua/dead_letter.lua`` says why). False if it was not leased.
+        """
+        keys = [self.keys.inflight, self.keys.job_prefix, self.keys.deadletter]
+        args = [member, record, self.deadletter_max, f"errors/dead_letter/{kind}"]
+        return bool(self._script("dead_letter")(keys=keys, args=args))
+
     def ack(self, members: Sequence[bytes]) -> int:
         """Finish leases now: the requests are done, and their jobs count them."""
         if not members:

@@ -507,18 +507,19 @@ class Scheduler(BaseScheduler):
     def dead_letter(self, lease: Lease, error: DecodeError) -> None:
         """Move an entry that cannot become a request out of the queue, with the reason.
 
-        Record, job stat and ack are one script call.
+        Record, job stat and the end of its lease are one script call (lua/dead_letter.lua).
         """
         try:
             raw = lease.payload
         except (ValueError, IndexError):
             raw = lease.member[12:]
         entry = base64.b64encode(raw).decode("ascii")
-        self.buffer.dead_letter(self._record(error.kind, error, "dequeue", entry=entry))
-        with contextlib.suppress(ValueError, IndexError):  # a job only when it can be read
-            self.job_stats.add(lease.job, f"errors/dead_letter/{error.kind}")
-        self.buffer.ack(lease.member)  # finished: its job must not wait for it
-        self.flush()
+        record = self._record(error.kind, error, "dequeue", entry=entry)
+        try:
+            self.queue.dead_letter(lease.member, record, error.kind)
+        except connection.REFUSED_OR_TRANSIENT as exc:  # its lease expires: met again then
+            logger.warning("entry not dead-lettered yet (%s): %s", error, exc)
+            return
         logger.warning("dead-lettered a queue entry (%s): %s", error.kind, error)
         self._inc(f"celery_crawl/dead_letter/{error.kind}")
 

@@ -179,6 +179,8 @@ class PathsSite:
     def __init__(self) -> None:
         self.hits: Counter[str] = Counter()
         self.first_hit: dict[str, float] = {}  # path -> time.monotonic() of its first request
+        self.hold_first: dict[str, float] = {}  # path -> seconds its first request waits
+        self._released = threading.Event()  # set on exit: nothing waits any more
         self._lock = threading.Lock()
         site = self
 
@@ -198,6 +200,7 @@ class PathsSite:
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._released.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -207,6 +210,8 @@ class PathsSite:
             self.hits[path] += 1
             hits = self.hits[path]
             self.first_hit.setdefault(path, time.monotonic())
+        if hits == 1 and path in self.hold_first:  # a download that is still going on
+            self._released.wait(self.hold_first[path])
         status, headers, body = self.page(path, hits)
         handler.send_response(status)
         for name, value in headers.items():

@@ -9,6 +9,7 @@ SPIDER_MODULES = [
     "tests.support.hosted_members",
     "tests.support.job_hooks",
     "tests.support.sites_spider",
+    "tests.support.fault_spider",
 ]
 # of the spider kinds, only the CrawlSpider runs hosted: an idle hosted crawler keeps a
 # reactor thread waiting for work, so the workers host no crawler that no test uses
@@ -21,6 +22,7 @@ CELERY_CRAWL_SPIDERS = [
     "kind_crawl",
     "hosted_members",
     "site_pages",
+    "fault_tree",
 ]
 SCHEDULER_LEASE_SECONDS = 4
 SCHEDULER_REQUEUE_INTERVAL = 1
@@ -42,7 +44,12 @@ TEST_ENV = [
     "SITE_OVERRIDES",
     "SITE_LIMITS_ENABLED",
     "SITE_BACKOFF_SECONDS",
+    # the fault-injection suite: where a process stops (tests/support/fault_spider.py)
+    "FAULT_STEP",
+    "FAULT_TRIGGER",
+    "FAULT_MARKER",
 ]
 CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, *TEST_ENV]  # noqa: F405
 PATHS_BASE_URL = ""
 JOB_FEED_DIR = ""  # paths_jobs: where its per-job feeds and hook records go
+FAULT_STEP = FAULT_TRIGGER = FAULT_MARKER = ""  # fault_tree: none by default

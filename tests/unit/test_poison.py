@@ -11,9 +11,10 @@ from typing import Any
 import redis
 from scrapy import Request
 
+from celery_crawl.jobs import end_lost_jobs
 from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import PriorityQueue
-from tests.support.schedulers import open_scheduler
+from celery_crawl.queue import Entry, PriorityQueue
+from tests.support.schedulers import drain, open_scheduler
 
 STAT = "celery_crawl/dead_letter/malformed"
 
@@ -29,6 +30,11 @@ def poison_entries(job: bytes) -> list[bytes]:
         bytes([0x40 | len(job)]) + job + b"\x00request",  # an empty site
         bytes([len(b"ghost")]) + b"ghost" + b"payload",  # a job that does not exist
     ]
+
+
+def encode(scheduler: Any, url: str) -> bytes:
+    assert scheduler.spider is not None
+    return bytes(scheduler.codec.encode(Request(url), scheduler.spider))
 
 
 def push_raw(client: redis.Redis, keys: SpiderKeys, entries: list[bytes], priority: int) -> None:
@@ -69,16 +75,44 @@ def test_poison_is_dead_lettered_once_and_never_reaches_the_engine(
 def test_a_job_whose_entries_were_poisoned_still_ends_and_counts_them(
     make_crawler: Any, client: redis.Redis
 ) -> None:
+    """Poison leaves the pending count alone; once the queue is empty, the job whose
+    count it was in ends (lua/job_reconcile.lua) and says how many were poison."""
     scheduler = open_scheduler(make_crawler())
     keys = scheduler.queue.keys
     scheduler.queue.start_job("j2", [], {})
     broken = [bytes([2]) + b"j2", bytes([0x80 | 2]) + b"j2"]  # the job's, headers broken
     client.hset(keys.job("j2"), mapping={"state": "running", "pending": len(broken)})
+    client.sadd(keys.active_jobs, "j2")  # as if its entries had been queued by it
     push_raw(client, keys, broken, priority=0)
     assert scheduler.next_request() is None
+    assert client.hget(keys.job("j2"), "state") == b"running"
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == []  # first seen
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == ["j2"]
     job = client.hgetall(keys.job("j2"))
-    assert job[b"state"] == b"failed"  # its last request was poison: it ended, no page fetched
-    assert job[b"errors/dead_letter/malformed"] == b"2" and job[b"pending"] == b"0"
+    assert job[b"state"] == b"failed"  # not one page came back
+    assert job[b"errors/dead_letter/malformed"] == b"2" and job[b"errors/lost"] == b"2"
+
+
+def test_poison_naming_a_running_job_never_ends_it_early(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """Entries written with a running job's id but never counted in it (an adversary's)."""
+    scheduler = open_scheduler(make_crawler(SCHEDULER_PREFETCH=1))
+    keys = scheduler.queue.keys
+    url = "http://127.0.0.1/post/1"
+    scheduler.queue.start_job("j3", [Entry(encode(scheduler, url), job="j3")], {})
+    push_raw(client, keys, [bytes([2]) + b"j3" + b"\xc1" * 20] * 3, priority=100)
+    requests = drain(scheduler)
+    assert [r.url for r in requests] == [url]
+    scheduler.flush()
+    assert client.hget(keys.job("j3"), "state") == b"running"  # its request is not done yet
+    client.hincrby(keys.job("j3"), "pages", 1)  # as its response would
+    scheduler.ack(requests[0])
+    scheduler.flush()
+    job = client.hgetall(keys.job("j3"))
+    assert job[b"state"] == b"done", job
+    assert sum(int(v) for k, v in job.items() if k.startswith(b"errors/dead_letter/")) == 3
+    assert job[b"leased"] == job[b"pending"] == b"0"
 
 
 def test_a_broken_lease_in_flight_is_dead_lettered_not_requeued(
