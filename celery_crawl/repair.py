@@ -151,6 +151,9 @@ class Repairer:
 
     def after(self, error: Exception) -> Repair | None:
         """``error`` came back from a script of this spider: repair, unless just done."""
+        if isinstance(error, redis.ReadOnlyError):  # a failover under way: nothing damaged
+            logger.warning("Redis is read-only (a failover?); kept, will retry: %s", error)
+            return None
         now = time.monotonic()
         if now - self._last < REPAIR_SECONDS:
             return None

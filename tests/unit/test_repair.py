@@ -90,3 +90,17 @@ def test_a_job_that_made_progress_is_not_ended_as_lost(client: redis.Redis, pref
     client.hincrby(keys.job("slow"), "done", 1)  # a request of it was done meanwhile
     assert end_lost_jobs(client, [keys], grace_seconds=0) == []  # progress: marked again
     assert client.hget(keys.job("slow"), "state") == b"running"
+
+
+def test_a_job_whose_state_is_damaged_ends_closed(client: redis.Redis, prefix: str) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("odd", [Entry(b"a", job="odd")], {})
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == []  # queued: not looked at
+    queue.push_many([], acks=[lease.member for lease in queue.lease(1)])  # done
+    queue.start_job("odd2", [Entry(b"b", job="odd2")], {})
+    client.hset(keys.job("odd2"), "state", "garbled")
+    client.delete(keys.queue)  # its request gone too: the queues are empty
+    assert end_lost_jobs(client, [keys], grace_seconds=0) == ["odd2"]
+    job = client.hgetall(keys.job("odd2"))
+    assert job[b"state"] == b"closed" and job[b"reason"] == b"damaged: state"
