@@ -209,7 +209,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[Sample]:
     start = time.monotonic()
     next_fault = start + args.fault_every
     end = start + args.minutes * 60
-    with system(args.forums, args.period, folder) as soak:
+    with system(args.forums, args.period, folder) as soak, stopped_early():
         while (now := time.monotonic()) < end:
             if now >= next_fault:
                 name = soak.inject()
@@ -222,6 +222,15 @@ def run(args: argparse.Namespace, folder: Path) -> list[Sample]:
                 print(f"no sample: {exc}", flush=True)
             time.sleep(args.sample_every)
     return samples
+
+
+@contextmanager
+def stopped_early() -> Iterator[None]:
+    """Ctrl-C or SIGTERM ends the soak early; what was sampled is still reported."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        print("stopped early", flush=True)
 
 
 SERIES = ("redis_mb", "workers_rss_mb", "queued", "dead_letters")

@@ -22,6 +22,8 @@ local running, cursor_key, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4
 local job_cap, queued, queue_cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local n = tonumber(ARGV[4])
 
+--!include counters
+
 local START_GRACE = 120  -- seconds a reservation may wait for its job to be created
 
 -- forget jobs that finished (or never started) since the last tick
@@ -57,12 +59,7 @@ for step = 0, n - 1 do
 end
 redis.call('SET', cursor_key, (start + looked) % math.max(n, 1))
 local produced = #reserved / 2
-local function count(field, delta)  -- a damaged count starts afresh
-    local value = redis.call('HGET', stats, field)
-    if value and not string.match(value, '^%-?%d+$') then redis.call('HDEL', stats, field) end
-    redis.call('HINCRBY', stats, field, delta)
-end
-count('producer/produced', produced)
-count('producer/skipped_running', skipped)
-count('producer/held_back', n - produced - skipped)
+count(stats, 'producer/produced', produced)  -- a damaged count starts afresh
+count(stats, 'producer/skipped_running', skipped)
+count(stats, 'producer/held_back', n - produced - skipped)
 return reserved

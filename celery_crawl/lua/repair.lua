@@ -64,6 +64,6 @@ if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' and redis.call('EXISTS', KEYS[1])
     redis.call('RENAME', KEYS[1], KEYS[1] .. '~damaged')
     moved[#moved + 1] = KEYS[1]
 end
-if #moved > 0 then redis.call('HINCRBY', KEYS[1], 'celery_crawl/damaged/keys', #moved) end
-if #ended > 0 then redis.call('HINCRBY', KEYS[1], 'celery_crawl/damaged/jobs', #ended) end
+if #moved > 0 then count(KEYS[1], 'celery_crawl/damaged/keys', #moved) end
+if #ended > 0 then count(KEYS[1], 'celery_crawl/damaged/jobs', #ended) end
 return {moved, ended}

@@ -12,6 +12,8 @@
 -- A field to add to that holds no number (damaged) starts afresh from the
 -- value added, counted in celery_crawl/damaged/stats.
 
+--!include counters
+
 local stats, types = KEYS[1], KEYS[2]
 local RATE_TTL = 900
 
@@ -24,7 +26,7 @@ end
 local function incr(field, value, tag)
     local current = redis.call('HGET', stats, field)
     if current and not tonumber(current) then  -- damaged: the count starts afresh
-        redis.call('HINCRBY', stats, 'celery_crawl/damaged/stats', 1)
+        count(stats, 'celery_crawl/damaged/stats', 1)
         current = false
         redis.call('HDEL', stats, field)
     end
@@ -58,7 +60,7 @@ local ops = {
     end,
     rate = function(field, value)
         local key = stats .. ':rate:' .. math.floor(tonumber(redis.call('TIME')[1]) / 60)
-        redis.call('HINCRBY', key, field, value)
+        count(key, field, value)
         redis.call('EXPIRE', key, RATE_TTL)
     end,
     clear = function() redis.call('DEL', stats, types) end,

@@ -104,3 +104,45 @@ def test_a_job_whose_state_is_damaged_ends_closed(client: redis.Redis, prefix: s
     assert end_lost_jobs(client, [keys], grace_seconds=0) == ["odd2"]
     job = client.hgetall(keys.job("odd2"))
     assert job[b"state"] == b"closed" and job[b"reason"] == b"damaged: state"
+
+
+def test_a_damaged_counter_never_fails_a_lease_half_way(client: redis.Redis, prefix: str) -> None:
+    """The soak's find: with the poison counter turned to text, the lease script failed
+    after popping its entries, and the ones not yet recorded were gone."""
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("j", [Entry(b"real", job="j")], {})
+    client.rpush(keys.level(0), b"", b"\x05ab", bytes([60]) + b"ab")  # poison after it
+    client.hset(keys.stats, "celery_crawl/dead_letter/malformed", "garbage")
+    (lease,) = queue.lease(10)
+    assert lease.payload == b"real"
+    assert client.llen(keys.deadletter) == 3 and len(queue) == 0
+    assert client.hget(keys.stats, "celery_crawl/dead_letter/malformed") == b"3"
+    assert client.hget(keys.stats, "celery_crawl/dead_letter/malformed~damaged") == b"garbage"
+
+
+def test_a_damaged_damage_counter_still_lets_stats_through(
+    client: redis.Redis, prefix: str
+) -> None:
+    """The soak's other find: the stats flush failed every time, forever."""
+    from celery_crawl import scripts
+
+    keys = SpiderKeys.build("r", prefix=prefix)
+    client.hset(keys.stats, mapping={"pages": "x", "celery_crawl/damaged/stats": "y"})
+    update = scripts.script(client, "stats_update")
+    update(keys=[keys.stats, keys.stats_types], args=["incr", "pages", "2", "i"])
+    assert client.hget(keys.stats, "pages") == b"2"
+    assert client.hget(keys.stats, "celery_crawl/damaged/stats") == b"1"
+
+
+def test_a_job_counter_damaged_mid_crawl_closes_the_job_at_the_next_ack(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {})
+    leases = queue.lease(1)
+    client.hset(keys.job("j"), "done", "text")
+    assert queue.ack([lease.member for lease in leases]) == 1  # no error
+    job = client.hgetall(keys.job("j"))
+    assert job[b"state"] == b"closed" and job[b"reason"] == b"damaged: done"

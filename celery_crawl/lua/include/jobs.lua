@@ -42,11 +42,12 @@
 -- leaves (lua/job_leave.lua). The last to leave pushes the done tokens again:
 -- Job.wait() returns once the job has ended and no participant is left.
 --
--- Uses: JOB_PREFIX. Includes sites (and with it entries). Defines: job_seen_add,
+-- Uses: JOB_PREFIX. Includes counters and sites (and with it entries). Defines: job_seen_add,
 -- job_running, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
 -- job_notify.
 
+--!include counters
 --!include sites
 
 local JOB_TTL = 7 * 24 * 3600
@@ -68,10 +69,17 @@ local function job_running(job)
     return job == '' or redis.call('HGET', JOB_PREFIX .. job, 'state') == 'running'
 end
 
+local job_close  -- defined below; a damaged counter closes its job
+
+-- Add to a counter of the job; a counter that held no integer ends the job closed.
+local function job_count(job, field, delta)
+    local value, damaged = count(JOB_PREFIX .. job, field, delta)
+    if damaged then job_close(job, 'damaged: ' .. field) end
+    return value
+end
+
 local function job_add(job, field, delta)
-    if job_exists(job) then
-        redis.call('HINCRBY', JOB_PREFIX .. job, field, delta)
-    end
+    if job_exists(job) then job_count(job, field, delta) end
 end
 
 -- Move the job to phase; its old phase's count drops, the new one's grows.
@@ -80,8 +88,8 @@ local function job_phase(job, phase)
     local old = redis.call('HGET', key, 'phase')
     if old == phase or FINAL[old] then return end
     local states = JOB_PREFIX .. '~states'
-    if old then redis.call('HINCRBY', states, old, -1) end
-    redis.call('HINCRBY', states, phase, 1)
+    if old then count(states, old, -1) end
+    count(states, phase, 1)
     redis.call('HSET', key, 'phase', phase)
     if phase == 'queued' or phase == 'running' then
         redis.call('SADD', JOB_PREFIX .. '~active', job)
@@ -94,7 +102,7 @@ end
 local function job_leased(job)
     if not job_exists(job) then return end
     -- only the first lease can find the job queued: skip the HGET otherwise
-    if redis.call('HINCRBY', JOB_PREFIX .. job, 'leased', 1) == 1
+    if job_count(job, 'leased', 1) == 1
         and redis.call('HGET', JOB_PREFIX .. job, 'phase') == 'queued' then
         job_phase(job, 'running')
     end
@@ -152,7 +160,7 @@ end
 
 -- End a running job now, closed, with the reason; returns 1, or 0 if it was not running.
 -- Its requests in flight finish as usual; queued ones are discarded when leased.
-local function job_close(job, reason)
+function job_close(job, reason)
     local key = JOB_PREFIX .. job
     if redis.call('HGET', key, 'state') ~= 'running' then return 0 end
     local now = redis.call('TIME')
@@ -187,9 +195,9 @@ end
 local function job_ack(job)
     if not job_exists(job) then return end
     local key = JOB_PREFIX .. job
-    redis.call('HINCRBY', key, 'pending', -1)
-    redis.call('HINCRBY', key, 'leased', -1)
-    redis.call('HINCRBY', key, 'done', 1)
+    job_count(job, 'pending', -1)
+    job_count(job, 'leased', -1)
+    job_count(job, 'done', 1)
     job_finish_if_done(job)
 end
 

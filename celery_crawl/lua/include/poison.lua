@@ -10,7 +10,7 @@
 -- a job that did count it ends incomplete once its queues are empty (job_reconcile.lua).
 --
 -- Uses: DEADLETTER, DEADLETTER_MAX, STATS (the spider's stats hash), QUEUE (the queue
--- key, named in the record); job_exists, job_add (include/jobs.lua, included before it).
+-- key, named in the record); job_exists, job_add, count (include/jobs.lua, included before it).
 -- Defines: poison(entry, reason, stage).
 
 local POISON_STAT = 'celery_crawl/dead_letter/malformed'
@@ -22,7 +22,7 @@ local function poison(entry, reason, stage)
         queue = QUEUE, at = clock[1] + clock[2] / 1000000, entry_hex = entry_hex(entry, POISON_HEX)})
     redis.call('LPUSH', DEADLETTER, record)
     redis.call('LTRIM', DEADLETTER, 0, DEADLETTER_MAX - 1)
-    redis.call('HINCRBY', STATS, POISON_STAT, 1)
+    count(STATS, POISON_STAT, 1)
     local size = #entry
     if size == 0 or size < 1 + string.byte(entry, 1) % 64 then return end  -- no job id to read
     local job = entry_job(entry, 1)
