@@ -64,15 +64,19 @@ _DECODERS: dict[str, Callable[[str], Any]] = {
 
 
 def decode(text: bytes | str, tag: bytes | str | None) -> Any:
-    """A value read back from the hash; untyped numbers stay numbers."""
+    """A value read back from the hash; untyped numbers stay numbers.
+
+    A value tagged as a number that holds none (damaged) is None: Scrapy's
+    extensions then see their default, not text they would subtract from.
+    """
     text = text.decode() if isinstance(text, bytes) else text
     tag = tag.decode() if isinstance(tag, bytes) else tag
     decoder = _DECODERS.get(tag or "")
     if decoder is not None:
         try:
             return decoder(text)
-        except ValueError:
-            return text
+        except ValueError:  # damaged: a number that is not one reads as missing
+            return None if tag in ("i", "f") else text
     for number in (int, float):
         try:
             return number(text)
@@ -138,7 +142,8 @@ class RedisStatsCollector(StatsCollector):
             pipe.hget(self.keys.stats, key)
             pipe.hget(self.keys.stats_types, key)
             text, tag = pipe.execute()
-        return default if text is None else decode(text, tag)
+        value = None if text is None else decode(text, tag)
+        return default if value is None else value
 
     def get_stats(self, spider: Any = None) -> StatsT:
         self.flush()

@@ -80,3 +80,14 @@ def test_inc_with_start_set_after_increment_and_clear(make_crawler: Any) -> None
     assert stats.get_value("x") == 100
     stats.clear_stats()
     assert stats.get_stats() == {}
+
+
+def test_a_damaged_number_reads_as_missing(make_crawler: Any, client: redis.Redis) -> None:
+    """Scrapy's LogStats subtracts item_scraped_count: text there stopped its loop."""
+    stats = collector(make_crawler)
+    stats.inc_value("item_scraped_count", 3)
+    stats.flush()
+    client.hset(stats.keys.stats, "item_scraped_count", "garbage")
+    assert stats.get_value("item_scraped_count", 0) == 0
+    stats.inc_value("item_scraped_count", 2)  # the count starts afresh
+    assert stats.get_value("item_scraped_count", 0) == 2
