@@ -23,8 +23,13 @@ flat means the last quarter is not above the first by more than the
 ``--tolerance``. Dead letters are compared with the poison injected: each
 entry is dead-lettered once, so the two stay equal.
 
+A finished job is kept ``--keep`` minutes (``CELERY_CRAWL_JOB_KEEP_SECONDS``,
+a week by default): its hash, its index entry and its Celery result then
+reach a steady state within the warm-up, where a week's retention would grow
+Redis by every job of the hour.
+
     python -m benchmarks.soak [--minutes 60] [--fault-every 60] [--sample-every 10]
-                              [--warm-up 10] [--forums 5] [--period 30]
+                              [--warm-up 10] [--keep 5] [--forums 5] [--period 30]
                               [--csv soak.csv] [--plot docs/soak.svg]
 """
 
@@ -172,7 +177,7 @@ def rss_kb(pid: int) -> int:
 
 
 @contextmanager
-def system(forums: int, period: float, folder: Path) -> Iterator[Soak]:
+def system(forums: int, period: float, keep: float, folder: Path) -> Iterator[Soak]:
     with ExitStack() as stack:
         server = ValkeyServer(
             port=free_port(),
@@ -192,6 +197,7 @@ def system(forums: int, period: float, folder: Path) -> Iterator[Soak]:
             "FORUM_FEED": str(folder / "items" / "%(job)s-%(worker)s.jsonl"),
             "PRODUCER_SOURCES": ",".join(config.forum_ids()),
             "PRODUCER_PERIOD": str(period),
+            "CELERY_CRAWL_JOB_KEEP_SECONDS": str(keep * 60),
         }
         services = Services(folder, env)
         stack.callback(services.stop)
@@ -209,7 +215,7 @@ def run(args: argparse.Namespace, folder: Path) -> list[Sample]:
     start = time.monotonic()
     next_fault = start + args.fault_every
     end = start + args.minutes * 60
-    with system(args.forums, args.period, folder) as soak, stopped_early():
+    with system(args.forums, args.period, args.keep, folder) as soak, stopped_early():
         while (now := time.monotonic()) < end:
             if now >= next_fault:
                 name = soak.inject()
@@ -287,6 +293,7 @@ def main() -> None:
     parser.add_argument("--fault-every", type=float, default=60, help="seconds")
     parser.add_argument("--sample-every", type=float, default=10, help="seconds")
     parser.add_argument("--warm-up", type=float, default=10, help="minutes")
+    parser.add_argument("--keep", type=float, default=5, help="minutes a finished job is kept")
     parser.add_argument("--forums", type=int, default=5)
     parser.add_argument("--period", type=float, default=30, help="seconds between beat's ticks")
     parser.add_argument("--tolerance", type=float, default=0.10)

@@ -57,6 +57,7 @@ def create_app(
         task_send_sent_event=True,
         task_track_started=True,
         result_extended=True,
+        result_expires=setting(project.settings, "CELERY_CRAWL_JOB_KEEP_SECONDS"),
         broker_connection_retry_on_startup=True,
         celery_crawl_settings=scrapy_settings,
         celery_crawl_overrides=settings or {},

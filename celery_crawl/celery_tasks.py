@@ -67,6 +67,8 @@ def run_job(
             if job.client.exists(stopping):
                 raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
             continue
+        # the job's index entry now lives as long as its hash (CELERY_CRAWL_JOB_KEEP_SECONDS)
+        job.client.expire(job_spider(project.prefix, job.id), int(project.job_keep(spider)))
         return finished(job, result)
 
 

@@ -21,7 +21,7 @@ from celery_crawl.project import Project, project_of
 
 JOB_TASK = "celery_crawl.crawl"
 PRODUCE_TASK = "celery_crawl.produce"
-JOB_INDEX_TTL = 30 * 24 * 3600  # longer than any job, plus the week a finished one is kept
+JOB_INDEX_TTL = 30 * 24 * 3600  # a job not yet finished; its tracker renews it, its end shortens it
 
 
 def crawl(
@@ -83,6 +83,7 @@ def start_job(
     entries = project.seed_entries(spider, seeds, job_id, priority, args or {})
     queue = project.queue(spider)
     fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
+    fields["keep"] = str(int(project.job_keep(spider)))
     fields.update(limit_fields(limits or {}))
     if args:
         fields[ARGS_FIELD] = json.dumps(args, separators=(",", ":"))

@@ -370,6 +370,13 @@ _ENTRIES = (
         HOSTING,
     ),
     Setting(
+        "CELERY_CRAWL_JOB_KEEP_SECONDS",
+        7 * 24 * 3600.0,
+        "seconds a finished job stays readable: its hash (state, counters, stats), its entry in"
+        " the job index and, unless the Celery app sets `result_expires`, its task's result",
+        HOSTING,
+    ),
+    Setting(
         "CELERY_CRAWL_HEARTBEAT_SECONDS",
         5.0,
         "seconds between a worker process's heartbeats in the worker registry; it counts as"

@@ -171,6 +171,13 @@ class Project:
         settings = self.spider_settings(spider)
         return str(setting(settings, "DUPEFILTER_SCOPE"))
 
+    def job_keep(self, spider: str) -> float:
+        """Seconds a finished job of ``spider`` stays: ``CELERY_CRAWL_JOB_KEEP_SECONDS``."""
+        keep = float(setting(self.spider_settings(spider), "CELERY_CRAWL_JOB_KEEP_SECONDS"))
+        if keep < 1:
+            raise ConfigError(f"CELERY_CRAWL_JOB_KEEP_SECONDS is {keep}: it must be 1 s or more")
+        return keep
+
     def job_limits(self, spider: str, limits: dict[str, float] | None) -> dict[str, float]:
         """A job's limits: the spider's ``CLOSESPIDER_*`` settings, then ``limits`` over them."""
         settings = self.spider_settings(spider)

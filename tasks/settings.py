@@ -6,7 +6,13 @@ the environment when set there.
 
 BOT_NAME = "forum"
 SPIDER_MODULES = ["tasks.spiders"]
-CELERY_CRAWL_ENV = ["FORUM_BASE_URL", "FORUM_FEED", "PRODUCER_SOURCES", "PRODUCER_PERIOD"]
+CELERY_CRAWL_ENV = [
+    "FORUM_BASE_URL",
+    "FORUM_FEED",
+    "PRODUCER_SOURCES",
+    "PRODUCER_PERIOD",
+    "CELERY_CRAWL_JOB_KEEP_SECONDS",
+]
 FORUM_BASE_URL = "http://127.0.0.1:8000"
 FORUM_FEED = "items/%(job)s/%(name)s-%(worker)s.jsonl"  # a folder per job, a file per process
 

@@ -18,6 +18,7 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl, create_app
+from celery_crawl.keys import job_spider
 from celery_crawl.project import project_of
 from tasks.site import SiteConfig, run_in_thread
 from tests.support import ROOT
@@ -89,11 +90,24 @@ def test_crawl_wait_returns_the_statistics(
     assert_complete_forum_crawl(result)
     assert result["duration"] > 0
     assert job.result.get(timeout=30) == result  # the Celery task returns the same
+    assert_kept_a_week(app, job.id)
     assert len(frozen_heaps(worker)) == 2  # each prefork child froze its own heap
     assert worker.stop() == 0  # closes the feeds
     lines = [line for f in tmp_path.glob("*.jsonl") for line in f.read_text().splitlines()]
     assert len(lines) == result["items"]
     assert len({line for line in lines}) == len(lines)
+
+
+def assert_kept_a_week(app: Celery, job_id: str) -> None:
+    """The finished job's hash, index entry and Celery result expire together, in a week."""
+    project, client = project_of(app), redis.Redis.from_url(app.conf.broker_url)
+    keys = [
+        project.keys("forum").job(job_id),
+        job_spider(project.prefix, job_id),
+        f"celery-task-meta-{job_id}",
+    ]
+    week = 7 * 24 * 3600
+    assert all(week - 60 < client.ttl(key) <= week for key in keys), [client.ttl(k) for k in keys]
 
 
 def test_every_request_path_counts_as_processed(

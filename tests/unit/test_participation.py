@@ -106,3 +106,22 @@ def test_a_lost_notice_is_found_by_the_state_check(client: redis.Redis, prefix: 
     assert part.ending == {"lost"}
     assert part.info("lost") is None  # a request of it leased meanwhile is discarded
     assert part.info("running") == JobInfo()
+
+
+def test_a_finished_job_is_kept_for_its_keep_time_and_a_week_without_one(
+    client: redis.Redis, prefix: str
+) -> None:
+    q = queue(client, prefix)
+    start(q, "short", keep="30")
+    start(q, "closed", keep="40")
+    start(q, "default")
+    q.join("s1", 30)
+    for job in ("short", "closed", "default"):
+        q.join_job(job, "s1")
+    running_ttl = client.ttl(q.keys.job_participants("short"))
+    assert running_ttl > 6 * 24 * 3600  # a running job's participants are not cut short
+    q.close_job("closed", "enough")
+    finish(q)
+    for job, keep in (("short", 30), ("closed", 40), ("default", 7 * 24 * 3600)):
+        for key in (q.keys.job(job), q.keys.job_participants(job), q.keys.job(job) + ":done"):
+            assert keep - 5 < client.ttl(key) <= keep, (job, key)

@@ -3,8 +3,8 @@
 -- A job is a hash JOB_PREFIX .. job_id in the spider's hash tag, with fields
 -- state (running, done, incomplete, failed, cancelled), pending (requests enqueued and not yet
 -- acked), leased (of those, the ones in flight), done (acked), per-job stats,
--- and finished_at. A job is done when pending drops to 0 on an ack: the ack
--- comes after the children of the acked request were counted in, so pending
+-- finished_at, and keep (seconds it stays once finished). A job is done when
+-- pending drops to 0 on an ack: the ack comes after the children of the acked request were counted in, so pending
 -- never touches 0 while a derived request is outstanding.
 --
 -- A queue entry starts with its job id (include/entries.lua): with the spider
@@ -50,7 +50,7 @@
 --!include counters
 --!include sites
 
-local JOB_TTL = 7 * 24 * 3600
+local JOB_TTL = 7 * 24 * 3600  -- a running job's participants; a finished job: its field keep
 local DONE_TOKENS = 16
 local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
 
@@ -125,11 +125,25 @@ local function job_outcome(key)
     return ended
 end
 
+-- Seconds a finished job stays readable: its field keep (CELERY_CRAWL_JOB_KEEP_SECONDS).
+local function job_keep(job)
+    local keep = tonumber(redis.call('HGET', JOB_PREFIX .. job, 'keep') or '')
+    if keep and keep > 0 then return math.floor(keep) end
+    return JOB_TTL
+end
+
 -- Wake Job.wait(): DONE_TOKENS tokens on the job's done list.
 local function job_wake(job)
     local done = JOB_PREFIX .. job .. ':done'
     for _ = 1, DONE_TOKENS do redis.call('RPUSH', done, 1) end
-    redis.call('EXPIRE', done, JOB_TTL)
+    redis.call('EXPIRE', done, job_keep(job))
+end
+
+-- A finished job's hash and participants expire after its keep time.
+local function job_expire(job)
+    local key, keep = JOB_PREFIX .. job, job_keep(job)
+    redis.call('EXPIRE', key, keep)
+    redis.call('EXPIRE', key .. ':participants', keep)
 end
 
 -- Tell every participant of the job that it ended.
@@ -154,8 +168,7 @@ local function job_finish_if_done(job)
     job_phase(job, final)
     job_wake(job)
     job_notify(job)
-    redis.call('EXPIRE', key, JOB_TTL)
-    redis.call('EXPIRE', key .. ':participants', JOB_TTL)
+    job_expire(job)
 end
 
 -- End a running job now, closed, with the reason; returns 1, or 0 if it was not running.
@@ -170,8 +183,7 @@ function job_close(job, reason)
     job_phase(job, 'closed')
     job_wake(job)
     job_notify(job)
-    redis.call('EXPIRE', key, JOB_TTL)
-    redis.call('EXPIRE', key .. ':participants', JOB_TTL)
+    job_expire(job)
     return 1
 end
 
