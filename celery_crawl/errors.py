@@ -56,7 +56,7 @@ class BadSeed(CeleryCrawlError):
 
 
 class UnknownJob(CeleryCrawlError):
-    """No job with this id exists (never started, or expired)."""
+    """No job with this id exists (never started, expired, or its hash damaged)."""
 
 
 class JobTimeout(CeleryCrawlError):

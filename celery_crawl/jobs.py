@@ -352,7 +352,13 @@ class Job:
         return f"<Job {self.id} spider={self.spider!r}>"
 
     def status(self) -> JobStatus:
-        raw: dict[bytes, bytes] = self.client.hgetall(self.keys.job(self.id))  # type: ignore[assignment]
+        key = self.keys.job(self.id)
+        try:
+            raw: dict[bytes, bytes] = self.client.hgetall(key)  # type: ignore[assignment]
+        except redis.ResponseError as exc:
+            if "WRONGTYPE" not in str(exc):
+                raise
+            raise UnknownJob(f"job {self.id!r}: its key {key} is damaged (not a hash)") from exc
         if not raw:
             raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}")
         return parse_status(self.id, self.spider, raw)

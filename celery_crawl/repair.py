@@ -121,14 +121,28 @@ class Repair:
         return bool(self.moved or self.jobs_ended)
 
 
-def repair(client: redis.Redis, keys: SpiderKeys) -> Repair:
+# the refusal of a script that checks its keys first (lua/include/keytypes.lua)
+REFUSAL = re.compile(r"WRONGTYPE damaged key (?P<key>.+): it should hold an? (?P<type>\w+)$")
+REFUSAL_TYPES = {"integer": "counter", "list": "list", "zset": "zset", "hash": "hash", "set": "set"}
+
+
+def refused_key(error: Exception) -> dict[str, str]:
+    """The key a script named when it refused the call, with its type; empty if none."""
+    found = REFUSAL.search(str(error))
+    if not found or found["type"] not in REFUSAL_TYPES:
+        return {}
+    return {found["key"]: REFUSAL_TYPES[found["type"]]}
+
+
+def repair(client: redis.Redis, keys: SpiderKeys, named: dict[str, str] | None = None) -> Repair:
     """Move aside the spider's keys of the wrong type; end jobs whose counters are damaged.
 
     Two steps: the fixed keys first (a damaged index must not hide the lists it
-    names), then the keys their contents name.
+    names), then the keys their contents name, with ``named`` (a key a refused
+    script named: a list no index names any more, say).
     """
     done = Repair()
-    for wanted in (fixed_keys(keys), dynamic_keys(client, keys)):
+    for wanted in (fixed_keys(keys), {**dynamic_keys(client, keys), **(named or {})}):
         names, types = list(wanted), list(wanted.values())
         keys_ = [keys.stats, keys.job_prefix, *names]
         moved, ended = scripts.script(client, "repair")(keys=keys_, args=[len(names), *types])
@@ -161,7 +175,7 @@ class Repairer:
         spider = self.keys.spider
         logger.error("Redis refused a script of %s: %s; repairing its keys", spider, error)
         try:
-            return repair(self.client, self.keys)
+            return repair(self.client, self.keys, refused_key(error))
         except redis.RedisError as exc:
             logger.error("repairing the keys of %s failed: %s", self.keys.spider, exc)
             return None

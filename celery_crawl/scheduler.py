@@ -213,6 +213,18 @@ class Scheduler(BaseScheduler):
             self.job_stats.connect(self.crawler.signals)
             self.crawler.signals.connect(self.close_job, signal=job_close)
 
+    def release_held(self) -> None:
+        """Hand the prefetched leases back; a refusal (a damaged key) is repaired, tried
+        once more, and otherwise left to the leases' expiry."""
+        for attempt in (1, 2):
+            try:
+                self.queue.release(self.prefetch.held())
+                return
+            except redis.ResponseError as exc:
+                if attempt == 2 or not self.repairer.after(exc):
+                    logger.warning("leases not handed back (%s): they return when they expire", exc)
+                    return
+
     def close(self, reason: str) -> None:
         self._open = False
         if self._waiting:  # the thread blocked on the wake-up list: the reactor's stop joins it
@@ -222,7 +234,7 @@ class Scheduler(BaseScheduler):
             self._maintenance.stop()
         self.heartbeat.stop()
         self.flush()
-        self.queue.release(self.prefetch.held())
+        self.release_held()
         self.prefetch.clear()
         self.jobs.stop()
         still_open, _ = self.queue.leave(self.id, clear=not self.persist)

@@ -29,11 +29,18 @@
 -- at its priority, and the queue behind it keeps flowing: a slow site never holds
 -- back the others. Parked entries of the sites whose time has come go first, when
 -- their priority is not below the queue's top; within a site, priority and order hold.
+--
+-- The keys it writes are checked first (include/keytypes.lua): while one of them has
+-- the wrong type the call is refused before it pops anything, and the caller repairs.
+-- A list met later is checked before its pop, and the pop stops there. A job hash of the
+-- wrong type makes its entries poison. Not checked: the hash and lease set of a site
+-- first met after a pop (a site not due).
 
 local JOB_PREFIX = KEYS[4]
 local QUEUE, DEADLETTER, STATS, DEADLETTER_MAX = KEYS[1], KEYS[5], KEYS[6], tonumber(ARGV[4])
 --!include jobs
 --!include poison
+--!include keytypes
 
 local levels, inflight = KEYS[1], KEYS[2]
 local clock = redis.call('TIME')
@@ -45,6 +52,37 @@ local park_push = ARGV[3] == 'tail' and 'LPUSH' or 'RPUSH'
 local SITES = ARGV[5] == 'sites'
 local sites, parked_key = site_prefix(JOB_PREFIX), levels .. ':parked'
 local taken = {}  -- {priority, entry, site whose cap counts it, or false}
+
+local checked = {}  -- lists already checked
+local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'counter', DEADLETTER, 'list',
+    STATS, 'hash', JOB_PREFIX .. '~states', 'hash', JOB_PREFIX .. '~active', 'set'}
+local function guard_key(key, wanted)
+    guard[#guard + 1] = key
+    guard[#guard + 1] = wanted
+end
+if SITES then
+    guard_key(parked_key, 'zset')
+    guard_key(sites .. '~known', 'set')
+    guard_key(sites .. '~limits', 'hash')
+end
+for _, level in ipairs(redis.call('ZRANGE', levels, 0, want - 1)) do
+    guard_key(levels .. ':' .. level, 'list')
+    checked[levels .. ':' .. level] = true
+end
+local refused = refuse_damaged(guard)
+if refused then return refused end
+
+-- A list not checked above (the loop went past them): stop before it if damaged;
+-- a later call checks it first, and refuses.
+local function damaged_list(list)
+    if checked[list] then return false end
+    checked[list] = true
+    return key_type_problem({list, 'list'}) ~= nil
+end
+
+local function damaged_level(top)
+    return damaged_list(levels .. ':' .. top)
+end
 
 local function keep(entry, priority, counted, job)
     taken[#taken + 1] = {priority, entry, counted}
@@ -92,7 +130,7 @@ end
 if not SITES then
     while #taken < want do
         local top = redis.call('ZRANGE', levels, 0, 0)[1]
-        if not top then break end
+        if not top or damaged_level(top) then break end
         local list = levels .. ':' .. top
         local payloads = redis.call(pop, list, want - #taken)
         if not payloads or redis.call('EXISTS', list) == 0 then
@@ -145,6 +183,7 @@ local function drain(site)
         if not top then break end
         if main and tonumber(top) < main then break end
         local list = q .. ':' .. top
+        if damaged_list(list) then break end  -- refused, and so repaired, once the site is due
         local entry = redis.call(pop, list)
         if redis.call('EXISTS', list) == 0 then redis.call('ZREM', q, top) end
         local job = entry and entry_job(entry, 1)
@@ -175,6 +214,21 @@ end
 
 local due = any_parked
     and redis.call('ZRANGE', parked_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, want)
+-- Nothing written yet: the keys of the sites due are checked too.
+guard = {}
+for _, site in ipairs(due or {}) do
+    local q = site_parked_key(levels, site)
+    guard_key(q, 'zset')
+    guard_key(sites .. site, 'hash')
+    guard_key(sites .. site .. ':leases', 'zset')
+    local top = redis.pcall('ZRANGE', q, 0, 0)[1]  -- pcall: q itself may be damaged
+    if type(top) == 'string' then
+        guard_key(q .. ':' .. top, 'list')
+        checked[q .. ':' .. top] = true
+    end
+end
+refused = refuse_damaged(guard)
+if refused then return refused end
 for _, site in ipairs(due or {}) do
     if #taken >= want then break end
     drain(site)
@@ -183,7 +237,7 @@ end
 local moved, max_moved, parked_now = 0, want * 4 + 64, {}
 while #taken < want and moved < max_moved do
     local top = redis.call('ZRANGE', levels, 0, 0)[1]
-    if not top then break end
+    if not top or damaged_level(top) then break end
     local list = levels .. ':' .. top
     local payloads = redis.call(pop, list, want - #taken)
     if not payloads or redis.call('EXISTS', list) == 0 then

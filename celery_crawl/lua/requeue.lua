@@ -17,11 +17,16 @@
 -- against its site's cap gives the site its slot back (include/sites.lua). A member
 -- that cannot be read (too short for a lease header, or an entry with a broken
 -- header) is poison: taken out and dead-lettered, never put back.
+--
+-- The keys it writes, the lists it pushes into among them, are checked before the first
+-- write (include/keytypes.lua): while one has the wrong type the call is refused whole,
+-- and the leases stay in flight until the caller's repair lets it through.
 
 local JOB_PREFIX = KEYS[4]
 local QUEUE, DEADLETTER, STATS, DEADLETTER_MAX = KEYS[1], KEYS[5], KEYS[6], tonumber(ARGV[3])
 --!include jobs
 --!include poison
+--!include keytypes
 
 local levels, inflight = KEYS[1], KEYS[2]
 local push = ARGV[1] == 'tail' and 'RPUSH' or 'LPUSH'
@@ -33,6 +38,20 @@ else
     local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
     members = redis.call('ZRANGE', inflight, '-inf', '(' .. now_ms, 'BYSCORE', 'LIMIT', 0, ARGV[2])
 end
+
+local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'list', DEADLETTER, 'list',
+    STATS, 'hash', JOB_PREFIX .. '~states', 'hash', JOB_PREFIX .. '~active', 'set'}
+for _, member in ipairs(members) do
+    if #member >= 13 and not entry_problem(string.sub(member, 13)) then
+        local into = site_front(levels, member)
+        guard[#guard + 1] = into
+        guard[#guard + 1] = 'zset'
+        guard[#guard + 1] = into .. ':' .. struct.unpack('>i4', member, 9)
+        guard[#guard + 1] = 'list'
+    end
+end
+local refused = refuse_damaged(guard)
+if refused then return refused end
 
 local requeued = 0
 for _, member in ipairs(members) do

@@ -114,6 +114,10 @@ def delete_queued(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
     return client.delete(*found) if found else 0
 
 
+def wrong_type_levels(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return wrong_type(client, [*levels(client, keys), *parked_lists(client, keys)])
+
+
 def junk_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
     client.zadd(keys.queue, {"abc": -200, "7.5": -150, "": -300})
     client.zadd(keys.parked, {"no-such-site": 0, "": 0})
@@ -139,6 +143,10 @@ def junk_inflight(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
 def junk_signal(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
     client.rpush(keys.signal, *[b"junk"] * 100)
     return 1
+
+
+def wrong_type_inflight(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return wrong_type(client, [keys.inflight])
 
 
 def wrong_type_signal(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
@@ -187,6 +195,11 @@ def junk_job(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
 
 def delete_job(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
     return client.delete(keys.job(job))
+
+
+def wrong_type_job(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    """The job hash is in the group's first spider's hash tag: damaged once."""
+    return wrong_type(client, [keys.job(job)]) if keys.spider == "forum" else 0
 
 
 def delete_job_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
@@ -264,6 +277,24 @@ def moved_aside(crawl: Crawl) -> None:
     assert crawl.client.keys(f"{crawl.spiders[0].queue.split('{')[0]}*~damaged")
 
 
+def lost_moved_aside(crawl: Crawl) -> None:
+    """The lists are moved aside before any lease pops from them; what they held is lost."""
+    lost_counted_or_healed(crawl)
+    assert crawl.stat_reaches("celery_crawl/damaged/keys", 1) >= 1
+
+
+def leases_moved_aside(crawl: Crawl) -> None:
+    """The in-flight set moved aside: as deleted, the leases it held are forgotten."""
+    ends(crawl)
+    assert crawl.stat_reaches("celery_crawl/damaged/keys", 1) >= 1
+
+
+def job_moved_aside(crawl: Crawl) -> None:
+    """A job hash of the wrong type is moved aside: the job is gone, as if deleted."""
+    job_gone(crawl)
+    assert crawl.stat_reaches("celery_crawl/damaged/keys", 1) >= 1
+
+
 def stats_restarted(crawl: Crawl) -> None:
     exactly_complete(crawl)
     assert crawl.stat_reaches("celery_crawl/damaged/stats", 1) >= 1
@@ -288,10 +319,12 @@ CASES: dict[str, tuple[Damage, Callable[[Crawl], None]]] = {
     "level lists: poison entries": (poison_levels, poison_dead_lettered_once),
     "parked lists: poison entries": (poison_parked, parked_poison_dead_lettered),
     "level and parked lists: deleted": (delete_queued, lost_counted),
+    "level and parked lists: wrong type": (wrong_type_levels, lost_moved_aside),
     "level index: junk members": (junk_index, exactly_complete),
     "level index: deleted": (delete_index, lost_counted_or_healed),
     "in-flight set: deleted": (delete_inflight, ends),
     "in-flight set: junk members": (junk_inflight, junk_leases_dead_lettered),
+    "in-flight set: wrong type": (wrong_type_inflight, leases_moved_aside),
     "signal list: junk tokens": (junk_signal, exactly_complete),
     "signal list: wrong type": (wrong_type_signal, moved_aside),
     "dedup keys: deleted": (delete_dedup, complete),
@@ -301,6 +334,7 @@ CASES: dict[str, tuple[Damage, Callable[[Crawl], None]]] = {
     "stats hash and tags: wrong type": (wrong_type_stats, complete),
     "job hash: counters not numbers": (junk_job, job_closed_damaged),
     "job hash: deleted": (delete_job, job_gone),
+    "job hash: wrong type": (wrong_type_job, job_moved_aside),
     "job index: deleted": (delete_job_index, exactly_complete),
     "job index: wrong type": (wrong_type_job_index, moved_aside),
 }

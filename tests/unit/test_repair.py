@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import redis
 from scrapy import Request
 
 from celery_crawl.jobs import end_lost_jobs
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.queue import Entry, PriorityQueue
-from celery_crawl.repair import repair
+from celery_crawl.repair import Repair, Repairer, repair
 from tests.support.schedulers import drain, open_scheduler
 
 DAMAGED = "celery_crawl/damaged/keys"
@@ -119,6 +120,87 @@ def test_a_damaged_counter_never_fails_a_lease_half_way(client: redis.Redis, pre
     assert client.llen(keys.deadletter) == 3 and len(queue) == 0
     assert client.hget(keys.stats, "celery_crawl/dead_letter/malformed") == b"3"
     assert client.hget(keys.stats, "celery_crawl/dead_letter/malformed~damaged") == b"garbage"
+
+
+@pytest.mark.parametrize("damaged", ["inflight", "seq", "deadletter", "level"])
+def test_a_lease_meeting_a_key_of_the_wrong_type_pops_nothing_until_repaired(
+    client: redis.Redis, prefix: str, damaged: str
+) -> None:
+    """Redis keeps what a failing script did: the lease checks its keys before it pops."""
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("j", [Entry(b"high", 9, job="j"), Entry(b"low", 0, job="j")], {})
+    key = {"inflight": keys.inflight, "seq": keys.seq, "deadletter": keys.deadletter}.get(
+        damaged, keys.level(5)
+    )
+    if damaged == "level":  # a level below the job's first: met only after a pop
+        client.zadd(keys.queue, {"5": -5})
+    client.set(key, "not of its type")
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {key}"):
+        queue.lease(10)
+    assert client.llen(keys.level(9)) == client.llen(keys.level(0)) == 1  # nothing popped
+    assert repair(client, keys).moved == [key]
+    assert sorted(lease.payload for lease in queue.lease(10)) == [b"high", b"low"]
+
+
+def test_a_level_list_past_the_checked_ones_stops_the_lease_before_it(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("j", [Entry(b"low", 0, job="j")], {})
+    client.zadd(keys.queue, {"9": -9, "8": -8, "7": -7})  # 9 and 8 named, their lists gone
+    client.set(keys.level(7), "not a list")
+    assert queue.lease(2) == []  # 9 and 8 checked; 7 met in the loop: stopped before it
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        queue.lease(2)  # now among the checked ones: refused
+    repair(client, keys)
+    assert [lease.payload for lease in queue.lease(2)] == [b"low"]
+
+
+def test_a_requeue_into_a_list_of_the_wrong_type_keeps_every_lease_until_repaired(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("j", [Entry(b"high", 9, job="j"), Entry(b"low", 0, job="j")], {})
+    leases = queue.lease(10)
+    client.set(keys.level(0), "not a list")  # where "low" goes back; "high" comes first
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE damaged key") as refused:
+        queue.release([lease.member for lease in leases])
+    assert client.zcard(keys.inflight) == 2 and len(queue) == 0  # nothing half-done
+    assert not repair(client, keys)  # no index names the list any more: only the refusal does
+    assert Repairer(client, keys).after(refused.value) == Repair(moved=[keys.level(0)])
+    assert queue.release([lease.member for lease in leases]) == 2
+    assert sorted(lease.payload for lease in queue.lease(10)) == [b"high", b"low"]
+
+
+def test_a_closing_scheduler_hands_its_leases_back_past_a_damaged_list(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    scheduler = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    keys = scheduler.queue.keys
+    for url in ("http://127.0.0.1/a", "http://127.0.0.1/b"):
+        scheduler.enqueue_request(Request(url))
+    scheduler.flush()
+    assert scheduler.next_request() is not None  # both leased, one held back in the prefetch
+    client.set(keys.level(0), "not a list")
+    scheduler.close("finished")
+    assert client.get(keys.level(0) + "~damaged") == b"not a list"
+    assert client.zcard(keys.inflight) == 0 and len(scheduler.queue) == 2
+
+
+def test_entries_of_a_job_hash_of_the_wrong_type_are_dead_lettered(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    keys = queue.keys
+    queue.start_job("gone", [Entry(b"a", job="gone")], {})
+    queue.start_job("j", [Entry(b"b", job="j")], {})
+    client.delete(keys.job("gone"))
+    client.set(keys.job("gone"), "not a hash")
+    assert [lease.payload for lease in queue.lease(10)] == [b"b"]
+    assert client.llen(keys.deadletter) == 1 and len(queue) == 0
 
 
 def test_a_damaged_damage_counter_still_lets_stats_through(

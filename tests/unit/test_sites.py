@@ -318,3 +318,24 @@ def test_back_offs_with_no_success_between_pause_the_site(client: redis.Redis, p
         middleware.process_response(Request(url), Response(url, status=503))
     wait, strikes = state.gate("a.example")
     assert strikes == 3 and wait > 290_000
+
+
+def test_a_damaged_parked_list_refuses_the_lease_before_any_pop(
+    client: redis.Redis, prefix: str
+) -> None:
+    from celery_crawl.repair import repair
+
+    queue = queue_with(client, prefix, Limits(concurrency=1))
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(3)])
+    (a0,) = queue.lease(10)  # a1 and a2 parked
+    parked = f"{queue.keys.parked}:a.example:0"
+    assert client.llen(parked) == 2
+    client.delete(parked)
+    client.set(parked, "not a list")
+    queue.ack([a0.member])  # the site is due again
+    queue.push_many([entry("b0", "b.example")])
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {parked}"):
+        queue.lease(10)
+    assert client.llen(queue.keys.level(0)) == 1  # b0 was not popped
+    assert parked in repair(client, queue.keys).moved
+    assert names(queue.lease(10)) == ["b0"]

@@ -56,8 +56,9 @@ local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
 
 local FINAL = {done = true, incomplete = true, failed = true, cancelled = true, closed = true}
 
+-- A job hash of another type (damaged) counts as no job: lua/repair.lua moves it aside.
 local function job_exists(job)
-    return job ~= '' and redis.call('EXISTS', JOB_PREFIX .. job) == 1
+    return job ~= '' and redis.call('TYPE', JOB_PREFIX .. job)['ok'] == 'hash'
 end
 
 -- Job dedup scope: true when fp is new to the job (and records it).
@@ -65,8 +66,8 @@ local function job_seen_add(job, fp)
     return redis.call('SADD', JOB_PREFIX .. job .. ':seen', fp) == 1
 end
 
-local function job_running(job)
-    return job == '' or redis.call('HGET', JOB_PREFIX .. job, 'state') == 'running'
+local function job_running(job)  -- pcall: a damaged job hash is not running
+    return job == '' or redis.pcall('HGET', JOB_PREFIX .. job, 'state') == 'running'
 end
 
 local job_close  -- defined below; a damaged counter closes its job

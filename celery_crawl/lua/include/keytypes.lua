@@ -1,0 +1,38 @@
+-- Keys of the wrong type, found before a script writes: included, never run alone.
+--
+-- Redis does not undo a script that fails half-way: entries it popped before a
+-- command met a key of the wrong type (WRONGTYPE) would be lost. A script that
+-- pops first checks, with read-only commands, the keys it will write, and
+-- refuses the whole call while one of them is damaged: the caller's repair
+-- (lua/repair.lua) moves the key aside, and the next call goes through.
+--
+-- Uses: nothing from the including script.
+-- Defines: key_type_problem(spec): spec is {key, type, key, type, ...}, a type
+-- being a Redis type or 'counter' (a string that INCRBY takes); returns the first
+-- key of another type, with the type wanted, or nil. A missing key is fine.
+-- refuse_damaged(spec): the refusal to return, an error reply (WRONGTYPE, naming
+-- the key), or nil when every key is of its type.
+
+local function key_type_problem(spec)
+    for i = 1, #spec, 2 do
+        local key, wanted = spec[i], spec[i + 1]
+        local found = redis.call('TYPE', key)['ok']
+        if wanted == 'counter' then
+            local value = found == 'string' and redis.call('GET', key)
+            if found ~= 'none' and not (value and string.match(value, '^%-?%d+$')) then
+                return key, 'an integer'
+            end
+        elseif found ~= 'none' and found ~= wanted then
+            return key, 'a ' .. wanted
+        end
+    end
+    return nil
+end
+
+local function refuse_damaged(spec)
+    local key, wanted = key_type_problem(spec)
+    if key then
+        return redis.error_reply('WRONGTYPE damaged key ' .. key .. ': it should hold ' .. wanted)
+    end
+    return nil
+end
