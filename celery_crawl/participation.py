@@ -142,8 +142,8 @@ class Participation:
         for job in list(self.joined):
             try:
                 self.queue.leave_job(job, self.id)
-            except connection.TRANSIENT_ERRORS as exc:  # its registration lapses instead
-                logger.warning("Redis unreachable, job %s not left: %s", job, exc)
+            except connection.REFUSED_OR_TRANSIENT as exc:  # its registration lapses instead
+                logger.warning("job %s not left (%s): its registration lapses instead", job, exc)
         self.joined.clear()
 
     def _on_ended_threadsafe(self, job: str) -> None:

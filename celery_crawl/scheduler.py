@@ -449,6 +449,10 @@ class Scheduler(BaseScheduler):
                 logger.warning("Redis unreachable, job %s not joined: %s", lease.job, exc)
                 self.prefetch.put_back(lease)
                 return None
+            except redis.ResponseError as exc:  # a damaged key: repaired, the lease waits
+                self._refused(exc)
+                self.prefetch.put_back(lease)
+                return None
             if info is None:
                 self._discard(lease)
                 continue
@@ -549,6 +553,9 @@ class Scheduler(BaseScheduler):
             queued, leased = self.queue.pending()
         except connection.TRANSIENT_ERRORS:
             return True  # cannot tell: stay open until Redis answers again
+        except redis.ResponseError as exc:  # a damaged key: repaired; open until it can tell
+            self.repairer.after(exc)
+            return True
         if queued or leased:
             self._empty_since = None
             return True
@@ -563,7 +570,12 @@ class Scheduler(BaseScheduler):
         return now - self._empty_since < self.idle_before_close
 
     def __len__(self) -> int:
-        return len(self.queue) + len(self.buffer) + len(self.prefetch)
+        try:
+            queued = len(self.queue)
+        except redis.ResponseError as exc:  # a damaged key: repaired, counted next time
+            self.repairer.after(exc)
+            queued = 0
+        return queued + len(self.buffer) + len(self.prefetch)
 
     def _inc(self, key: str, count: int = 1) -> None:
         if self.stats is not None and count:

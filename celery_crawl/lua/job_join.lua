@@ -17,7 +17,8 @@ local JOB_PREFIX = KEYS[1]
 
 local job = ARGV[1]
 local key = JOB_PREFIX .. job
-local fields = redis.call('HMGET', key, 'state', 'args', 'limit/depth')
+local fields = redis.pcall('HMGET', key, 'state', 'args', 'limit/depth')
+if fields['err'] then return {'', '', ''} end  -- a job hash of the wrong type: no job
 if fields[1] == 'running' and ARGV[2] ~= '' then
     redis.call('HSET', key .. ':participants', ARGV[2], ARGV[3])
     redis.call('EXPIRE', key .. ':participants', JOB_TTL)

@@ -190,6 +190,28 @@ def test_a_closing_scheduler_hands_its_leases_back_past_a_damaged_list(
     assert client.zcard(keys.inflight) == 0 and len(scheduler.queue) == 2
 
 
+def test_the_engines_idle_check_meets_a_damaged_list_stays_open_and_repairs(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """Scrapy asks has_pending_requests() from its own loop: a refusal must not get there."""
+    scheduler = open_scheduler(make_crawler(SCHEDULER_PERSIST=True))
+    keys = scheduler.queue.keys
+    client.zadd(keys.queue, {"3": -3})
+    client.set(keys.level(3), "not a list")
+    assert scheduler.has_pending_requests()  # cannot tell: stays open
+    assert client.exists(keys.level(3) + "~damaged")
+    assert len(scheduler) == 0
+    scheduler.close("finished")
+
+
+def test_joining_a_job_whose_hash_has_the_wrong_type_finds_no_job(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    client.set(queue.keys.job("j"), "not a hash")
+    assert queue.join_job("j", "s1") == ("", "", "")
+
+
 def test_entries_of_a_job_hash_of_the_wrong_type_are_dead_lettered(
     client: redis.Redis, prefix: str
 ) -> None:
