@@ -11,6 +11,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.support.ports import free_port
 
 
@@ -136,6 +138,13 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+    except OSError:
+        return f"{pid} (gone)"
+
+
 def flower_lists_workers(output: str, count: int, seconds: float = 30.0) -> bool:
     """Flower's /api/workers, without ?refresh=1, lists ``count`` workers within ``seconds``."""
     import base64
@@ -179,7 +188,11 @@ def test_ctrl_c_stops_the_demo_in_order_within_3_s_leaving_nothing(tmp_path: Pat
             assert len(processes) >= 5  # Redis and its launcher, two workers, beat, Flower
             os.killpg(demo.pid, signal.SIGINT)
             start = time.monotonic()
-            code = demo.wait(30)
+            try:
+                code = demo.wait(30)
+            except subprocess.TimeoutExpired:  # say what was still running, and its last words
+                left = [cmdline(pid) for pid in processes if alive(pid)]
+                pytest.fail(f"not stopped after 30 s; still running: {left}\n{logs.read_text()}")
             took = time.monotonic() - start
         finally:
             if demo.poll() is None:
