@@ -129,11 +129,18 @@ def delete_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
 
 
 def delete_inflight(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
-    """Once leases are held (a bounded wait: the detail spider holds some most of the time)."""
-    deadline = time.monotonic() + 3
-    while not client.zcard(keys.inflight) and time.monotonic() < deadline:
-        time.sleep(0.005)
-    return client.delete(keys.inflight)
+    """Once leases are held: a bounded wait, as a lease lives only from its pop to its ack.
+
+    DEL itself is the check: it counts the set only when it held a lease at that moment
+    (Redis drops an empty sorted set), where a ZCARD first could see a lease acked before
+    the DEL reached it.
+    """
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        if client.delete(keys.inflight):
+            return 1
+        time.sleep(0.001)
+    return 0
 
 
 def junk_inflight(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
