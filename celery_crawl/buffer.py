@@ -9,8 +9,12 @@ The children always go in before, or with, their parent's ack, so a crash
 never leaves a finished parent whose children are missing.
 
 If Redis is away, or refuses the script (a damaged key: ``on_error`` is
-told, see :mod:`celery_crawl.repair`), the buffer keeps everything and tries
-again a second later: nothing buffered is lost while the process lives.
+told, see :mod:`celery_crawl.repair`), the buffer keeps the call and sends it
+again, unchanged, a second later, before anything buffered since: nothing
+buffered is lost while the process lives. Each call carries this buffer's
+number for it, so a call that Redis ran but whose reply was lost (Redis
+stopped, a connection cut) is not applied twice when it is sent again: job
+counters and dead letters are added once (``lua/enqueue.lua``).
 
 The buffer does not import Twisted. ``call_later(delay, fn)`` is injected
 (the reactor's ``callLater`` in a crawl, a fake clock in tests, nothing when
@@ -20,6 +24,7 @@ driven by hand) and returns a timer with ``active()``.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -50,6 +55,16 @@ class Pending(NamedTuple):
     target: str | None
 
 
+class Call(NamedTuple):
+    """One write: sent whole, and on a retry sent again exactly as it was."""
+
+    number: int
+    pending: list[Pending]
+    acks: list[bytes]
+    job_stats: list[tuple[str, str, int]]
+    dead_letters: list[str]
+
+
 class WriteBehind:
     """Buffered requests, acks, job stats and dead-letter records of one scheduler."""
 
@@ -75,10 +90,14 @@ class WriteBehind:
         self.acks: list[bytes] = []
         self.dead_letters: list[str] = []
         self.job_stats = JobStats()
+        self.writer = uuid.uuid4().hex  # numbers this buffer's calls (``Base.push_many``)
+        self.unconfirmed: Call | None = None  # sent, not known to be applied: sent again first
+        self._calls = 0
         self._timer: Timer | None = None
 
     def __len__(self) -> int:
-        return len(self.pending)
+        """Requests not known to be in Redis yet."""
+        return len(self.pending) + (len(self.unconfirmed.pending) if self.unconfirmed else 0)
 
     def add(self, pending: Pending) -> None:
         self.pending.append(pending)
@@ -103,30 +122,52 @@ class WriteBehind:
         self._timer = self.call_later(delay, self.flush)
 
     def flush(self) -> None:
-        """Write buffered requests, job stats and acks to Redis in one round trip."""
+        """Send the call not known to be applied, if any; then what was buffered since."""
+        if self.unconfirmed is not None and not self._send(self.unconfirmed):
+            return
+        call = self._take()
+        if call is not None:
+            self._send(call)
+
+    def _take(self) -> Call | None:
+        """Everything buffered, as the next call (None: nothing to write)."""
         job_stats = self.job_stats.drain()
         if not (self.pending or self.acks or job_stats or self.dead_letters):
-            return
+            return None
         pending = sorted(self.pending, key=lambda p: p.target or "")  # own first, then by target
-        acks, letters = self.acks, self.dead_letters
+        self._calls += 1
+        call = Call(self._calls, pending, self.acks, job_stats, self.dead_letters)
         self.pending, self.acks, self.dead_letters = [], [], []
+        return call
+
+    def _send(self, call: Call) -> bool:
+        """Write ``call`` in one round trip; False if Redis did not take it (kept, retried)."""
         try:
-            own, routed = self._batches(pending)
-            flags = self.queue.push_many(own, acks, job_stats, routed, letters)
+            own, routed = self._batches(call.pending)
+            flags = self.queue.push_many(
+                own,
+                call.acks,
+                call.job_stats,
+                routed,
+                call.dead_letters,
+                call=(self.writer, call.number),
+            )
         except connection.REFUSED_OR_TRANSIENT as exc:
-            # Redis is away (restarting?) or a key is damaged: keep everything, try again
-            self.pending, self.acks = pending + self.pending, acks + self.acks
-            self.dead_letters = letters + self.dead_letters
-            self.job_stats.restore(job_stats)
+            # Redis is away (restarting?) or a key is damaged: keep the call, send it again
+            self.unconfirmed = call
             if isinstance(exc, connection.TRANSIENT_ERRORS):
                 logger.warning(
-                    "Redis unreachable; %d requests and %d acks kept", len(pending), len(acks)
+                    "Redis unreachable; %d requests and %d acks kept",
+                    len(call.pending),
+                    len(call.acks),
                 )
             elif self.on_error is not None:
                 self.on_error(exc)
             self.schedule(RETRY_DELAY)
-            return
-        self.on_written(pending, flags)
+            return False
+        self.unconfirmed = None
+        self.on_written(call.pending, flags)
+        return True
 
     def _batches(
         self, pending: list[Pending]

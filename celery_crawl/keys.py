@@ -145,6 +145,10 @@ class SpiderKeys:
         """A scheduler's own wake-up list, beside the shared signal (``Base.wake``)."""
         return f"{self.queue}:wake:{scheduler_id}"
 
+    def written(self, writer: str) -> str:
+        """String: a writer's last applied enqueue call, ``<number>:<flags>`` (lua/enqueue)."""
+        return f"{self.queue}:written:{writer}"
+
     @property
     def open_schedulers(self) -> str:
         """Sorted set of the schedulers open on the queue, score = registration deadline (ms)."""

@@ -10,6 +10,9 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 - ``Q:signal``    short list of wake-up tokens for blocked pops;
 - ``Q:schedulers`` sorted set of the schedulers that have the queue open, score =
                   registration deadline in unix ms (renewed while they run).
+- ``Q:written:<writer>`` string: a scheduler's last applied enqueue call,
+                  ``<number>:<flags>``, so that a call sent twice counts once
+                  (expires an hour after the writer's last call).
 
 A list entry is ``1-byte job id length + job id + encoded request``; under the
 spider dedup scope, a job's filtered request also carries its fingerprint
@@ -54,6 +57,9 @@ MAX_JOB_ID = 63  # bytes; an entry's length byte keeps two bits: fingerprint and
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
 MIN_BLOCK_SECONDS = 0.01  # BLPOP's timeout 0 would block for good
 DEDUP_SCOPES = ("job", "spider")  # DUPEFILTER_SCOPE: whose filter a job's requests meet
+# a writer's record of its last enqueue call (``push_many``'s ``call``): kept past any
+# outage a retry could wait out, then gone with the writer (a stopped process)
+WRITTEN_KEPT_MS = 3_600_000
 
 
 @dataclass(frozen=True)
@@ -154,6 +160,8 @@ class Base:
         job_stats: Sequence[tuple[str, str, int]] = (),
         routed: Sequence[tuple[Base, Sequence[Entry]]] = (),
         dead_letters: Sequence[str] = (),
+        *,
+        call: tuple[str, int] | None = None,
     ) -> list[bool]:
         """Enqueue ``entries``, add ``job_stats``, keep ``dead_letters``, then ack ``acks``.
 
@@ -167,20 +175,26 @@ class Base:
         step as its children means a crash never leaves a finished parent
         whose children were not enqueued, and a job is never seen done while
         one is missing.
+
+        ``call`` is ``(writer, number)``: a writer numbers its calls, and a call
+        Redis already applied (its reply lost, the call sent again, by redis-py's
+        retry or the writer's) changes nothing the second time and returns the
+        flags of the first: counters and dead letters are added once.
         """
         batches = [entries, *(batch for _, batch in routed)]
         count = sum(len(batch) for batch in batches)
         if not (count or acks or job_stats or dead_letters):
             return []
         args: list[Any] = [count, len(job_stats), len(acks), len(dead_letters)]
-        args += [self.deadletter_max, self.dedup_scope]
+        writer, number = call if call else ("", "")
+        args += [self.deadletter_max, self.dedup_scope, number, WRITTEN_KEPT_MS]
         for lane, batch in enumerate(batches):
             for entry in batch:
                 args += entry.args(self.uses_priority, lane)
         for stat in job_stats:
             args += stat
         args += [*acks, *dead_letters, *self.dedup.params]
-        keys = [*self._push_keys(), self.keys.deadletter]
+        keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
         keys += [key for queue, _ in routed for key in queue._lane_keys()]
         script = self._script("enqueue", dupefilter=self.dedup.lua)
         flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)

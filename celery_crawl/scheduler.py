@@ -546,7 +546,7 @@ class Scheduler(BaseScheduler):
         is momentarily empty keeps waiting while another holds leases. When
         both are zero, ``SCHEDULER_IDLE_BEFORE_CLOSE`` still applies.
         """
-        if self.buffer.pending or self.prefetch.waiting:
+        if len(self.buffer) or self.prefetch.waiting:
             return True
         try:
             self.buffer.flush()  # this process's own acks first: its finished leases don't count

@@ -4,6 +4,13 @@
 -- produced them. One atomic step, so a crash never leaves a finished parent
 -- whose children were not enqueued, or whose dropped children went unrecorded.
 --
+-- A call may reach Redis twice: its reply lost (Redis stopped, a connection
+-- cut) after it ran, the client sends it again. A writer (a scheduler's
+-- write-behind buffer) numbers its calls; the number and the flags of its last
+-- applied call are kept in KEYS[8], and a call whose number is already there
+-- changes nothing and returns those flags: job counters and dead letters are
+-- added once.
+--
 -- KEYS[1]  queue levels: sorted set of priority levels, score = -priority
 -- KEYS[2]  signal list: wake-up tokens for blocked pops
 -- KEYS[3]  dupefilter key (bucket keys are derived from it)
@@ -11,9 +18,11 @@
 -- KEYS[5]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[6]  job key prefix: a job's hash is KEYS[6] .. job id
 -- KEYS[7]  dead-letter list: newest first
--- KEYS[8..] four per other spider of the group whose queue takes requests
+-- KEYS[8]  the writer's record: string '<number>:<flags>' of its last applied
+--          call (not read or written when ARGV[7] is '')
+-- KEYS[9..] four per other spider of the group whose queue takes requests
 --          (the vertical split): its queue levels, signal, dupefilter key and
---          dupefilter count; lane j is KEYS[4 + 4j .. 7 + 4j], lane 0 the own
+--          dupefilter count; lane j is KEYS[5 + 4j .. 8 + 4j], lane 0 the own
 -- ARGV[1]  number of requests n
 -- ARGV[2]  number of job stat changes s
 -- ARGV[3]  number of leases to ack m
@@ -21,6 +30,8 @@
 -- ARGV[5]  the most records the dead-letter list keeps
 -- ARGV[6]  dedup scope: 'job' (a job's requests are checked against the job's
 --          own set) or 'spider' (against the spider's filter)
+-- ARGV[7]  the writer's number for this call ('' = none: the call is not recorded)
+-- ARGV[8]  milliseconds the writer's record is kept
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
 --          payload, lane (0 = this spider's queue), site ('' = none: no site limits)
 -- then s groups: job id, field, delta
@@ -28,6 +39,7 @@
 -- then d dead-letter records (JSON text), pushed in order
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
+--          (for a call already applied: the flags it returned then)
 -- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
 --          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 --
@@ -37,15 +49,26 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local SCOPE, FIRST = ARGV[6], 7
+local SCOPE, CALL, FIRST = ARGV[6], ARGV[7], 9
 local DEDUP_ARGV = FIRST + 6 * n + 3 * s + m + d
 --!slot dupefilter
 --!include jobs
 --!include push
 
+-- a call applied before: its flags again, nothing changed (a record of the
+-- wrong type is no record; the SET below replaces it)
+if CALL ~= '' then
+    local last = redis.pcall('GET', KEYS[8])
+    if type(last) == 'string' and string.sub(last, 1, #CALL + 1) == CALL .. ':' then
+        local flags = {}
+        for i = #CALL + 2, #last do flags[#flags + 1] = tonumber(string.sub(last, i, i)) end
+        return flags
+    end
+end
+
 local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
-for j = 1, (#KEYS - 7) / 4 do
-    local at = 4 + 4 * j
+for j = 1, (#KEYS - 8) / 4 do
+    local at = 5 + 4 * j
     lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
 end
 local accepted = push_requests(lanes, ARGV, FIRST, n)
@@ -61,4 +84,7 @@ for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
 if d > 0 then redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[5]) - 1) end
 base = base + 3 * s
 ack_leases(KEYS[5], ARGV, base, base + m - 1)
+if CALL ~= '' then
+    redis.call('SET', KEYS[8], CALL .. ':' .. table.concat(accepted), 'PX', ARGV[8])
+end
 return accepted

@@ -10,10 +10,12 @@ import redis
 from scrapy import Request
 
 from celery_crawl.buffer import RETRY_DELAY, Pending, WriteBehind
+from celery_crawl.connection import get_redis
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, PriorityQueue
 from tests.support.ports import free_port
+from tests.support.reply_cutter import ReplyCutter
 from tests.support.round_trips import RoundTrips
 
 
@@ -137,13 +139,63 @@ def test_redis_away_keeps_everything_and_retries_a_second_later(queue: Base) -> 
     buffer.job_stats.add("j", "pages", 2)
     clock.advance(0.01)
     assert written == [] and len(buffer) == 3
-    assert buffer.job_stats.drain() == [("j", "pages", 2)]
-    buffer.job_stats.add("j", "pages", 2)
+    assert buffer.unconfirmed is not None and buffer.unconfirmed.job_stats == [("j", "pages", 2)]
     queue.client = live
     clock.advance(RETRY_DELAY / 2)
     assert written == []  # the retry waits a second, not a tight loop
     clock.advance(RETRY_DELAY / 2)
     assert written == [(3, [True] * 3)] and len(queue) == 3
+
+
+def test_a_retry_sends_the_same_call_before_anything_buffered_since(queue: Base) -> None:
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    live = queue.client
+    queue.client = redis.Redis(port=free_port(), socket_connect_timeout=1)  # nobody listens
+    for item in pending(2):
+        buffer.add(item)
+    clock.advance(0.01)
+    queue.client = live
+    buffer.add(pending(3)[2])
+    with RoundTrips(live) as trips:
+        clock.advance(RETRY_DELAY)
+    assert trips.count == 2 and written == [(2, [True, True]), (1, [True])]
+    assert buffer.unconfirmed is None and len(buffer) == 0
+
+
+def test_a_call_whose_reply_was_lost_is_applied_once(redis_url: str, prefix: str) -> None:
+    """Redis ran the call, the reply never came, redis-py sent it again: counted once."""
+    with ReplyCutter(redis_url) as relay:
+        queue = PriorityQueue(get_redis(relay.url), SpiderKeys.build("buffered", prefix=prefix))
+        queue.start_job("j", [Entry(b"parent", job="j")], {"spider": "buffered"})
+        [lease] = queue.lease(1)
+        clock, written = FakeClock(), Written()
+        buffer = make_buffer(queue, clock, written)
+        for item in pending(2, job="j"):
+            buffer.add(item)
+        buffer.ack(lease.member)
+        buffer.job_stats.add("j", "items", 14)
+        buffer.dead_letter('{"reason": "unserializable"}')
+        relay.cut_next_reply()
+        clock.advance(0.01)
+        assert relay.cuts == 1  # the reply was lost: the call reached Redis again
+        assert written == [(2, [True, True])]  # the first run's flags, not "duplicates"
+        job = queue.client.hgetall(queue.keys.job("j"))
+        assert (job[b"items"], job[b"done"], job[b"pending"]) == (b"14", b"1", b"2")
+        assert queue.client.llen(queue.keys.deadletter) == 1
+        assert len(queue) == 2 and queue.in_flight() == 0
+
+
+def test_without_a_call_number_a_lost_reply_counts_twice(redis_url: str, prefix: str) -> None:
+    """What the number guards against: redis-py resends a call whose reply was lost."""
+    with ReplyCutter(redis_url) as relay:
+        queue = PriorityQueue(get_redis(relay.url), SpiderKeys.build("buffered", prefix=prefix))
+        queue.start_job("j", [Entry(b"parent", job="j")], {"spider": "buffered"})
+        queue.push_many([], job_stats=[("j", "items", 0)])  # the server caches the script
+        relay.cut_next_reply()
+        queue.push_many([], job_stats=[("j", "items", 14)])
+        assert relay.cuts == 1
+        assert queue.client.hget(queue.keys.job("j"), "items") == b"28"
 
 
 def test_prefetch_leases_a_batch_and_hands_it_out_one_by_one(queue: Base) -> None:
@@ -182,7 +234,8 @@ def test_dead_letters_go_with_the_job_stats_and_the_ack_and_wait_out_an_outage(
     buffer.job_stats.add("j", "dropped")
     buffer.ack(lease.member)
     clock.advance(0.01)
-    assert buffer.dead_letters and buffer.acks  # kept for the retry
+    kept = buffer.unconfirmed  # kept for the retry, as it was
+    assert kept is not None and kept.dead_letters and kept.acks and kept.job_stats
     queue.client = live
     with RoundTrips(live) as trips:
         clock.advance(RETRY_DELAY)
