@@ -16,7 +16,8 @@
 -- no longer runs (cancelled) is finished instead of requeued. A lease counted
 -- against its site's cap gives the site its slot back (include/sites.lua). A member
 -- that cannot be read (too short for a lease header, or an entry with a broken
--- header) is poison: taken out and dead-lettered, never put back.
+-- header) is poison: taken out and dead-lettered, never put back; so is one of an
+-- unknown job (no job hash, or one of the wrong type), as lease.lua does.
 --
 -- The keys it writes, the lists it pushes into among them, are checked before the first
 -- write (include/keytypes.lua): while one has the wrong type the call is refused whole,
@@ -69,8 +70,10 @@ for _, member in ipairs(members) do
             redis.call('ZADD', into, 'NX', -priority, priority)
             job_add(job, 'leased', -1)
             requeued = requeued + 1
+        elseif job_exists(job) then
+            job_ack(job)  -- its job ended: discarded
         else
-            job_ack(job)
+            poison(entry, 'an unknown job', 'requeue')  -- as lease.lua: never dropped uncounted
         end
     end
 end
