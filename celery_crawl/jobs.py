@@ -132,11 +132,6 @@ class JobStats:
         if job:
             self._deltas[(job, field)] += delta
 
-    def restore(self, deltas: list[tuple[str, str, int]]) -> None:
-        """Put back deltas whose write failed."""
-        for job, field, delta in deltas:
-            self._deltas[(job, field)] += delta
-
     def drain(self) -> list[tuple[str, str, int]]:
         deltas = [(job, field, n) for (job, field), n in self._deltas.items() if n]
         self._deltas.clear()
