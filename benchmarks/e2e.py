@@ -7,8 +7,9 @@
 - plain Scrapy: the same spider with its in-memory scheduler, no Redis; with
   several processes, each crawls its share of the forums. This is the ceiling.
 - plain Scrapy, GC frozen: the same, with the startup heap frozen out of the
-  garbage collector once the spider is open, as a celery_crawl worker does
-  (``CELERY_CRAWL_GC_FREEZE``): the ceiling with the same memory tuning.
+  garbage collector once the spider is open and the collector's thresholds
+  raised, as a celery_crawl worker does (``CELERY_CRAWL_GC_FREEZE``,
+  ``CELERY_CRAWL_GC_THRESHOLD``): the ceiling with the same memory tuning.
 
 Every system stores its items: celery_crawl and plain Scrapy write JSON-lines
 feeds, one file per process. scrapy-redis, by default, pushes them to Redis with

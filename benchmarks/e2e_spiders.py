@@ -9,21 +9,24 @@ pushed to a Redis list, as in scrapy-redis's example project).
 
 They reuse ``tasks.spiders.forum.ForumSpider``'s parsing, so all the
 systems do the same work per page. ``plain-frozen`` freezes the startup heap
-out of the garbage collector once the spider is open, as a celery_crawl
-worker does once its crawlers are open.
+out of the garbage collector once the spider is open, and raises the
+collector's thresholds, as a celery_crawl worker does once its crawlers are
+open (``CELERY_CRAWL_GC_FREEZE``, ``CELERY_CRAWL_GC_THRESHOLD``).
 """
 
 from __future__ import annotations
 
+import gc
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 from scrapy import Request, signals
 from scrapy.crawler import CrawlerProcess
+from scrapy.settings import Settings
 from scrapy_redis.spiders import RedisMixin
 
-from celery_crawl.hosting import freeze_startup_heap
+from celery_crawl.hosting import freeze_startup_heap, gc_threshold
 from tasks.spiders.forum import ForumSpider
 
 COMMON = {
@@ -95,7 +98,9 @@ def main(argv: list[str]) -> None:
 
 
 def freeze(spider: Any) -> None:
+    """The GC tuning of a celery_crawl worker: the startup heap frozen, the thresholds raised."""
     spider.logger.info("%d startup objects frozen out of the GC", freeze_startup_heap())
+    gc.set_threshold(*gc_threshold(Settings()))  # the default CELERY_CRAWL_GC_THRESHOLD
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ Once the crawlers are open, the process's startup heap (modules, the Celery
 app, the crawlers and their components) is frozen out of the cyclic garbage
 collector's reach (:func:`freeze_startup_heap`). Those objects live as long
 as the process, and without the freeze every full collection during a crawl
-walks them all again.
+walks them all again. The collector's thresholds are then raised
+(``CELERY_CRAWL_GC_THRESHOLD``): a crawl makes many short-lived containers,
+and Python's default first threshold (700) collects, and promotes, them
+several thousand times in a few seconds of crawling.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from scrapy.settings import Settings
 
 from celery_crawl import connection
 from celery_crawl.defaults import setting
+from celery_crawl.errors import ConfigError
 from celery_crawl.heartbeat import Heartbeat
 from celery_crawl.keys import workers_key
 from celery_crawl.registry import WorkerBeat
@@ -72,6 +76,7 @@ class CrawlerHost:
         self.runner: Any = None
         self._stopping = False
         self.reopened = 0  # crawlers that closed while hosted, and were opened again
+        self.gc_threshold = gc_threshold(settings)  # checked before anything opens
         prefix = setting(settings, "CELERY_CRAWL_KEY_PREFIX")
         self.registration = WorkerBeat(
             connection.from_settings(settings), workers_key(prefix), self.spiders, hostname
@@ -93,6 +98,9 @@ class CrawlerHost:
         logger.info("hosting crawlers for %s", ", ".join(self.spiders))
         if setting(self.settings, "CELERY_CRAWL_GC_FREEZE"):
             logger.info("%d startup objects frozen out of the GC", freeze_startup_heap())
+        if self.gc_threshold:
+            gc.set_threshold(*self.gc_threshold)
+            logger.info("GC thresholds set to %s", ", ".join(map(str, gc.get_threshold())))
 
     def _start(self) -> Any:
         from scrapy.crawler import CrawlerRunner
@@ -195,6 +203,21 @@ def freeze_startup_heap() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def gc_threshold(settings: Any) -> tuple[int, ...]:
+    """``CELERY_CRAWL_GC_THRESHOLD`` as ``gc.set_threshold``'s arguments; () keeps Python's."""
+    values = setting(settings, "CELERY_CRAWL_GC_THRESHOLD")
+    try:
+        numbers = tuple(int(str(value).strip()) for value in values)
+    except ValueError:
+        numbers = (0,)
+    if len(numbers) > 3 or any(n <= 0 for n in numbers):
+        raise ConfigError(
+            f"CELERY_CRAWL_GC_THRESHOLD = {values!r}: give 1 to 3 positive integers, as"
+            " gc.set_threshold takes them, or an empty list to keep Python's thresholds"
+        )
+    return numbers
 
 
 def keep_alive(spider: Any) -> None:

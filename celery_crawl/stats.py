@@ -91,6 +91,11 @@ RATES = ("response_received_count", "item_scraped_count")  # also counted per mi
 class RedisStatsCollector(StatsCollector):
     """``STATS_CLASS = "celery_crawl.stats.RedisStatsCollector"``."""
 
+    # Scrapy's StatsCollector.__getattribute__ wraps the stats methods to warn about a
+    # ``spider`` argument; it runs on every attribute read, and costs the crawl a few percent
+    # (docs/benchmarks.md). These methods take and ignore ``spider``: plain lookup is enough.
+    __getattribute__ = object.__getattribute__
+
     def __init__(self, crawler: Crawler, client: redis.Redis | None = None) -> None:
         super().__init__(crawler)
         compat.check_settings(crawler.settings)

@@ -40,6 +40,12 @@ def test_two_jobs_in_a_row_in_one_worker_process(
     assert "ReactorNotRestartable" not in worker.output()
     assert worker.output().count("hosting crawlers") == 1  # one process, one reactor
     assert len(frozen_heaps(worker)) == 1  # frozen once, after the crawlers opened
+    assert gc_thresholds(worker) == ["5000, 20, 10"]  # the default, read back from gc
+
+
+def gc_thresholds(worker: Worker) -> list[str]:
+    """The GC thresholds each of the worker's processes reported after setting them."""
+    return re.findall(r"GC thresholds set to ([\d, ]+\d)", worker.output())
 
 
 def frozen_heaps(worker: Worker) -> list[int]:
@@ -50,7 +56,7 @@ def frozen_heaps(worker: Worker) -> list[int]:
 
 
 def test_the_gc_freeze_can_be_turned_off(app: Celery, env: dict[str, str], tmp_path: Path) -> None:
-    settings = {**env, "CELERY_CRAWL_GC_FREEZE": "false"}
+    settings = {**env, "CELERY_CRAWL_GC_FREEZE": "false", "CELERY_CRAWL_GC_THRESHOLD": "3000,15"}
     worker = Worker("nofreeze", settings, tmp_path / "nofreeze.log", pool="solo")
     try:
         worker.wait_ready()
@@ -59,6 +65,19 @@ def test_the_gc_freeze_can_be_turned_off(app: Celery, env: dict[str, str], tmp_p
         worker.stop()
     assert worker.output().count("hosting crawlers") == 1
     assert frozen_heaps(worker) == []
+    assert gc_thresholds(worker) == ["3000, 15, 10"]  # the third one stays Python's
+
+
+def test_a_malformed_gc_threshold_stops_the_worker(env: dict[str, str], tmp_path: Path) -> None:
+    settings = {**env, "CELERY_CRAWL_GC_THRESHOLD": "5000,0"}  # 0 would turn the GC off
+    worker = Worker("badgc", settings, tmp_path / "badgc.log", pool="solo")
+    try:
+        code = worker.proc.wait(60)
+    finally:
+        worker.stop()
+    assert code == 78
+    assert "CELERY_CRAWL_GC_THRESHOLD = ['5000', '0']: give 1 to 3 positive" in worker.output()
+    assert gc_thresholds(worker) == []
 
 
 @pytest.mark.parametrize("pool", ["solo", "prefork"])

@@ -33,6 +33,7 @@ TEST_ENV = [
     "JOB_FEED_DIR",
     "PRODUCER_PERIOD",
     "CELERY_CRAWL_GC_FREEZE",
+    "CELERY_CRAWL_GC_THRESHOLD",
     "REDIS_PARAMS",
     # the live-worker tests run with the default lease and heartbeat times
     "SCHEDULER_LEASE_SECONDS",

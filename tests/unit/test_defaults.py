@@ -15,6 +15,8 @@ from scrapy.settings import BaseSettings, Settings, default_settings
 import celery_crawl
 from celery_crawl import components, defaults
 from celery_crawl.defaults import COMMAND, ENVIRONMENT, REFERENCE, SETTINGS, Setting, setting
+from celery_crawl.errors import ConfigError
+from celery_crawl.hosting import gc_threshold
 from celery_crawl.project import load_settings
 
 PACKAGE = Path(celery_crawl.__file__).parent
@@ -262,6 +264,22 @@ def test_malformed_entries_are_refused() -> None:
         Setting("lower", 1, "meaning", defaults.REDIS)
     with pytest.raises(ValueError, match="section"):
         Setting("NO_SECTION", 1, "meaning", "Elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [("5000,20,10", (5000, 20, 10)), (" 900 ", (900,)), ("", ()), ([1000, 5], (1000, 5))],
+)
+def test_the_gc_threshold_is_read_as_integers(value: Any, expected: tuple[int, ...]) -> None:
+    settings = Settings({"CELERY_CRAWL_GC_THRESHOLD": value})
+    assert gc_threshold(settings) == expected
+    assert gc_threshold(Settings()) == (5000, 20, 10)
+
+
+@pytest.mark.parametrize("value", ["0", "5000,-1", "many", "1,2,3,4", "1.5"])
+def test_a_gc_threshold_python_would_refuse_or_misread_is_a_config_error(value: str) -> None:
+    with pytest.raises(ConfigError, match="give 1 to 3 positive integers"):
+        gc_threshold(Settings({"CELERY_CRAWL_GC_THRESHOLD": value}))
 
 
 def test_the_reference_is_generated_from_the_registry() -> None:
