@@ -30,6 +30,9 @@ DEADLETTER_TEMPLATE: str = SETTINGS["SCHEDULER_DEADLETTER_KEY"].default
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
 PRODUCER_TEMPLATE = "%(prefix)s:%(spider)s:producer"
 COOKIES_TEMPLATE = "%(prefix)s:%(spider)s:cookies"
+# a writer's record of its last numbered call (``written``, ``stats_written``): kept past
+# any outage a retry could wait out, then gone with the writer (a stopped process)
+WRITTEN_KEPT_MS = 3_600_000
 
 
 def job_spider(prefix: str, job_id: str) -> str:
@@ -226,6 +229,10 @@ class SpiderKeys:
     @property
     def stats_types(self) -> str:
         return self.stats + ":types"
+
+    def stats_written(self, writer: str) -> str:
+        """String: a stats collector's last applied call number (lua/stats_update)."""
+        return f"{self.stats}:written:{writer}"
 
     def stats_rate(self, minute: int) -> str:
         """Per-minute counts of pages and items (written by ``lua/stats_update.lua``)."""

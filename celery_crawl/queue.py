@@ -48,7 +48,7 @@ from celery_crawl import connection, scripts
 from celery_crawl.defaults import SETTINGS
 from celery_crawl.dupefilter import EXACT_DEDUP, DedupScript
 from celery_crawl.errors import ConfigError
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.keys import WRITTEN_KEPT_MS, SpiderKeys
 from celery_crawl.sites import SitePolicy
 
 logger = logging.getLogger(__name__)
@@ -57,9 +57,6 @@ MAX_JOB_ID = 63  # bytes; an entry's length byte keeps two bits: fingerprint and
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
 MIN_BLOCK_SECONDS = 0.01  # BLPOP's timeout 0 would block for good
 DEDUP_SCOPES = ("job", "spider")  # DUPEFILTER_SCOPE: whose filter a job's requests meet
-# a writer's record of its last enqueue call (``push_many``'s ``call``): kept past any
-# outage a retry could wait out, then gone with the writer (a stopped process)
-WRITTEN_KEPT_MS = 3_600_000
 
 
 @dataclass(frozen=True)

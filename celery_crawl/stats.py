@@ -7,12 +7,19 @@ each field to a type tag, so ``get_value`` gives back an ``int``, ``float``,
 Changes are buffered in the process and written by one Lua script call
 (``lua/stats_update.lua``) every ``STATS_FLUSH_INTERVAL`` seconds, when the
 buffer grows past ``STATS_FLUSH_MAX_OPS``, before any read, and at close.
+
+Each call carries the collector's number for it. A call that Redis ran but
+whose reply was lost (Redis stopped, a connection cut) is sent again by the
+client, and by the collector when the client gave up: its number makes the
+second run change nothing, so an increment is added once. A call that failed
+is kept and sent again, unchanged, before anything buffered since.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -22,7 +29,7 @@ from scrapy.statscollectors import StatsCollector, StatsT
 
 from celery_crawl import compat, connection, scripts
 from celery_crawl.defaults import setting
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.keys import WRITTEN_KEPT_MS, SpiderKeys
 from celery_crawl.repair import Repairer
 
 if TYPE_CHECKING:
@@ -107,6 +114,9 @@ class RedisStatsCollector(StatsCollector):
         self._ops: list[Op] = []
         self._increments: dict[str, int | float] = {}
         self._loop: Any = None
+        self.writer = uuid.uuid4().hex  # numbers this collector's calls (lua/stats_update.lua)
+        self._calls = 0
+        self.unconfirmed: tuple[int, list[str]] | None = None  # failed: sent again first
 
     def _queue(self, op: str, key: str, value: Any) -> None:
         if key in self._increments:  # keep the order: an earlier increment first
@@ -159,23 +169,41 @@ class RedisStatsCollector(StatsCollector):
         return {k.decode(): decode(v, types.get(k)) for k, v in values.items()}
 
     def flush(self) -> None:
-        """Write the buffered changes in one round trip; keep them if Redis is away."""
+        """Write the buffered changes in one round trip; keep them if Redis is away.
+
+        A call that failed before goes first, as it was; the changes buffered
+        since wait for the next flush if it fails again.
+        """
+        if self.unconfirmed is not None and not self._send(*self.unconfirmed):
+            return
+        args = self._take()
+        if args:
+            self._calls += 1
+            self._send(self._calls, args)
+
+    def _take(self) -> list[str]:
+        """The buffered changes as the script's arguments; the buffer starts empty again."""
         ops = self._ops + [self._increment_op(k, v) for k, v in self._increments.items()]
         ops += [("rate", k, str(int(v)), "i") for k, v in self._increments.items() if k in RATES]
-        if not ops:
-            return
-        args = [part for op in ops for part in op]
+        self._ops, self._increments = [], {}
+        return [part for op in ops for part in op]
+
+    def _send(self, number: int, args: list[str]) -> bool:
+        """One numbered call; False if Redis did not take it (kept, sent again first)."""
+        keys = [self.keys.stats, self.keys.stats_types, self.keys.stats_written(self.writer)]
         try:
             scripts.script(self.client, "stats_update")(
-                keys=[self.keys.stats, self.keys.stats_types], args=args
+                keys=keys, args=[number, WRITTEN_KEPT_MS, *args]
             )
-        except connection.TRANSIENT_ERRORS as exc:
-            logger.warning("stats not flushed, will retry: %s", exc)
-            return
-        except redis.ResponseError as exc:  # a damaged key: kept, repaired, tried again
-            self.repairer.after(exc)
-            return
-        self._ops, self._increments = [], {}
+        except connection.REFUSED_OR_TRANSIENT as exc:
+            self.unconfirmed = (number, args)
+            if isinstance(exc, connection.TRANSIENT_ERRORS):
+                logger.warning("stats not flushed, will retry: %s", exc)
+            else:  # a damaged key: kept, repaired, tried again
+                self.repairer.after(exc)
+            return False
+        self.unconfirmed = None
+        return True
 
     @staticmethod
     def _increment_op(key: str, count: int | float) -> Op:

@@ -234,7 +234,8 @@ def test_a_damaged_damage_counter_still_lets_stats_through(
     keys = SpiderKeys.build("r", prefix=prefix)
     client.hset(keys.stats, mapping={"pages": "x", "celery_crawl/damaged/stats": "y"})
     update = scripts.script(client, "stats_update")
-    update(keys=[keys.stats, keys.stats_types], args=["incr", "pages", "2", "i"])
+    written = keys.stats_written("w")
+    update(keys=[keys.stats, keys.stats_types, written], args=["", 0, "incr", "pages", "2", "i"])
     assert client.hget(keys.stats, "pages") == b"2"
     assert client.hget(keys.stats, "celery_crawl/damaged/stats") == b"1"
 

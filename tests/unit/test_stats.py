@@ -7,12 +7,14 @@ from typing import Any
 
 import redis
 
+from celery_crawl import scripts
 from celery_crawl.stats import RedisStatsCollector
+from tests.support.reply_cutter import ReplyCutter
 from tests.support.round_trips import RoundTrips
 
 
-def collector(make_crawler: Any) -> RedisStatsCollector:
-    stats = make_crawler().stats
+def collector(make_crawler: Any, **settings: Any) -> RedisStatsCollector:
+    stats = make_crawler(**settings).stats
     assert isinstance(stats, RedisStatsCollector)
     return stats
 
@@ -91,3 +93,52 @@ def test_a_damaged_number_reads_as_missing(make_crawler: Any, client: redis.Redi
     assert stats.get_value("item_scraped_count", 0) == 0
     stats.inc_value("item_scraped_count", 2)  # the count starts afresh
     assert stats.get_value("item_scraped_count", 0) == 2
+
+
+def test_a_flush_whose_reply_was_lost_is_added_once(make_crawler: Any, redis_url: str) -> None:
+    """Redis ran the call, the reply never came, redis-py sent it again: added once."""
+    with ReplyCutter(redis_url) as relay:
+        stats = collector(make_crawler, REDIS_URL=relay.url)
+        stats.set_value("start", 1)
+        stats.flush()  # the server caches the script
+        stats.inc_value("response_received_count", 3)  # also counted in the minute's rate
+        relay.cut_next_reply()
+        stats.flush()
+        assert relay.cuts == 1  # the reply was lost: the call reached Redis again
+        assert stats.unconfirmed is None
+        assert stats.get_value("response_received_count") == 3
+        rates = stats.client.keys(stats.keys.stats + ":rate:*")
+        assert [stats.client.hget(key, "response_received_count") for key in rates] == [b"3"]
+
+
+def test_without_a_number_a_lost_reply_adds_twice(make_crawler: Any, redis_url: str) -> None:
+    """What the number guards against, with the same relay and script."""
+    with ReplyCutter(redis_url) as relay:
+        stats = collector(make_crawler, REDIS_URL=relay.url)
+        keys = [stats.keys.stats, stats.keys.stats_types, stats.keys.stats_written("w")]
+        update = scripts.script(stats.client, "stats_update")
+        update(keys=keys, args=["", 0, "incr", "pages", "0", "i"])  # the server caches it
+        relay.cut_next_reply()
+        update(keys=keys, args=["", 0, "incr", "pages", "3", "i"])
+        assert relay.cuts == 1
+        assert stats.client.hget(stats.keys.stats, "pages") == b"6"
+
+
+def test_a_failed_flush_is_sent_again_as_it_was_before_later_changes(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """Refused for a damaged key: kept whole, applied once after the repair, then the rest."""
+    stats = collector(make_crawler)
+    client.set(stats.keys.stats_types, "not a hash")
+    stats.inc_value("pages", 2)
+    stats.set_value("finish_reason", "first")
+    stats.flush()
+    assert stats.unconfirmed is not None  # refused before any write, and kept
+    assert client.get(stats.keys.stats_types) is None  # moved aside by the repair
+    assert client.hget(stats.keys.stats, "finish_reason") is None  # nothing applied half-way
+    stats.inc_value("pages", 5)
+    stats.set_value("finish_reason", "second")
+    stats.flush()
+    assert stats.unconfirmed is None
+    assert stats.get_value("pages") == 7
+    assert stats.get_value("finish_reason") == "second"  # the later change came after
