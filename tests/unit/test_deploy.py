@@ -47,6 +47,16 @@ def test_the_deployment_has_every_service(compose: dict[str, Any]) -> None:
     assert "container_name" not in compose["services"]["worker"]  # --scale worker=N
 
 
+def test_redis_and_every_app_service_come_back_after_an_exit(compose: dict[str, Any]) -> None:
+    """A worker exits on purpose (a crawler that cannot open again: exit 70), and Celery's
+    main process can stop on a broker outage (docs/deployment.md): the policy restarts it."""
+    services = {"redis": compose["services"]["redis"], **app_services(compose)}
+    assert {"worker", "beat", "flower", "exporter", "demo"} <= set(services)
+    assert {name: s.get("restart") for name, s in services.items()} == {
+        name: "unless-stopped" for name in services
+    }
+
+
 def test_celery_commands_name_modules_and_subcommands_that_exist(compose: dict[str, Any]) -> None:
     subcommands = CELERY_BUILTINS | {ep.name for ep in entry_points(group="celery.commands")}
     checked = 0
