@@ -208,16 +208,13 @@ def freeze_startup_heap() -> int:
 def gc_threshold(settings: Any) -> tuple[int, ...]:
     """``CELERY_CRAWL_GC_THRESHOLD`` as ``gc.set_threshold``'s arguments; () keeps Python's."""
     values = setting(settings, "CELERY_CRAWL_GC_THRESHOLD")
-    try:
-        numbers = tuple(int(str(value).strip()) for value in values)
-    except ValueError:
-        numbers = (0,)
-    if len(numbers) > 3 or any(n <= 0 for n in numbers):
+    texts = [str(value).strip() for value in values]
+    if len(texts) > 3 or not all(text.isdecimal() and int(text) > 0 for text in texts):
         raise ConfigError(
             f"CELERY_CRAWL_GC_THRESHOLD = {values!r}: give 1 to 3 positive integers, as"
             " gc.set_threshold takes them, or an empty list to keep Python's thresholds"
         )
-    return numbers
+    return tuple(int(text) for text in texts)
 
 
 def keep_alive(spider: Any) -> None:
