@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 import pytest
@@ -80,6 +81,20 @@ def span(arrivals: list[Arrival]) -> float:
 def crawl_alone(app: Celery, site: SiteThread) -> list[Arrival]:
     run(app, {"alone": pages(site, 0, 2400)})
     assert site.wait_idle()
+    return take_log(site)
+
+
+def crawl_beside(
+    app: Celery, limited: SiteThread, free: SiteThread, slow_pages: int
+) -> tuple[list[Arrival], list[Arrival]]:
+    """One job on each site at once: the limited site's arrivals, then the free one's."""
+    done = run(app, {"limited": pages(limited, 0, slow_pages), "free": pages(free, 0, 2400)})
+    assert done["limited"]["state"] == done["free"]["state"] == "done"
+    assert limited.wait_idle() and free.wait_idle()
+    return take_log(limited), take_log(free)
+
+
+def take_log(site: SiteThread) -> list[Arrival]:
     arrivals = site.arrivals()
     site.reset_log()
     return arrivals
@@ -88,6 +103,11 @@ def crawl_alone(app: Celery, site: SiteThread) -> list[Arrival]:
 def run(app: Celery, jobs: dict[str, list[str]], timeout: float = 120) -> dict[str, Any]:
     started = {name: crawl("site_pages", seeds, app=app) for name, seeds in jobs.items()}
     return {name: job.wait(timeout=timeout) for name, job in started.items()}
+
+
+def assert_held(slow: list[Arrival], limited: SiteThread) -> None:
+    assert most_in_one_second(slow) <= 11, f"{most_in_one_second(slow)} requests in one second"
+    assert limited.max_in_flight <= 4
 
 
 def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
@@ -103,26 +123,33 @@ def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
         assert site.wait_idle()
         site.reset_log()
 
-    alone = crawl_alone(app, free)
-    together = run(app, {"limited": pages(limited, 0, 100), "free": pages(free, 0, 2400)})
-    assert limited.wait_idle() and free.wait_idle()
-    slow, fast = limited.arrivals(), free.arrivals()
-    free.reset_log()
-    again = crawl_alone(app, free)  # alone before and after: drift of the machine cancels out
-
-    assert together["limited"]["state"] == together["free"]["state"] == "done"
-    assert len(slow) == 100 and len(alone) == len(fast) == len(again) == 2400
-    assert most_in_one_second(slow) <= 11, f"{most_in_one_second(slow)} requests in one second"
-    assert limited.max_in_flight <= 4
+    # The free site alone and beside the limited one, in turn: 3 crawls beside it between
+    # 4 alone, so that the machine's drift over the test spreads over both kinds.
+    alone = [crawl_alone(app, free)]
+    slow, fast = crawl_beside(app, limited, free, slow_pages=100)
+    assert len(slow) == 100 and len(fast) == 2400
+    assert_held(slow, limited)
     assert span(slow) >= 9.0  # 100 pages at 10/s: the limit held them, nothing else did
-    # the unlimited site, crawled beside the limited one, as fast as alone (within 10%)
-    by_itself = (span(alone) + span(again)) / 2
-    print(f"unlimited site: {by_itself:.2f} s alone, {span(fast):.2f} s beside the limited one")
-    assert span(fast) <= 1.10 * by_itself, (span(fast), span(alone), span(again))
     assert span(fast) < span(slow)  # the fast site finished while the slow one was crawled
+    beside = [fast]
+    for _ in range(2):
+        alone.append(crawl_alone(app, free))
+        slow, fast = crawl_beside(app, limited, free, slow_pages=50)
+        assert_held(slow, limited)
+        assert span(fast) < span(slow)  # the whole fast crawl ran beside the limited one
+        beside.append(fast)
+    alone.append(crawl_alone(app, free))
+
+    assert all(len(arrivals) == 2400 for arrivals in alone + beside)
+    # the unlimited site, crawled beside the limited one, as fast as alone (within 10%)
+    by_itself = median(span(arrivals) for arrivals in alone)
+    next_to_it = median(span(arrivals) for arrivals in beside)
+    spans = {"alone": [span(a) for a in alone], "beside": [span(a) for a in beside]}
+    print(f"unlimited site, median: {by_itself:.2f} s alone, {next_to_it:.2f} s beside; {spans}")
+    assert next_to_it <= 1.10 * by_itself, spans
     # celery-crawl status shows the limited site, its requests that waited for the limits
     sites = {row["site"]: row for row in snapshot(state_client, [keys_of(prefix)], app)["sites"]}
-    assert sites["127.0.0.1"]["leased"] >= 100 and sites["127.0.0.1"]["parked"] > 0
+    assert sites["127.0.0.1"]["leased"] >= 200 and sites["127.0.0.1"]["parked"] > 0
     assert sites["127.0.0.1"]["backoffs"] == 0 and sites["127.0.0.2"]["parked"] == 0
 
 
