@@ -282,7 +282,8 @@ class Base:
             remaining = deadline - time.monotonic()
             if leases or remaining <= 0:
                 return leases
-            wait = min(remaining, MAX_BLOCK_SECONDS, self.next_ready or MAX_BLOCK_SECONDS)
+            due = MAX_BLOCK_SECONDS if self.next_ready is None else self.next_ready
+            wait = min(remaining, MAX_BLOCK_SECONDS, due)
             self.client.blpop([self.keys.signal], timeout=max(wait, MIN_BLOCK_SECONDS))
 
     def wait(self, timeout: float, scheduler_id: str = "") -> bool:

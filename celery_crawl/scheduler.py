@@ -84,6 +84,7 @@ NEXT_STEPS = {
     " spider, a request class)",
     "unroutable": "route requests only to spiders of the same group (CELERY_CRAWL_SPIDER_GROUPS)",
 }
+DUE_MARGIN_SECONDS = 0.001  # a parked site's due time is in whole ms of the server's clock
 MIN_REGISTRATION_SECONDS = 10.0  # outlives missed renewals; lapsed, a job stops waiting on it
 
 
@@ -140,6 +141,7 @@ class Scheduler(BaseScheduler):
         )
         self._empty_since: float | None = None
         self._waiting = False
+        self._ready_call: Any = None  # the engine's wake-up when a parked site is due
         self._open = False
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
         self._dropped_kinds: set[str] = set()  # logged once per kind
@@ -227,6 +229,7 @@ class Scheduler(BaseScheduler):
 
     def close(self, reason: str) -> None:
         self._open = False
+        self._cancel_ready_call()
         if self._waiting:  # the thread blocked on the wake-up list: the reactor's stop joins it
             with contextlib.suppress(*connection.TRANSIENT_ERRORS):
                 self.queue.wake(self.id)
@@ -487,19 +490,40 @@ class Scheduler(BaseScheduler):
         self._inc("scheduler/discarded/job_ended")
 
     def _wait_for_work(self) -> None:
-        """While the queue is empty, block in a thread on the wake-up list.
+        """While nothing can be leased, block in a thread on the wake-up list.
 
         A push by any process wakes the engine at once, instead of at its next
-        5-second heartbeat.
+        5-second heartbeat. When a parked site is due sooner, a reactor timer
+        wakes the engine then (:meth:`_wake_when_due`).
         """
-        if self._waiting or not self._open or self.engine.engine is None:
+        if not self._open or self.engine.engine is None:
+            return
+        self._wake_when_due()
+        if self._waiting:
             return
         from twisted.internet import threads
 
         self._waiting = True
-        timeout = min(self.wake_timeout, self.queue.next_ready or self.wake_timeout)
-        waiting = threads.deferToThread(self.queue.wait, timeout, self.id)
+        waiting = threads.deferToThread(self.queue.wait, self.wake_timeout, self.id)
         waiting.addBoth(self._woken)
+
+    def _wake_when_due(self) -> None:
+        """Wake the engine when the first parked site may take a request (``next_ready``).
+
+        A timer in the reactor, not the blocking pop's timeout: a server ends
+        blocked clients' timeouts at its clock tick (``hz``, every 100 ms by
+        default), which held a site limited to 10 requests/s to about 8.
+        """
+        due = self.queue.next_ready
+        if due is None:
+            return
+        self._cancel_ready_call()
+        self._ready_call = reactor_call_later(due + DUE_MARGIN_SECONDS, self.engine.wake)
+
+    def _cancel_ready_call(self) -> None:
+        if self._ready_call is not None and self._ready_call.active():
+            self._ready_call.cancel()
+        self._ready_call = None
 
     def _woken(self, result: Any) -> None:
         """Wake the engine: at once after a push, ``wake_timeout`` later if Redis is away."""

@@ -123,20 +123,22 @@ def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
         assert site.wait_idle()
         site.reset_log()
 
-    # The free site alone and beside the limited one, in turn: 3 crawls beside it between
-    # 4 alone, so that the machine's drift over the test spreads over both kinds.
+    # The free site alone and beside the limited one, in turn: 5 crawls beside it between
+    # 6 alone, so that the machine's drift over the test spreads over both kinds.
     alone = [crawl_alone(app, free)]
     slow, fast = crawl_beside(app, limited, free, slow_pages=100)
     assert len(slow) == 100 and len(fast) == 2400
     assert_held(slow, limited)
-    assert span(slow) >= 9.0  # 100 pages at 10/s: the limit held them, nothing else did
+    print(f"limited site: 100 pages in {span(slow):.2f} s")
+    assert 9.0 <= span(slow) <= 11.5  # 100 pages at 10/s: the limit held them, and they had it
     assert span(fast) < span(slow)  # the fast site finished while the slow one was crawled
     beside = [fast]
-    for _ in range(2):
+    for _ in range(4):
         alone.append(crawl_alone(app, free))
         slow, fast = crawl_beside(app, limited, free, slow_pages=50)
         assert_held(slow, limited)
         assert span(fast) < span(slow)  # the whole fast crawl ran beside the limited one
+        print(f"limited site: 50 pages in {span(slow):.2f} s")
         beside.append(fast)
     alone.append(crawl_alone(app, free))
 
@@ -149,7 +151,7 @@ def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
     assert next_to_it <= 1.10 * by_itself, spans
     # celery-crawl status shows the limited site, its requests that waited for the limits
     sites = {row["site"]: row for row in snapshot(state_client, [keys_of(prefix)], app)["sites"]}
-    assert sites["127.0.0.1"]["leased"] >= 200 and sites["127.0.0.1"]["parked"] > 0
+    assert sites["127.0.0.1"]["leased"] >= 300 and sites["127.0.0.1"]["parked"] > 0
     assert sites["127.0.0.1"]["backoffs"] == 0 and sites["127.0.0.2"]["parked"] == 0
 
 
