@@ -526,7 +526,8 @@ _ENTRIES = (
         "SITE_LIMITS_ENABLED",
         True,
         "hold every site to limits shared by all processes (docs/politeness.md): a request is"
-        " leased only when its site may take one more; False leases in plain priority order",
+        " leased only when its site may take one more; False leases in plain priority order"
+        " (requests parked while limits were on come after the queue's own)",
         POLITENESS,
     ),
     Setting(

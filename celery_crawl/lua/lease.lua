@@ -10,7 +10,8 @@
 -- ARGV[3]  'head' or 'tail': which end of a level list to pop
 -- ARGV[4]  the most records the dead-letter list keeps
 -- ARGV[5]  'sites' to hold entries that carry a site to its limits (include/sites.lua),
---          '' to lease in plain priority order
+--          '' to lease in plain priority order (entries parked while limits were on
+--          come after the queue's levels)
 -- ARGV[6]  with 'sites': the default limits, "concurrency interval_ms burst"
 -- ARGV[7]  with 'sites': '1' when the group's site limits hash (include/sites.lua) names
 --          sites of other limits
@@ -127,6 +128,31 @@ local function top_priority()
     return top and tonumber(top) or nil
 end
 
+-- Limits off: entries parked while they were on are leased too, once the queue's own
+-- levels run short (so none is stranded), site by site, each in its priority order.
+-- A site whose parked keys are damaged is left for a lease with limits on to repair.
+local function take_parked_of(site)
+    local q = site_parked_key(levels, site)
+    if key_type_problem({q, 'zset', sites .. site .. ':waiting', 'set'}) then return end
+    while #taken < want do
+        local top = redis.call('ZRANGE', q, 0, 0)[1]
+        if not top or damaged_list(q .. ':' .. top) then break end
+        local list = q .. ':' .. top
+        local payloads = redis.call(pop, list, want - #taken)
+        if not payloads or redis.call('EXISTS', list) == 0 then redis.call('ZREM', q, top) end
+        for _, entry in ipairs(payloads or {}) do take(entry, top) end
+    end
+    if redis.call('EXISTS', q) == 0 then site_parked_none(sites, levels, site) end
+end
+
+local function take_parked()
+    if key_type_problem({parked_key, 'zset'}) then return end
+    for _, site in ipairs(redis.call('ZRANGE', parked_key, 0, -1)) do
+        if #taken >= want then break end
+        take_parked_of(site)
+    end
+end
+
 if not SITES then
     while #taken < want do
         local top = redis.call('ZRANGE', levels, 0, 0)[1]
@@ -138,6 +164,7 @@ if not SITES then
         end
         for _, entry in ipairs(payloads or {}) do take(entry, top) end
     end
+    if #taken < want and redis.call('EXISTS', parked_key) == 1 then take_parked() end
     return {lease_taken(), -1}
 end
 

@@ -176,6 +176,23 @@ def test_without_limits_entries_with_sites_lease_in_plain_order(
     assert queue.next_ready is None
 
 
+def test_entries_parked_while_limits_were_on_are_leased_once_they_are_off(
+    client: redis.Redis, prefix: str
+) -> None:
+    limited = queue_with(client, prefix, Limits(concurrency=1))
+    limited.start_job("j4", [entry(f"a{i}", "a.example", job="j4") for i in range(4)], {})
+    held = limited.lease(4)  # a0 leased, a1 to a3 parked
+    assert names(held) == ["a0"]
+    plain = PriorityQueue(client, limited.keys, lease_seconds=60, sites=SitePolicy(enabled=False))
+    plain.push_many([Entry(b"b0", 0, None, "j4", "")])  # pushed with limits off: no site
+    assert plain.release([held[0].member]) == 1  # handed back: before its site's parked ones
+    assert names(plain.lease(2)) == ["b0", "a0"]  # the queue's own levels first
+    rest = plain.lease(10)
+    assert names(rest) == ["a1", "a2", "a3"]
+    assert len(plain) == 0 and not client.keys(limited.keys.parked + "*")
+    assert not client.smembers(limited.keys.site("a.example") + ":waiting")
+
+
 def test_an_entry_carries_job_fingerprint_and_site(client: redis.Redis, prefix: str) -> None:
     queue = queue_with(client, prefix, Limits())
     queue.start_job("j2", [Entry(b"payload", 0, b"\x01" * 16, "j2", "a.example")], {})
