@@ -178,6 +178,8 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
     keys = SpiderKeys.build("forum", prefix=prefix)
     stats = {"item_scraped_count": 7, "downloader/response_status_count/200": 9}
     client.hset(keys.stats, mapping=stats)
+    client.hset(keys.site("forum.example"), mapping={"leased": 40, "backoffs": 1})
+    client.sadd(keys.site_known, "forum.example")  # the dashboard's site panels get data
     exporter_port, port = free_port(), free_port()
     server, _ = serve(
         client, [keys], exporter_port, "127.0.0.1", Registry(workers_key(prefix), 5.0)
@@ -249,6 +251,7 @@ def test_the_dashboard_names_only_exported_metrics(client: redis.Redis, prefix: 
     assert used and used <= names
     titles = {panel["title"] for panel in dashboard()["panels"]}
     assert {"Queue length", "Pages/s", "Items/s", "Responses by status"} <= titles
+    assert {"Requests/s per site", "Sites: in flight and back-offs"} <= titles
 
 
 def test_status_json_shows_spiders_jobs_and_workers(
