@@ -128,20 +128,26 @@ local function top_priority()
     return top and tonumber(top) or nil
 end
 
+-- Lease in plain priority order from an index of levels (a sorted set of priorities,
+-- a list per level: the queue's own, or a site's parked ones), until n are taken.
+local function take_levels(index)
+    while #taken < want do
+        local top = redis.call('ZRANGE', index, 0, 0)[1]
+        if not top or damaged_list(index .. ':' .. top) then break end
+        local list = index .. ':' .. top
+        local payloads = redis.call(pop, list, want - #taken)
+        if not payloads or redis.call('EXISTS', list) == 0 then redis.call('ZREM', index, top) end
+        for _, entry in ipairs(payloads or {}) do take(entry, top) end
+    end
+end
+
 -- Limits off: entries parked while they were on are leased too, once the queue's own
 -- levels run short (so none is stranded), site by site, each in its priority order.
 -- A site whose parked keys are damaged is left for a lease with limits on to repair.
 local function take_parked_of(site)
     local q = site_parked_key(levels, site)
     if key_type_problem({q, 'zset', sites .. site .. ':waiting', 'set'}) then return end
-    while #taken < want do
-        local top = redis.call('ZRANGE', q, 0, 0)[1]
-        if not top or damaged_list(q .. ':' .. top) then break end
-        local list = q .. ':' .. top
-        local payloads = redis.call(pop, list, want - #taken)
-        if not payloads or redis.call('EXISTS', list) == 0 then redis.call('ZREM', q, top) end
-        for _, entry in ipairs(payloads or {}) do take(entry, top) end
-    end
+    take_levels(q)
     if redis.call('EXISTS', q) == 0 then site_parked_none(sites, levels, site) end
 end
 
@@ -154,16 +160,7 @@ local function take_parked()
 end
 
 if not SITES then
-    while #taken < want do
-        local top = redis.call('ZRANGE', levels, 0, 0)[1]
-        if not top or damaged_level(top) then break end
-        local list = levels .. ':' .. top
-        local payloads = redis.call(pop, list, want - #taken)
-        if not payloads or redis.call('EXISTS', list) == 0 then
-            redis.call('ZREM', levels, top)
-        end
-        for _, entry in ipairs(payloads or {}) do take(entry, top) end
-    end
+    take_levels(levels)
     if #taken < want and redis.call('EXISTS', parked_key) == 1 then take_parked() end
     return {lease_taken(), -1}
 end
