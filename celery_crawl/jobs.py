@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import functools
 import json
+import logging
 import time
 import weakref
 from collections import Counter, OrderedDict
@@ -24,12 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from celery_crawl import scripts
+from celery_crawl import connection, scripts
 from celery_crawl.errors import JobTimeout, UnknownJob
 from celery_crawl.keys import SpiderKeys
 
 if TYPE_CHECKING:
     from celery_crawl.dupefilter import DedupScript
+
+logger = logging.getLogger(__name__)
 
 JOB_META = "celery_crawl_job"
 JOB_PRIORITY_META = "celery_crawl_priority"
@@ -55,6 +58,9 @@ job_finished = object()
 # incomplete: pages were fetched, but requests of the job could not be queued (dropped)
 # closed: a limit was reached, or a callback raised CloseSpider (field reason)
 TERMINAL_STATES = ("done", "incomplete", "failed", "cancelled", "closed")
+# Job.wait rides out a Redis failover or restart this long (a Cluster fails over
+# after its node timeout, 15 s by default, plus an election) before it gives up
+WAIT_OUTAGE_SECONDS = 60.0
 # a job's limits, with Scrapy's meaning: name -> (CloseSpider setting, reason when reached)
 LIMITS = {
     "pages": ("CLOSESPIDER_PAGECOUNT", "closespider_pagecount"),
@@ -182,6 +188,11 @@ def limit_fields(limits: dict[str, float]) -> dict[str, str]:
 
 # the AsyncResults Job.result handed out, until they are freed
 _handed_out: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+
+
+def _left(deadline: float | None, poll: float) -> float:
+    """Seconds left before ``deadline``; ``poll`` when there is none."""
+    return poll if deadline is None else deadline - time.monotonic()
 
 
 @functools.cache
@@ -369,17 +380,43 @@ class Job:
         closed its part: items through the pipelines and their ``close_job``,
         ``%(job)s`` feeds stored, ``job_finished`` sent
         (:mod:`celery_crawl.participation`).
+
+        A failover or restart of Redis is waited out, with a warning logged,
+        for up to :data:`WAIT_OUTAGE_SECONDS` and within ``timeout``; then the
+        connection error is raised (one of ``connection.TRANSIENT_ERRORS``).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        done_key = self.keys.job(self.id) + ":done"
+        outage_began: float | None = None
         while True:
-            status = self.status()
-            if status.finished and not self.participants():
+            try:
+                status, ended = self._look(deadline, poll)
+            except connection.TRANSIENT_ERRORS as exc:
+                outage_began = outage_began or time.monotonic()
+                self._ride_out(exc, outage_began, deadline, poll)
+                continue
+            outage_began = None
+            if ended:
                 return status.as_dict()
-            remaining = poll if deadline is None else deadline - time.monotonic()
-            if remaining <= 0:
+            if _left(deadline, poll) <= 0:
                 raise JobTimeout(f"job {self.id} not done after {timeout} s: {status.as_dict()}")
+
+    def _look(self, deadline: float | None, poll: float) -> tuple[JobStatus, bool]:
+        """The job's status, and whether it has ended; if not, wait up to ``poll`` for its end."""
+        status = self.status()
+        if status.finished and not self.participants():
+            return status, True
+        remaining = _left(deadline, poll)
+        if remaining > 0:
+            done_key = self.keys.job(self.id) + ":done"
             self.client.blpop([done_key], timeout=max(min(remaining, poll), 0.01))
+        return status, False
+
+    def _ride_out(self, exc: Exception, began: float, deadline: float | None, poll: float) -> None:
+        """Wait out a failover or a restart of Redis; raise ``exc`` once it lasts too long."""
+        if time.monotonic() - began >= WAIT_OUTAGE_SECONDS or _left(deadline, poll) <= 0:
+            raise exc
+        logger.warning("job %s: Redis unreachable (%s); still waiting", self.id, exc)
+        time.sleep(max(min(poll, _left(deadline, poll)), 0.01))
 
     def participants(self) -> int:
         """How many worker processes are still closing their part of the job.

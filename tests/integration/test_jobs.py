@@ -397,7 +397,11 @@ def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
     assert counts.get("forum/malformed/json", 0) > 0  # the site did send broken pages
     assert "JSONDecodeError" not in result["errors"]  # handled, not crashed
     assert result["retries"] > 0  # the 503s were retried (a retried 503 is not a response)
-    if counts.get("forum/malformed/given_up", 0) == 0:
+    # a page is given up after 2 malformed bodies more, or as a 503 once its retries are
+    # spent (by the odds, about 1 in 7,000 pages: a 503 four times, a malformed body between them
+    # carrying the count on); either way the job still ends done, with fewer items
+    given_up = counts.get("forum/malformed/given_up", 0) + result["status_codes"].get("503", 0)
+    if given_up == 0:
         assert result["items"] == expected.posts + expected.comments
     else:
         assert result["items"] < expected.posts + expected.comments

