@@ -34,18 +34,29 @@ def persistent_redis(tmp_path: Path) -> Iterator[ValkeyServer]:
         server.stop()
 
 
-def test_workers_reconnect_after_a_redis_restart(
+@pytest.fixture
+def restart_env(
     persistent_redis: ValkeyServer,
     sites: dict[str, str],
     prefix: str,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
+) -> dict[str, Any]:
+    """A worker's environment for ``persistent_redis``, also set in this process."""
+    url = f"redis://127.0.0.1:{persistent_redis.port}/0"
+    env: dict[str, Any] = worker_env(url, prefix, sites["FORUM_BASE_URL"], tmp_path)
+    env["PATHS_BASE_URL"] = sites["PATHS_BASE_URL"]
+    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
+        monkeypatch.setenv(name, env[name])
+    return env
+
+
+def test_workers_reconnect_after_a_redis_restart(
+    persistent_redis: ValkeyServer, restart_env: dict[str, Any], tmp_path: Path
 ) -> None:
     port = persistent_redis.port
-    url = f"redis://127.0.0.1:{port}/0"
-    env = restart_env(url, sites, prefix, tmp_path, monkeypatch)
     app = create_app("worker_app", WORKER_SETTINGS)
-    worker = Worker("restart", env, tmp_path / "worker.log")
+    worker = Worker("restart", restart_env, tmp_path / "worker.log")
     try:
         worker.wait_ready()
         chain = crawl("paths", [{"chain": "r", "length": 10}], app=app)
@@ -71,17 +82,11 @@ def test_workers_reconnect_after_a_redis_restart(
 
 
 def test_job_wait_rides_out_a_redis_restart(
-    persistent_redis: ValkeyServer,
-    sites: dict[str, str],
-    prefix: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    persistent_redis: ValkeyServer, restart_env: dict[str, Any], tmp_path: Path
 ) -> None:
     """Application code in ``job.wait()`` through a 3 s outage gets the job's stats, no error."""
-    url = f"redis://127.0.0.1:{persistent_redis.port}/0"
-    env = restart_env(url, sites, prefix, tmp_path, monkeypatch)
     app = create_app("worker_app", WORKER_SETTINGS)
-    worker = Worker("wait-restart", env, tmp_path / "worker.log")
+    worker = Worker("wait-restart", restart_env, tmp_path / "worker.log")
     try:
         worker.wait_ready()
         forum = crawl("forum", [{"forum_id": f} for f in FORUM.forum_ids()], app=app)
@@ -107,16 +112,11 @@ def test_job_wait_rides_out_a_redis_restart(
         worker.stop()
 
 
+@pytest.mark.usefixtures("restart_env")
 def test_job_wait_raises_when_redis_stays_down(
-    persistent_redis: ValkeyServer,
-    sites: dict[str, str],
-    prefix: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    persistent_redis: ValkeyServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An outage longer than ``WAIT_OUTAGE_SECONDS`` ends the wait with the connection error."""
-    url = f"redis://127.0.0.1:{persistent_redis.port}/0"
-    restart_env(url, sites, prefix, tmp_path, monkeypatch)
     monkeypatch.setattr(jobs, "WAIT_OUTAGE_SECONDS", 2.0)
     job = crawl(
         "forum", [{"forum_id": FORUM.forum_ids()[0]}], app=create_app("worker_app", WORKER_SETTINGS)
@@ -141,21 +141,6 @@ class Waiter(threading.Thread):
             self.outcome.append(self.job.wait(timeout=self.timeout))
         except Exception as exc:  # reported by the test, in its own thread
             self.outcome.append(exc)
-
-
-def restart_env(
-    url: str,
-    sites: dict[str, str],
-    prefix: str,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-) -> dict[str, Any]:
-    """A worker's environment for the Redis at ``url``, also set in this process."""
-    env: dict[str, Any] = worker_env(url, prefix, sites["FORUM_BASE_URL"], tmp_path)
-    env["PATHS_BASE_URL"] = sites["PATHS_BASE_URL"]
-    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "PATHS_BASE_URL"):
-        monkeypatch.setenv(name, env[name])
-    return env
 
 
 def wait_for_result(app: Any, task_id: str, seconds: float) -> dict[str, Any]:
