@@ -34,7 +34,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from scrapy.settings import Settings
+from scrapy.settings import SETTINGS_PRIORITIES, Settings
 
 from celery_crawl import connection
 from celery_crawl.defaults import setting
@@ -65,6 +65,41 @@ def setup_reactor() -> None:
 
         crochet.setup()
         _reactor["running"] = True
+
+
+def configure_reactor(runner: Any) -> None:
+    """In the reactor: what ``CrawlerProcess`` does to it and ``CrawlerRunner`` does not.
+
+    Scrapy's ``CrawlerProcessBase._setup_reactor`` installs the DNS resolver
+    that ``TWISTED_DNS_RESOLVER`` names (by default Scrapy's caching one, with
+    ``DNSCACHE_ENABLED``, ``DNSCACHE_SIZE`` and ``DNS_TIMEOUT``) and sizes the
+    reactor's thread pool (``REACTOR_THREADPOOL_MAXSIZE``), which name lookups
+    use. Its signal handlers are not installed: Celery owns the process's
+    signals. Built from the project's settings, once per process, as
+    ``CrawlerProcess`` builds them from its own.
+    """
+    from scrapy.utils.misc import build_from_crawler, load_object
+    from twisted.internet import reactor
+
+    settings = runner.settings
+    resolver_class = load_object(resolver_path(settings))
+    resolver = build_from_crawler(resolver_class, runner, reactor=reactor)
+    resolver.install_on_reactor()
+    reactor.getThreadPool().adjustPoolsize(maxthreads=settings.getint("REACTOR_THREADPOOL_MAXSIZE"))
+    logger.info(
+        "reactor: %s resolver, thread pool of %d at most",
+        resolver_class.__name__,
+        reactor.getThreadPool().max,
+    )
+
+
+def resolver_path(settings: Settings) -> str:
+    """``TWISTED_DNS_RESOLVER``; or the deprecated ``DNS_RESOLVER``, set above it, as Scrapy reads it."""
+    old = settings.getpriority("DNS_RESOLVER") or 0
+    new = settings.getpriority("TWISTED_DNS_RESOLVER") or 0
+    if old > SETTINGS_PRIORITIES["default"] and old >= new:
+        return str(settings["DNS_RESOLVER"])
+    return str(settings["TWISTED_DNS_RESOLVER"])
 
 
 class CrawlerHost:
@@ -107,6 +142,7 @@ class CrawlerHost:
         from twisted.internet.defer import DeferredList
 
         self.runner = CrawlerRunner(self.settings)
+        configure_reactor(self.runner)
         return DeferredList([self._open(name) for name in self.spiders], fireOnOneErrback=True)
 
     def _open(self, name: str) -> Any:

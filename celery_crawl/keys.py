@@ -144,10 +144,6 @@ class SpiderKeys:
     def signal(self) -> str:
         return self.queue + ":signal"
 
-    def wake(self, scheduler_id: str) -> str:
-        """A scheduler's own wake-up list, beside the shared signal (``Base.wake``)."""
-        return f"{self.queue}:wake:{scheduler_id}"
-
     def written(self, writer: str) -> str:
         """String: a writer's last applied enqueue call, ``<number>:<flags>`` (lua/enqueue)."""
         return f"{self.queue}:written:{writer}"

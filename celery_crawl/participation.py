@@ -33,11 +33,9 @@ the ones still queued.
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import json
 import logging
-import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -49,6 +47,7 @@ from celery_crawl import connection
 from celery_crawl.buffer import reactor_call_later
 from celery_crawl.engine import EngineHooks
 from celery_crawl.jobs import TERMINAL_STATES, Job, JobStats, job_finished, job_opened
+from celery_crawl.notices import notices_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -58,6 +57,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 MAX_JOBS_KEPT = 4096  # jobs a process remembers having closed its part of
 RETRY_SECONDS = 1.0  # closing a job's part again, after Redis was away
+MAX_ENDED_TAKEN = 1000  # job ids taken off the list of ended jobs per notice
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class Participation:
         self.done: OrderedDict[str, None] = OrderedDict()  # ended here: requests discarded
         self._opening: dict[str, list[Any]] = {}  # job -> open_job awaitables
         self._hooks_run: set[str] = set()  # closing: close_job and job_finished done
-        self._listener = EndedJobs(queue, scheduler_id, self._on_ended_threadsafe)
+        self._stop_listening: Callable[[], None] | None = None
 
     # -- join ---------------------------------------------------------------
 
@@ -131,14 +131,18 @@ class Participation:
     def listening(self) -> bool:
         """Whether this process hears of the jobs' ends: a scheduler driven by hand
         (no engine, no reactor) reads job info without joining."""
-        return self._listener.running
+        return self._stop_listening is not None
 
     def start(self) -> None:
-        self._listener.start()
+        """Hear of the ends of the jobs joined here, in the process's notices thread."""
+        channel = self.queue.keys.job_ended(self.id)
+        self._stop_listening = notices_of(self.queue.client).listen(channel, self._drain_ended)
 
     def stop(self) -> None:
         """At close: stop listening, and leave every job this process joined."""
-        self._listener.stop()
+        if self._stop_listening is not None:
+            self._stop_listening()
+            self._stop_listening = None
         for job in list(self.joined):
             try:
                 self.queue.leave_job(job, self.id)
@@ -146,10 +150,12 @@ class Participation:
                 logger.warning("job %s not left (%s): its registration lapses instead", job, exc)
         self.joined.clear()
 
-    def _on_ended_threadsafe(self, job: str) -> None:
+    def _drain_ended(self) -> None:
+        """In the notices thread: take every job id off this scheduler's list of ended jobs."""
         from twisted.internet import reactor
 
-        reactor.callFromThread(self.ended, job)
+        for job in self.queue.take_ended_jobs(self.id, MAX_ENDED_TAKEN):
+            reactor.callFromThread(self.ended, job)
 
     def ended(self, job: str) -> None:
         """In the reactor: ``job`` ended; close this process's part once it holds none of it."""
@@ -268,44 +274,3 @@ class Participation:
         owner = type(getattr(hook, "__self__", hook)).__name__
         logger.error("%s.%s(%r) failed", owner, name, job, exc_info=exc)
         self.job_stats.add(job, f"errors/{name}/{type(exc).__name__}")
-
-
-class EndedJobs:
-    """A daemon thread that waits on this scheduler's list of ended jobs."""
-
-    def __init__(self, queue: Base, scheduler_id: str, on_ended: Callable[[str], None]) -> None:
-        self.queue = queue
-        self.scheduler_id = scheduler_id
-        self.on_ended = on_ended
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="ended jobs", daemon=True)
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout: float = 5.0) -> None:
-        """Stop waiting: a token on the list wakes the thread's BLPOP at once."""
-        self._stopped.set()
-        if self._thread.is_alive():
-            with contextlib.suppress(*connection.TRANSIENT_ERRORS):
-                self.queue.wake_ended(self.scheduler_id)
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                job = self.queue.next_ended_job(self.scheduler_id, timeout=1.0)
-            except connection.TRANSIENT_ERRORS as exc:
-                logger.warning("Redis unreachable, waiting for ended jobs: %s", exc)
-                self._stopped.wait(RETRY_SECONDS)
-                continue
-            except Exception:
-                logger.exception("waiting for ended jobs failed; will retry")
-                self._stopped.wait(RETRY_SECONDS)
-                continue
-            if job:  # "": the wake-up token of stop()
-                self.on_ended(job)

@@ -7,7 +7,8 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 - ``Q:<p>``       a list per level, holding encoded requests in arrival order;
 - ``Q:inflight``  sorted set of leases, score = deadline in unix ms;
 - ``Q:seq``       lease counter;
-- ``Q:signal``    short list of wake-up tokens for blocked pops;
+- ``Q:signal``    short list of wake-up tokens for blocked pops, and the pub/sub
+                   channel that pushes publish on (:mod:`celery_crawl.notices`);
 - ``Q:schedulers`` sorted set of the schedulers that have the queue open, score =
                   registration deadline in unix ms (renewed while they run).
 - ``Q:written:<writer>`` string: a scheduler's last applied enqueue call,
@@ -228,22 +229,10 @@ class Base:
         """Leave an ended job's participants; how many are still working on it."""
         return int(self._script("job_leave")(keys=[self.keys.job_prefix], args=[job, scheduler_id]))
 
-    def next_ended_job(self, scheduler_id: str, timeout: float) -> str | None:
-        """Block up to ``timeout`` s for a job this scheduler joined to end; its id."""
-        key = self.keys.job_ended(scheduler_id)
-        found = self.client.blpop([key], timeout=min(timeout, MAX_BLOCK_SECONDS))
-        if found is None:
-            return None
-        job = found[1]
-        return job.decode() if isinstance(job, bytes) else str(job)
-
-    def wake_ended(self, scheduler_id: str) -> None:
-        """End a wait of :meth:`next_ended_job` now: it returns ``""``."""
-        key = self.keys.job_ended(scheduler_id)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.rpush(key, "")
-            pipe.expire(key, 60)
-            pipe.execute()
+    def take_ended_jobs(self, scheduler_id: str, most: int) -> list[str]:
+        """Take up to ``most`` ids off the list of jobs this scheduler joined that ended."""
+        taken = self.client.lpop(self.keys.job_ended(scheduler_id), most) or []
+        return [job.decode() if isinstance(job, bytes) else str(job) for job in taken]
 
     def _push_keys(self) -> list[str]:
         return [*self._lane_keys(), self.keys.inflight, self.keys.job_prefix]
@@ -285,24 +274,6 @@ class Base:
             due = MAX_BLOCK_SECONDS if self.next_ready is None else self.next_ready
             wait = min(remaining, MAX_BLOCK_SECONDS, due)
             self.client.blpop([self.keys.signal], timeout=max(wait, MIN_BLOCK_SECONDS))
-
-    def wait(self, timeout: float, scheduler_id: str = "") -> bool:
-        """Block until a push signals new work, or ``timeout`` seconds pass.
-
-        With ``scheduler_id``, :meth:`wake` ends that scheduler's wait at once.
-        """
-        keys = [self.keys.signal, *([self.keys.wake(scheduler_id)] if scheduler_id else [])]
-        wait = max(MIN_BLOCK_SECONDS, min(timeout, MAX_BLOCK_SECONDS))
-        token = self.client.blpop(keys, timeout=wait)
-        return token is not None
-
-    def wake(self, scheduler_id: str) -> None:
-        """End a :meth:`wait` of that scheduler now (it closes: no thread left blocked)."""
-        key = self.keys.wake(scheduler_id)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.rpush(key, 1)
-            pipe.expire(key, 60)
-            pipe.execute()
 
     def dead_letter(self, member: bytes, record: str, kind: str) -> bool:
         """End a lease whose entry cannot become a request, with its dead-letter record.

@@ -40,7 +40,6 @@ the dedup filter, in the same script that unregisters it.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import time
@@ -51,7 +50,6 @@ from typing import TYPE_CHECKING, Any, Self
 import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
-from twisted.python.failure import Failure
 
 from celery_crawl import compat, connection, politeness
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
@@ -64,6 +62,7 @@ from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.heartbeat import Heartbeat
 from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, end_lost_jobs, job_close, job_of
 from celery_crawl.keys import SpiderKeys, group_members
+from celery_crawl.notices import notices_of
 from celery_crawl.participation import JobInfo, Participation
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
@@ -104,7 +103,6 @@ class Scheduler(BaseScheduler):
         prefetch: int = SETTINGS["SCHEDULER_PREFETCH"].default,
         batch_size: int = SETTINGS["SCHEDULER_BATCH_SIZE"].default,
         requeue_interval: float = SETTINGS["SCHEDULER_REQUEUE_INTERVAL"].default,
-        wake_timeout: float = 1.0,
         flush_delay: float = SETTINGS["SCHEDULER_FLUSH_DELAY"].default,
         router: Router | None = None,
         group: list[SpiderKeys] | None = None,
@@ -121,7 +119,6 @@ class Scheduler(BaseScheduler):
         self.flush_on_start = flush_on_start
         self.idle_before_close = idle_before_close
         self.requeue_interval = requeue_interval
-        self.wake_timeout = wake_timeout
         self.spider: Spider | None = None
         self.engine = EngineHooks(crawler)
         self.buffer = WriteBehind(
@@ -140,7 +137,8 @@ class Scheduler(BaseScheduler):
             f"leases of {queue.keys.spider}", self.renew, self.maintenance_interval
         )
         self._empty_since: float | None = None
-        self._waiting = False
+        self._stop_listening: Any = None  # this scheduler's subscription to its queue's pushes
+        self._wake_pending = False  # a wake-up of the engine is on its way to the reactor
         self._ready_call: Any = None  # the engine's wake-up when a parked site is due
         self._open = False
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
@@ -208,6 +206,9 @@ class Scheduler(BaseScheduler):
             self.engine.on_request_done(self.ack)
             self._start_maintenance()
             self.heartbeat.start()
+            self._stop_listening = notices_of(self.queue.client).listen(
+                self.queue.keys.signal, self._on_push
+            )
             self.jobs.start()
         if self.crawler is not None:
             check_installed(self.crawler.settings)
@@ -230,9 +231,8 @@ class Scheduler(BaseScheduler):
     def close(self, reason: str) -> None:
         self._open = False
         self._cancel_ready_call()
-        if self._waiting:  # the thread blocked on the wake-up list: the reactor's stop joins it
-            with contextlib.suppress(*connection.TRANSIENT_ERRORS):
-                self.queue.wake(self.id)
+        if self._stop_listening is not None:
+            self._stop_listening()
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
         self.heartbeat.stop()
@@ -490,27 +490,22 @@ class Scheduler(BaseScheduler):
         self._inc("scheduler/discarded/job_ended")
 
     def _wait_for_work(self) -> None:
-        """While nothing can be leased, block in a thread on the wake-up list.
+        """Nothing can be leased now: the engine is woken by a push, or when a parked site is due.
 
-        A push by any process wakes the engine at once, instead of at its next
-        5-second heartbeat. When a parked site is due sooner, a reactor timer
-        wakes the engine then (:meth:`_wake_when_due`).
+        A push by any process publishes on the queue's signal channel, which
+        this process hears in its one notices thread (:mod:`celery_crawl.notices`):
+        no thread and no Redis command per waiting scheduler. When a parked
+        site is due sooner, a reactor timer wakes the engine then
+        (:meth:`_wake_when_due`). Scrapy's own 5-second heartbeat asks again in
+        any case.
         """
-        if not self._open or self.engine.engine is None:
-            return
-        self._wake_when_due()
-        if self._waiting:
-            return
-        from twisted.internet import threads
-
-        self._waiting = True
-        waiting = threads.deferToThread(self.queue.wait, self.wake_timeout, self.id)
-        waiting.addBoth(self._woken)
+        if self._open and self.engine.engine is not None:
+            self._wake_when_due()
 
     def _wake_when_due(self) -> None:
         """Wake the engine when the first parked site may take a request (``next_ready``).
 
-        A timer in the reactor, not the blocking pop's timeout: a server ends
+        A timer in the reactor, not a blocking pop's timeout: a server ends
         blocked clients' timeouts at its clock tick (``hz``, every 100 ms by
         default), which held a site limited to 10 requests/s to about 8.
         """
@@ -525,14 +520,19 @@ class Scheduler(BaseScheduler):
             self._ready_call.cancel()
         self._ready_call = None
 
-    def _woken(self, result: Any) -> None:
-        """Wake the engine: at once after a push, ``wake_timeout`` later if Redis is away."""
-        self._waiting = False
-        failed = isinstance(result, Failure)
-        if failed:
-            logger.warning("waiting for work failed: %s", result.getErrorMessage())
-        if self._open:  # after a failure, a delay: no tight loop against a dead server
-            self.engine.wake(self.wake_timeout if failed else 0)
+    def _on_push(self) -> None:
+        """In the notices thread: work was pushed; one wake-up of the engine at a time."""
+        if self._wake_pending or not self._open:
+            return
+        from twisted.internet import reactor
+
+        self._wake_pending = True
+        reactor.callFromThread(self._woken)
+
+    def _woken(self) -> None:
+        self._wake_pending = False
+        if self._open:
+            self.engine.wake()
 
     def _decode(self, lease: Lease) -> Request | None:
         assert self.spider is not None

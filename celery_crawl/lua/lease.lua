@@ -53,6 +53,9 @@ local park_push = ARGV[3] == 'tail' and 'LPUSH' or 'RPUSH'
 local SITES = ARGV[5] == 'sites'
 local sites, parked_key = site_prefix(JOB_PREFIX), levels .. ':parked'
 local taken = {}  -- {priority, entry, site whose cap counts it, or false}
+-- the common case of an idle spider: nothing queued, nothing parked (a key of the wrong type
+-- exists, and is met by the guard below)
+if redis.call('EXISTS', levels, parked_key) == 0 then return {{}, -1} end
 
 local checked = {}  -- lists already checked
 local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'counter', DEADLETTER, 'list',

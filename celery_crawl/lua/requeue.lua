@@ -39,6 +39,7 @@ else
     local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
     members = redis.call('ZRANGE', inflight, '-inf', '(' .. now_ms, 'BYSCORE', 'LIMIT', 0, ARGV[2])
 end
+if #members == 0 then return 0 end  -- the common case: a heartbeat that finds none expired
 
 local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'list', DEADLETTER, 'list',
     STATS, 'hash', JOB_PREFIX .. '~states', 'hash', JOB_PREFIX .. '~active', 'set'}
@@ -81,4 +82,5 @@ for _ = 1, math.min(requeued, 64) do
     redis.call('RPUSH', KEYS[3], 1)
 end
 redis.call('LTRIM', KEYS[3], -64, -1)
+if requeued > 0 then redis.call('PUBLISH', KEYS[3], requeued) end
 return requeued

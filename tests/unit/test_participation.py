@@ -53,10 +53,17 @@ def test_the_end_is_told_to_each_participant_and_wait_returns_after_the_last_lea
     for scheduler in ("s1", "s2"):
         q.join(scheduler, 30)
         q.join_job("j", scheduler)
+    heard = client.pubsub()
+    heard.subscribe(q.keys.job_ended("s1"), q.keys.job_ended("s2"))
     finish(q)
     assert job.status().finished
-    assert q.next_ended_job("s1", 1) == "j" and q.next_ended_job("s2", 1) == "j"
-    assert q.next_ended_job("s1", 0.1) is None  # once
+    notices = [heard.get_message(timeout=1) for _ in range(4)]  # what wakes each process
+    heard.close()
+    assert sorted(m["channel"] for m in notices if m and m["type"] == "message") == sorted(
+        q.keys.job_ended(s).encode() for s in ("s1", "s2")
+    )
+    assert q.take_ended_jobs("s1", 10) == ["j"] and q.take_ended_jobs("s2", 10) == ["j"]
+    assert q.take_ended_jobs("s1", 10) == []  # once
     try:
         job.wait(timeout=0.5)
         raise AssertionError("wait() returned while two processes were still in the job")

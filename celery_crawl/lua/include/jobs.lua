@@ -154,6 +154,7 @@ local function job_notify(job)
         local ended = JOB_PREFIX .. '~ended:' .. participant
         redis.call('RPUSH', ended, job)
         redis.call('EXPIRE', ended, ENDED_TTL)
+        redis.call('PUBLISH', ended, job)  -- its process drains the list when it hears this
     end
 end
 

@@ -94,6 +94,7 @@ local function site_release(sites, levels, member)
         if redis.call('ZADD', queue .. ':parked', 'XX', 'LT', 'CH', now, site) == 1 then
             redis.call('RPUSH', queue .. ':signal', 1)
             redis.call('LTRIM', queue .. ':signal', -64, -1)
+            redis.call('PUBLISH', queue .. ':signal', 1)
         end
     end
 end

@@ -1,0 +1,155 @@
+"""What Redis tells a process: work was pushed to a queue, a job ended. One thread per process.
+
+The scripts that push work (``lua/include/push.lua``, ``lua/requeue.lua``, a
+site's freed slot in ``lua/include/sites.lua``) publish on the queue's signal
+channel, and ``job_notify`` (``lua/include/jobs.lua``) publishes on each
+participant's list of ended jobs. Every scheduler of a process listens here,
+through one subscriber connection and one thread, instead of blocking a
+thread of its own on a pop: a worker that hosts 40 spiders, 39 of them idle,
+holds one thread and sends Redis nothing while it waits.
+
+A subscriber hears only what is published while it is subscribed. So a
+handler also runs each time its channel's subscription is confirmed, at the
+first subscribe and after every reconnection: the handler looks for itself
+(a scheduler asks for a lease, a participant drains its list), so nothing
+published while the connection was away is missed.
+
+Handlers run in this module's thread: they must be short, and hand work to
+the reactor with ``reactor.callFromThread``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from celery_crawl.connection import TRANSIENT_ERRORS
+
+logger = logging.getLogger(__name__)
+
+POLL_SECONDS = 0.1  # the longest a new subscription waits to be sent
+RETRY_SECONDS = 1.0  # between tries while Redis is unreachable
+
+Handler = Callable[[], None]
+
+
+class Notices:
+    """One subscriber connection and one daemon thread; ``listen(channel, handler)``."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self._handlers: dict[str, dict[int, Handler]] = {}
+        self._lock = threading.Lock()
+        self._changes: queue.SimpleQueue[str] = queue.SimpleQueue()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_id = 0
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def listen(self, channel: str, handler: Handler) -> Callable[[], None]:
+        """Call ``handler()`` on each message on ``channel``, and once subscribed; returns
+        the function that stops it."""
+        with self._lock:
+            self._next_id += 1
+            token = self._next_id
+            self._handlers.setdefault(channel, {})[token] = handler
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="notices", daemon=True)
+                self._thread.start()
+        self._changes.put(channel)
+
+        def stop_listening() -> None:
+            with self._lock:
+                handlers = self._handlers.get(channel, {})
+                handlers.pop(token, None)
+                if not handlers:
+                    self._handlers.pop(channel, None)
+            self._changes.put(channel)
+
+        return stop_listening
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                self._serve()
+            except TRANSIENT_ERRORS as exc:
+                logger.warning("Redis unreachable, listening again in %s s: %s", RETRY_SECONDS, exc)
+                self._stopped.wait(RETRY_SECONDS)
+            except Exception:
+                logger.exception("listening for notices failed; listening again")
+                self._stopped.wait(RETRY_SECONDS)
+
+    def _serve(self) -> None:
+        """One subscriber connection, until it fails or :meth:`stop`; every channel anew."""
+        pubsub = self.client.pubsub()
+        subscribed: set[str] = set()
+        try:
+            with self._lock:
+                self._queue_all()
+            while not self._stopped.is_set():
+                self._apply_changes(pubsub, subscribed)
+                message = pubsub.get_message(timeout=POLL_SECONDS)
+                if message is not None:
+                    self._dispatch(message)
+        finally:
+            pubsub.close()
+
+    def _queue_all(self) -> None:
+        for channel in self._handlers:
+            self._changes.put(channel)
+
+    def _apply_changes(self, pubsub: Any, subscribed: set[str]) -> None:
+        """(Un)subscribe what :meth:`listen` changed since; only this thread uses ``pubsub``."""
+        wanted: set[str] = set()
+        while not self._changes.empty():
+            wanted.add(self._changes.get_nowait())
+        with self._lock:
+            listened = {channel for channel in wanted if channel in self._handlers}
+        if new := listened - subscribed:
+            pubsub.subscribe(*sorted(new))
+            subscribed |= new
+        if gone := (wanted - listened) & subscribed:
+            pubsub.unsubscribe(*sorted(gone))
+            subscribed -= gone
+
+    def _dispatch(self, message: dict[str, Any]) -> None:
+        """A message, or a subscription's confirmation: run the channel's handlers."""
+        if message.get("type") not in ("message", "subscribe"):
+            return
+        channel = message["channel"]
+        channel = channel.decode() if isinstance(channel, bytes) else str(channel)
+        with self._lock:
+            handlers = list(self._handlers.get(channel, {}).values())
+        for handler in handlers:
+            try:
+                handler()
+            except TRANSIENT_ERRORS as exc:
+                logger.warning("a notice on %s not handled, Redis unreachable: %s", channel, exc)
+            except Exception:
+                logger.exception("handling a notice on %s failed", channel)
+
+
+_processes: dict[tuple[int, int], Notices] = {}
+_processes_lock = threading.Lock()
+
+
+def notices_of(client: Any) -> Notices:
+    """This process's :class:`Notices` for ``client`` (one per client, made at first use)."""
+    key = (os.getpid(), id(client))
+    with _processes_lock:
+        notices = _processes.get(key)
+        if notices is None:
+            notices = _processes[key] = Notices(client)
+        return notices

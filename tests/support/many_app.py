@@ -1,0 +1,26 @@
+"""The Celery app of a worker hosting many spiders, with a task that reports on its process."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from celery_crawl import create_app
+
+app = create_app("many_app", "tests.support.many_settings")
+
+
+@app.task(name="tests.reactor_facts")
+def reactor_facts() -> dict[str, Any]:
+    """The reactor set-up and threads of the worker process that runs this task."""
+    from twisted.internet import reactor
+
+    pool = reactor.getThreadPool()
+    return {
+        "pool_max": pool.max,
+        "pool_working": len(pool.working),
+        "pool_threads": len(pool.threads),
+        "resolver": type(reactor.resolver).__name__,
+        "name_resolver": type(reactor.nameResolver).__name__,
+        "threads": sorted(t.name for t in threading.enumerate()),
+    }
