@@ -94,7 +94,7 @@ def configure_reactor(runner: Any) -> None:
 
 
 def resolver_path(settings: Settings) -> str:
-    """``TWISTED_DNS_RESOLVER``; or the deprecated ``DNS_RESOLVER``, set above it, as Scrapy reads it."""
+    """``TWISTED_DNS_RESOLVER``, or the deprecated ``DNS_RESOLVER`` when set above it."""
     old = settings.getpriority("DNS_RESOLVER") or 0
     new = settings.getpriority("TWISTED_DNS_RESOLVER") or 0
     if old > SETTINGS_PRIORITIES["default"] and old >= new:
