@@ -4,7 +4,8 @@ A seed ``{"site": URL, "pages": N, "tag": T, "login": bool, "user": NAME}``
 either logs in as ``user`` (``POST /login``; default ``crawler``) and then
 yields the members-only pages 1..N, or yields them without logging in. Every
 member page becomes an item ``{"tag", "n", "status", "user"}`` (``user``: whose
-page the site served, None for a 403), in a feed file per worker process.
+page the site served, None for a 403), in a feed file per worker process, and
+a log line ``member page N of tag T: STATUS``.
 
 ``hosted_members`` keeps its jars in Redis (``COOKIES_SHARED``);
 ``hosted_members_local`` keeps them in each process, as Scrapy does.
@@ -53,6 +54,7 @@ class HostedMembersSpider(Spider):
 
     def parse_member(self, response: Response, tag: str, n: int) -> Iterator[dict[str, Any]]:
         user = response.css("h1::attr(data-user)").get()
+        self.logger.info("member page %d of tag %s: %d", n, tag, response.status)
         yield {"tag": tag, "n": n, "status": response.status, "user": user}
 
 
