@@ -1,11 +1,17 @@
-"""A cookie jar shared by every process of a spider, opt-in with ``COOKIES_SHARED``.
+"""Cookie jars per job, and shared by every process of a spider with ``COOKIES_SHARED``.
 
 :class:`SharedCookiesMiddleware` takes the place of Scrapy's
-``CookiesMiddleware`` (at 700; hosted crawlers get it by default). For a
-spider without ``COOKIES_SHARED = True`` it is Scrapy's middleware,
-unchanged. With it, each jar (the ``cookiejar`` meta key selects one, as in
-Scrapy; per job when the request belongs to a job) lives in Redis
-(:mod:`celery_crawl.cookie_store`) and each process keeps a copy.
+``CookiesMiddleware`` (at 700; hosted crawlers get it by default). Jars are
+kept apart by the ``cookiejar`` meta key, as in Scrapy, and by job: a request
+of a job (it carries the job id) uses the job's own jars, so that each job
+starts with empty jars, as a ``scrapy crawl`` run does.
+
+For a spider without ``COOKIES_SHARED = True`` the jars are in the process,
+as in Scrapy; a job's jars are dropped when the job ends in the process
+(``job_finished``). A request outside any job is Scrapy's middleware,
+unchanged. With it, each jar lives in Redis
+(:mod:`celery_crawl.cookie_store`) and each process keeps a copy, dropped too
+when the job ends in the process.
 
 Consistency. A cookie a response sets is in Redis before that response's
 callback runs. A process sends a request with its copy of the jar, brought
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Self
@@ -44,7 +50,7 @@ from celery_crawl import connection
 from celery_crawl.cookie_store import CookieStore, cookie_field, encode_cookie
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import ConfigError
-from celery_crawl.jobs import job_of
+from celery_crawl.jobs import job_finished, job_of
 from celery_crawl.keys import SpiderKeys
 
 if TYPE_CHECKING:
@@ -56,6 +62,9 @@ VERSION_META = "celery_crawl_cookies"
 SCRAPY_MIDDLEWARE = "scrapy.downloadermiddlewares.cookies.CookiesMiddleware"
 # jars kept in a process: older ones are dropped (and read again when needed)
 MAX_LOCAL_JARS = 1024
+# jobs whose in-process jars are kept: beyond, the least recently used job's are
+# dropped (its end was not heard of: normally job_finished drops them)
+MAX_JOBS_WITH_JARS = 4096
 
 
 def jar_name(meta_value: Any) -> str:
@@ -94,7 +103,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             "celery_crawl.cookies.SharedCookiesMiddleware": 700,
         }
 
-    ``store`` None: Scrapy's in-process jars, nothing shared.
+    ``store`` None: Scrapy's in-process jars, a set per job (:meth:`job_jar`),
+    nothing shared.
     """
 
     def __init__(
@@ -114,6 +124,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self.refresh = refresh
         self.clock = clock
         self.local: OrderedDict[str, LocalJar] = OrderedDict()
+        # without a store: job -> its jars, by cookiejar meta value (Scrapy's are self.jars)
+        self.job_jars: OrderedDict[str, defaultdict[Any, CookieJar]] = OrderedDict()
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -133,6 +145,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
                 refresh=setting(settings, "COOKIES_SHARED_REFRESH"),
             )
             crawler.signals.connect(middleware.stamp, signal=signals.request_scheduled)
+        crawler.signals.connect(middleware.forget_job, signal=job_finished)
         middleware.crawler = crawler
         return middleware
 
@@ -142,7 +155,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self, request: Request, spider: Spider | None = None
     ) -> Request | Response | None:
         if self.store is None:
-            return super().process_request(request)
+            return self._process_request_here(request)
         if request.meta.get("dont_merge_cookies", False):
             return None
         local = self.jar_for(request)
@@ -162,7 +175,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self, request: Request, response: Response, spider: Spider | None = None
     ) -> Request | Response:
         if self.store is None:
-            return super().process_response(request, response)
+            return self._process_response_here(request, response)
         if request.meta.get("dont_merge_cookies", False):
             return response
         if not response.headers.getlist("Set-Cookie"):
@@ -177,6 +190,18 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         self._debug_set_cookie(response)
         return response
 
+    def forget_job(self, job_id: str, **_: Any) -> None:
+        """``job_finished``: the job ended in this process; its jars go (what is pending is
+        stored first)."""
+        self.job_jars.pop(job_id, None)
+        if self.keys is None:
+            return
+        prefix = self.keys.cookie_jar(job_id, "")
+        for key in [key for key in self.local if key.startswith(prefix)]:
+            self._flush(self.local[key])
+            if not self.local[key].pending:
+                del self.local[key]
+
     def stamp(self, request: Request, spider: Spider | None = None) -> None:
         """``request_scheduled``: the jar version the process knows goes with the request."""
         if self.keys is None or request.meta.get("dont_merge_cookies", False):
@@ -184,6 +209,45 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         local = self.local.get(self.key_of(request))
         if local is not None and local.seen > int(request.meta.get(VERSION_META) or 0):
             request.meta[VERSION_META] = local.seen
+
+    # -- the jars of jobs, in this process (no COOKIES_SHARED) ---------------
+
+    def _process_request_here(self, request: Request) -> Request | Response | None:
+        """Scrapy's ``process_request``, over the job's own jars."""
+        job = job_of(request)
+        if not job:
+            return super().process_request(request)
+        if request.meta.get("dont_merge_cookies", False):
+            return None
+        jar = self.job_jar(job, request.meta.get("cookiejar"))
+        self._process_cookies(self._get_request_cookies(jar, request), jar=jar, request=request)
+        request.headers.pop("Cookie", None)
+        jar.add_cookie_header(request)
+        self._debug_cookie(request)
+        return None
+
+    def _process_response_here(self, request: Request, response: Response) -> Response:
+        """Scrapy's ``process_response``, over the job's own jars."""
+        job = job_of(request)
+        if not job:
+            return super().process_response(request, response)  # type: ignore[return-value]
+        if request.meta.get("dont_merge_cookies", False):
+            return response
+        jar = self.job_jar(job, request.meta.get("cookiejar"))
+        self._process_cookies(jar.make_cookies(response, request), jar=jar, request=request)
+        self._debug_set_cookie(response)
+        return response
+
+    def job_jar(self, job: str, name: Any) -> CookieJar:
+        """The in-process jar ``name`` (the ``cookiejar`` meta value) of ``job``."""
+        jars = self.job_jars.get(job)
+        if jars is None:
+            jars = self.job_jars[job] = defaultdict(CookieJar)
+            if len(self.job_jars) > MAX_JOBS_WITH_JARS:
+                oldest, _ = self.job_jars.popitem(last=False)
+                logger.warning("cookie jars of job %s dropped: too many jobs in jars", oldest)
+        self.job_jars.move_to_end(job)
+        return jars[name]
 
     # -- the local copies --------------------------------------------------
 

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 from scrapy.utils.defer import deferred_from_coro, ensure_awaitable, maybe_deferred_to_future
 
-from celery_crawl import connection
+from celery_crawl import connection, logcontext
 from celery_crawl.buffer import reactor_call_later
 from celery_crawl.engine import EngineHooks
 from celery_crawl.jobs import TERMINAL_STATES, Job, JobStats, job_finished, job_opened
@@ -175,6 +175,7 @@ class Participation:
 
         The hooks run once: a retry only writes what is buffered and leaves.
         """
+        logcontext.enter(self.crawler.spidercls.name if self.crawler else "", job)
         try:
             if job not in self._hooks_run:
                 stats = Job(job, "", self.queue.client, self.queue.keys).status().as_dict()

@@ -48,6 +48,8 @@ HOSTED_SETTINGS: dict[str, Any] = {
 HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
     "SPIDER_MIDDLEWARES_BASE": {
         "celery_crawl.middleware.JobSpiderMiddleware": 1,
+        # log lines name their spider and job (celery_crawl.logcontext)
+        "celery_crawl.logcontext.LogContextSpiderMiddleware": 0,
         "celery_crawl.middleware.HostedStartMiddleware": 2,
         # DEPTH_LIMIT is the default of each job's own depth limit
         "scrapy.spidermiddlewares.depth.DepthMiddleware": None,
@@ -60,8 +62,10 @@ HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
         # FEEDS with %(job)s: a file per job, stored when the job ends
         "scrapy.extensions.feedexport.FeedExporter": None,
         "celery_crawl.feeds.JobFeedExporter": 0,
+        "celery_crawl.logcontext.LogContextExtension": 0,
     },
     "DOWNLOADER_MIDDLEWARES_BASE": {
+        "celery_crawl.logcontext.LogContextDownloaderMiddleware": 0,
         "celery_crawl.middleware.JobDownloaderMiddleware": 950,
         # per-site pauses and back-offs, shared by every process (celery_crawl.sites)
         "celery_crawl.politeness.SiteLimitsMiddleware": 800,

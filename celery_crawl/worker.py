@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 
 from celery import bootsteps, signals
 
+from celery_crawl import logcontext
 from celery_crawl.client import find_job
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.keys import stopping_worker
@@ -121,6 +122,7 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         if not spiders:
             logger.warning("this worker's queues serve no spider: hosting no crawlers")
             return
+        logcontext.install()  # the crawlers' lines name their spider and job
         self.host = CrawlerHost(self.project.settings, spiders, self.hostname)
         self.host.start()
 

@@ -9,6 +9,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 from celery import Celery
@@ -126,3 +127,45 @@ def test_a_hosted_jobs_login_serves_both_worker_processes_and_no_other_job(
             statuses[str(item["tag"])][item["status"]] += 1
     assert statuses == {"a": Counter({200: pages}), "b": Counter({403: pages})}
     assert len(feeds) == 2 and min(members_per_process) > 0, members_per_process
+
+
+def items_by_tag(folder: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every feed's items (one file per worker process), by their job's tag."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for feed in sorted(folder.glob("hosted_members_local-*.jsonl")):
+        for item in read_items(feed):
+            found.setdefault(str(item["tag"]), []).append(item)
+    return found
+
+
+def test_each_hosted_job_has_its_own_jar_without_cookies_shared(
+    app: Celery, start_worker: Callable[..., Worker], tmp_path: Path
+) -> None:
+    """Scrapy's in-process jars, per job: each job starts with an empty jar, as a
+    ``scrapy crawl`` run does.
+
+    One process serves all three jobs. Jobs "alice" and "bob" log in as two
+    users; both are queued before the worker starts, so that their logins and
+    member pages are fetched at the same time. Job "nologin", run next in the
+    same process, never logs in: its member pages must be refused.
+    """
+    pages = 20
+    with serve(StaticSite(pages=pages)) as site:
+        seed = {"site": site.url, "pages": pages, "login": True}
+        users = [
+            crawl_job("hosted_members_local", [{**seed, "tag": user, "user": user}], app=app)
+            for user in ("alice", "bob")
+        ]
+        worker = start_worker("w1", pool="solo")
+        assert [job.wait(timeout=120)["state"] for job in users] == ["done", "done"]
+        nologin = {**seed, "tag": "nologin", "login": False}
+        assert crawl_job("hosted_members_local", [nologin], app=app).wait(120)["state"] == "done"
+        assert site.hits["/login"] == 2
+    assert worker.stop() == 0  # closes the feed
+    found = items_by_tag(tmp_path)
+    whose = {tag: Counter((i["status"], i["user"]) for i in items) for tag, items in found.items()}
+    assert whose == {
+        "alice": Counter({(200, "alice"): pages}),
+        "bob": Counter({(200, "bob"): pages}),
+        "nologin": Counter({(403, None): pages}),
+    }

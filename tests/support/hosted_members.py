@@ -1,9 +1,14 @@
-"""A hosted spider with a login and shared cookie jars, for the per-job cookie test.
+"""Hosted spiders with a login, for the per-job cookie tests.
 
-A seed ``{"site": URL, "pages": N, "tag": T, "login": bool}`` either logs in
-(``POST /login``) and then yields the members-only pages 1..N, or yields them
-without logging in. Every member page becomes an item ``{"tag", "n",
-"status"}``, 403 included, in a feed file per worker process.
+A seed ``{"site": URL, "pages": N, "tag": T, "login": bool, "user": NAME}``
+either logs in as ``user`` (``POST /login``; default ``crawler``) and then
+yields the members-only pages 1..N, or yields them without logging in. Every
+member page becomes an item ``{"tag", "n", "status", "user"}`` (``user``: whose
+page the site served, None for a 403), in a feed file per worker process, and
+a log line ``member page N of tag T: STATUS``.
+
+``hosted_members`` keeps its jars in Redis (``COOKIES_SHARED``);
+``hosted_members_local`` keeps them in each process, as Scrapy does.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ class HostedMembersSpider(Spider):
     def requests_from_seed(self, seed: dict[str, Any]) -> list[Request]:
         site, tag = seed["site"], seed["tag"]
         if seed["login"]:
-            form = {"user": "crawler", "password": "secret"}
+            form = {"user": seed.get("user", "crawler"), "password": "secret"}
             kwargs = {"site": site, "pages": seed["pages"], "tag": tag}
             return [
                 FormRequest(
@@ -48,4 +53,11 @@ class HostedMembersSpider(Spider):
             yield Request(url, callback=self.parse_member, cb_kwargs={"tag": tag, "n": n})
 
     def parse_member(self, response: Response, tag: str, n: int) -> Iterator[dict[str, Any]]:
-        yield {"tag": tag, "n": n, "status": response.status}
+        user = response.css("h1::attr(data-user)").get()
+        self.logger.info("member page %d of tag %s: %d", n, tag, response.status)
+        yield {"tag": tag, "n": n, "status": response.status, "user": user}
+
+
+class HostedMembersLocalSpider(HostedMembersSpider):
+    name = "hosted_members_local"
+    custom_settings: ClassVar[dict[str, Any]] = {}  # Scrapy's jars, in each process

@@ -10,8 +10,9 @@
 - ``/feed.xml``: an RSS-style XML feed of ``feed_items`` ``<item>`` nodes,
   each with ``<id>``, ``<title>`` and ``<link>`` to a page;
 - ``/feed.csv``: the same items as CSV (``id,title,link``);
-- ``POST /login`` with ``user=...&password=secret``: sets a ``session``
-  cookie; ``/members/{n}.html``: 200 with that cookie, 403 without.
+- ``POST /login`` with ``user=NAME&password=secret``: sets the ``session``
+  cookie ``member-NAME``; ``/members/{n}.html``: 200 with such a cookie (its
+  ``<h1 data-user="NAME">`` says whose), 403 without.
 
 Every request is recorded (``hits``: path -> count) so a test can check that
 each page was fetched, and fetched once; so is every answer's status
@@ -32,7 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
 
-SESSION = "session=member-ok"
+SESSION = "session=member-"  # followed by the user's name
 
 
 @dataclass
@@ -106,6 +107,14 @@ def page_number(path: str, folder: str) -> int | None:
     return int(digits) if digits.isdigit() else None
 
 
+def session_user(cookie_header: str) -> str | None:
+    """The user whose session cookie the request sends, or None."""
+    for pair in cookie_header.split(";"):
+        if pair.strip().startswith(SESSION):
+            return pair.strip().removeprefix(SESSION)
+    return None
+
+
 class Handler(BaseHTTPRequestHandler):
     site: StaticSite
 
@@ -143,9 +152,11 @@ class Handler(BaseHTTPRequestHandler):
             return "text/html", site.html(n)
         n = page_number(path, "/members/")
         if n is not None and 1 <= n <= site.pages:
-            if SESSION not in (self.headers.get("Cookie") or ""):
+            user = session_user(self.headers.get("Cookie") or "")
+            if user is None:
                 return 403
-            return "text/html", f"<html><body><h1>Member page {n}</h1></body></html>"
+            heading = f'<h1 data-user="{user}">Member page {n}</h1>'
+            return "text/html", f"<html><body>{heading}</body></html>"
         return None
 
     def do_POST(self) -> None:
@@ -156,7 +167,8 @@ class Handler(BaseHTTPRequestHandler):
             self.answer(403, "text/plain", "bad login")
             return
         self.send_response(200)
-        self.send_header("Set-Cookie", f"{SESSION}; Path=/")
+        user = (form.get("user") or ["crawler"])[0]
+        self.send_header("Set-Cookie", f"{SESSION}{user}; Path=/")
         self.send_header("Content-Type", "text/html")
         payload = b"<html><body>welcome</body></html>"
         self.send_header("Content-Length", str(len(payload)))

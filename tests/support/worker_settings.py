@@ -21,6 +21,7 @@ CELERY_CRAWL_SPIDERS = [
     "paths_jobs",
     "kind_crawl",
     "hosted_members",
+    "hosted_members_local",
     "site_pages",
     "fault_tree",
 ]

@@ -21,7 +21,7 @@ from scrapy.settings import Settings
 from celery_crawl.cookie_store import CookieStore, decode_cookie, encode_cookie
 from celery_crawl.cookies import VERSION_META, SharedCookiesMiddleware, check_installed
 from celery_crawl.errors import ConfigError, CookieError
-from celery_crawl.jobs import JOB_META
+from celery_crawl.jobs import JOB_META, job_finished
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.project import load_settings
 from tests.support.ports import free_port
@@ -230,3 +230,30 @@ def test_cookies_shared_without_the_middleware_is_a_config_error() -> None:
     middlewares = hosted.getwithbase("DOWNLOADER_MIDDLEWARES")
     assert middlewares["celery_crawl.cookies.SharedCookiesMiddleware"] == 700
     assert middlewares["scrapy.downloadermiddlewares.cookies.CookiesMiddleware"] is None
+
+
+def test_without_cookies_shared_each_job_has_its_own_jars(make_crawler: Any) -> None:
+    mw = SharedCookiesMiddleware.from_crawler(make_crawler(JarSpider))
+    receive(mw, f"{SITE}/login", "session=plain; Path=/")
+    receive(mw, f"{SITE}/login", "session=j1; Path=/", **{JOB_META: "j1"})
+    receive(mw, f"{SITE}/login", "session=j1-7; Path=/", cookiejar=7, **{JOB_META: "j1"})
+    assert sent(mw, f"{SITE}/a", **{JOB_META: "j1"}) == "session=j1"
+    assert sent(mw, f"{SITE}/b", cookiejar=7, **{JOB_META: "j1"}) == "session=j1-7"
+    assert sent(mw, f"{SITE}/c", **{JOB_META: "j2"}) == "", "a job starts with empty jars"
+    assert sent(mw, f"{SITE}/d") == "session=plain", "outside jobs: Scrapy's jars"
+    assert list(mw.jars) == [None], "Scrapy's own jars hold no job's cookies"
+
+
+def test_a_jobs_jars_are_dropped_when_it_ends_in_the_process(
+    make_crawler: Any, process: Any
+) -> None:
+    """``job_finished`` (celery_crawl.participation) drops the job's jars, so memory stays flat."""
+    here = SharedCookiesMiddleware.from_crawler(make_crawler(JarSpider))
+    shared = process()
+    for mw in (here, shared):
+        for job in ("j1", "j2"):
+            receive(mw, f"{SITE}/login", f"session={job}; Path=/", **{JOB_META: job})
+        mw.crawler.signals.send_catch_log(job_finished, job_id="j1", stats={}, spider=None)
+    assert list(here.job_jars) == ["j2"]
+    assert [key.rsplit(":", 2)[-2] for key in shared.local] == ["j2"]
+    assert sent(shared, f"{SITE}/a", **{JOB_META: "j1"}) == "session=j1", "still in Redis"
