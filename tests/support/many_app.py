@@ -13,10 +13,13 @@ app = create_app("many_app", "tests.support.many_settings")
 @app.task(name="tests.reactor_facts")
 def reactor_facts() -> dict[str, Any]:
     """The reactor set-up and threads of the worker process that runs this task."""
+    from scrapy.resolver import dnscache
     from twisted.internet import reactor
 
     pool = reactor.getThreadPool()
     return {
+        "dns_cached": sorted(dnscache.keys()),
+        "dns_cache_limit": dnscache.limit,
         "pool_max": pool.max,
         "pool_working": len(pool.working),
         "pool_threads": len(pool.threads),

@@ -7,3 +7,6 @@ CELERY_CRAWL_SPIDERS: list[str] = []  # all of them
 CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}
 PRODUCER_SPIDERS: list[str] = []
+# not Scrapy's defaults (10, 10000), so that a test can tell they are honoured
+REACTOR_THREADPOOL_MAXSIZE = 7
+DNSCACHE_SIZE = 321
