@@ -567,9 +567,10 @@ _ENTRIES = (
     ),
     Setting(
         "SITE_BACKOFF_CODES",
-        [429, 503],
-        "response codes that slow every process for the site: its `Retry-After`, or else a"
-        " back-off that doubles with each one in a row",
+        [429],
+        "response codes that pause the site for every process: for its `Retry-After`, or else"
+        " for a back-off that doubles with each one in a row. A code of SITE_OVERLOAD_CODES"
+        " pauses the site too when it comes with a `Retry-After`",
         POLITENESS,
     ),
     Setting(
@@ -596,6 +597,42 @@ _ENTRIES = (
         "SITE_PAUSE_SECONDS",
         300.0,
         "how long a site that keeps failing is paused",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_OVERLOAD_CODES",
+        [500, 502, 503, 504, 522, 524],
+        "server errors that say a site may be overloaded (docs/politeness.md): retried as in"
+        " plain Scrapy, they slow the site for every process only when they are more than"
+        " SITE_OVERLOAD_SHARE of its recent responses (one with a `Retry-After` pauses it)",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_OVERLOAD_SHARE",
+        0.1,
+        "share of a site's last SITE_OVERLOAD_WINDOW responses that, once its server errors"
+        " are more, slows the site to its rate of other responses less that share",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_OVERLOAD_WINDOW",
+        100,
+        "responses of a site (all processes) its share of server errors is measured over",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_OVERLOAD_MIN_RESPONSES",
+        50,
+        "fewest responses in the window before server errors can slow the site: 3 errors in"
+        " 20 responses are not yet a share (2% of errors make more than 10% of 50 once in"
+        " about 800 crawls of 3,000 responses, of 20 once in 60)",
+        POLITENESS,
+    ),
+    Setting(
+        "SITE_OVERLOAD_RECOVERY",
+        30.0,
+        "seconds in which a slowed site's interval between requests halves (its rate"
+        " doubles), until it is back to its own limits",
         POLITENESS,
     ),
     # -- Environment variables -----------------------------------------------

@@ -211,12 +211,16 @@ def job_metrics(readings: list[Reading]) -> Iterator[Metric]:
 SITE_GAUGES = {
     "in_flight": ("site_in_flight", "Requests of the site leased now, across all workers."),
     "paused_for": ("site_pause_remaining_seconds", "Seconds the site stays paused by a back-off."),
-    "delay": ("site_delay_seconds", "The site's shared AutoThrottle interval (0: none)."),
+    "delay": (
+        "site_delay_seconds",
+        "Seconds between the site's leases: a slowdown's or AutoThrottle's (0: none).",
+    ),
 }
 SITE_COUNTERS = {
     "leased": ("site_leased", "Requests of the site leased (their rate is the site's rate)."),
     "parked": ("site_parked", "Requests that waited for the site's limits before a lease."),
-    "backoffs": ("site_backoffs", "Back-off responses (429, 503) from the site."),
+    "backoffs": ("site_backoffs", "Back-offs (a 429, or a 5xx with Retry-After) from the site."),
+    "slowdowns": ("site_slowdowns", "Times the site's server errors, a large share, slowed it."),
     "paused_total": ("site_paused_seconds", "Seconds the site was paused by back-offs."),
 }
 

@@ -2,8 +2,9 @@
 
 :class:`SiteLimitsMiddleware`, installed in hosted crawlers, checks a site's
 shared pause just before each download, and reports what responses say: a
-back-off code pauses the site for every process, and with AutoThrottle the
-latency feeds the site's shared estimate.
+back-off code pauses the site for every process, server errors slow it once
+they are more than an isolated share of its responses, and with AutoThrottle
+the latency feeds the site's shared estimate.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ class SiteLimitsMiddleware:
 
     Installed in hosted crawlers. Checks the site's pause just before each
     download (asking Redis at most once per ``GATE_SECONDS`` per site), and
-    reports back-offs (and, with AutoThrottle, latencies) to the site's shared
-    state.
+    reports back-offs, server errors (and, with AutoThrottle, latencies) to the
+    site's shared state: one call per such response, none for a plain success.
     """
 
     def __init__(self, state: SiteState, crawler: Crawler | None = None) -> None:
@@ -91,18 +92,26 @@ class SiteLimitsMiddleware:
         if not site:
             return response
         try:
-            if response.status in self.policy.backoff.codes:
-                self._open.pop(site, None)
-                self._mark_struck(site)
-                seconds = retry_after(response.headers.get(b"Retry-After"))
-                self._backed_off(site, self.state.backoff(site, seconds), response.status)
-            elif site in self._struck or self.policy.autothrottle is not None:
-                latency = request.meta.get("download_latency")
-                self.state.success(site, latency, response.status)
-                self._struck.discard(site)
+            self._report(site, request, response)
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, site %s not updated: %s", site, exc)
         return response
+
+    def _report(self, site: str, request: Request, response: Any) -> None:
+        """A 429 or a 5xx with Retry-After pauses the site; other 5xx count towards a slowdown."""
+        status, header = response.status, response.headers.get(b"Retry-After")
+        overload = status in self.policy.overload.codes
+        if status in self.policy.backoff.codes or (overload and header):
+            self._open.pop(site, None)
+            self._mark_struck(site)
+            wait = self.state.backoff(site, retry_after(header))
+            self._backed_off(site, wait, status)
+        elif overload:
+            self._slowed(site, self.state.server_error(site), status)
+        elif site in self._struck or self.policy.autothrottle is not None:
+            latency = request.meta.get("download_latency")
+            self.state.success(site, latency, status)
+            self._struck.discard(site)
 
     def _site(self, request: Request) -> str:
         try:
@@ -113,6 +122,18 @@ class SiteLimitsMiddleware:
     def _backed_off(self, site: str, wait_ms: int, cause: int | str) -> None:
         self._inc("celery_crawl/site/backoffs")
         logger.info("site %s paused for %.1f s (%s), in every process", site, wait_ms / 1000, cause)
+
+    def _slowed(self, site: str, interval_ms: int, status: int) -> None:
+        if interval_ms <= 0:
+            return  # an isolated error: Scrapy's retry middleware retries it, nothing more
+        self._inc("celery_crawl/site/slowdowns")
+        logger.info(
+            "site %s slowed to %.2f requests/s (%s: server errors are a large share of its"
+            " responses), in every process",
+            site,
+            1000 / interval_ms,
+            status,
+        )
 
     def _inc(self, key: str) -> None:
         if self.crawler is not None and self.crawler.stats is not None:

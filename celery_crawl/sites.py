@@ -17,10 +17,13 @@ never holds back the others (``lua/include/sites.lua``).
 ``celery_crawl.politeness.SiteLimitsMiddleware`` shares what responses say
 about a site, through :class:`SiteState`:
 
-- a 429 or 503 (``SITE_BACKOFF_CODES``) pauses the site
-  for every process: for its ``Retry-After``, or else for a back-off that
-  doubles with each one in a row; after ``SITE_PAUSE_AFTER`` in a row the site
-  is paused for ``SITE_PAUSE_SECONDS``, its requests kept;
+- a 429 (``SITE_BACKOFF_CODES``), or a server error with a ``Retry-After``,
+  pauses the site for every process: for its ``Retry-After``, or else for a
+  back-off that doubles with each one in a row; after ``SITE_PAUSE_AFTER`` in a
+  row the site is paused for ``SITE_PAUSE_SECONDS``, its requests kept;
+- other server errors (``SITE_OVERLOAD_CODES``) are retried as in plain Scrapy,
+  and slow the site only when they are more than ``SITE_OVERLOAD_SHARE`` of its
+  recent responses: its rate drops below what it served, then recovers;
 - with Scrapy's ``AUTOTHROTTLE_ENABLED``, the latency of each response feeds
   one shared estimate per site, which spaces the site's leases (AutoThrottle's
   formula, for the whole crawl instead of one process);
@@ -91,7 +94,7 @@ class Limits:
 class Backoff:
     """How a back-off code slows a site (``SITE_BACKOFF_*``, ``SITE_PAUSE_*``)."""
 
-    codes: frozenset[int] = frozenset({429, 503})
+    codes: frozenset[int] = frozenset({429})
     first: float = 1.0
     longest: float = 60.0
     pause_after: int = 8
@@ -102,6 +105,28 @@ class Backoff:
         given = -1 if retry_after is None else int(min(retry_after, self.longest) * 1000)
         first, longest, pause = (int(s * 1000) for s in (self.first, self.longest, self.pause))
         return [given, first, longest, self.pause_after, pause]
+
+
+@dataclass(frozen=True)
+class Overload:
+    """When server errors slow a site (``SITE_OVERLOAD_*``): more than an isolated share."""
+
+    codes: frozenset[int] = frozenset({500, 502, 503, 504, 522, 524})
+    share: float = 0.1
+    window: int = 100
+    least: int = 50
+    recovery: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.share < 1 or self.least < 1 or self.window < self.least:
+            raise ConfigError(
+                "SITE_OVERLOAD_SHARE is in (0, 1), and 1 <= SITE_OVERLOAD_MIN_RESPONSES"
+                " <= SITE_OVERLOAD_WINDOW"
+            )
+
+    def args(self, longest: float) -> list[Any]:
+        """The ARGV tail of ``lua/site_feedback.lua``'s ``error``."""
+        return [self.share, self.window, self.least, int(longest * 1000)]
 
 
 @dataclass(frozen=True)
@@ -127,6 +152,7 @@ class SitePolicy:
     limits: Limits = Limits()
     overrides: dict[str, Limits] = field(default_factory=dict)
     backoff: Backoff = Backoff()
+    overload: Overload = Overload()
     autothrottle: AutoThrottle | None = None
 
     @classmethod
@@ -146,13 +172,8 @@ class SitePolicy:
             key,
             limits,
             overrides,
-            Backoff(
-                frozenset(int(c) for c in setting(settings, "SITE_BACKOFF_CODES")),
-                setting(settings, "SITE_BACKOFF_SECONDS"),
-                setting(settings, "SITE_BACKOFF_MAX"),
-                setting(settings, "SITE_PAUSE_AFTER"),
-                setting(settings, "SITE_PAUSE_SECONDS"),
-            ),
+            backoff_of(settings),
+            overload_of(settings),
             autothrottle_of(settings),
         )
 
@@ -189,6 +210,26 @@ def default_limits(settings: Any) -> Limits:
         delay = settings.getfloat("DOWNLOAD_DELAY")
         rate = 1.0 / delay if delay > 0 else 0.0
     return Limits(int(concurrency), float(rate), setting(settings, "SITE_BURST"))
+
+
+def backoff_of(settings: Any) -> Backoff:
+    return Backoff(
+        frozenset(int(c) for c in setting(settings, "SITE_BACKOFF_CODES")),
+        setting(settings, "SITE_BACKOFF_SECONDS"),
+        setting(settings, "SITE_BACKOFF_MAX"),
+        setting(settings, "SITE_PAUSE_AFTER"),
+        setting(settings, "SITE_PAUSE_SECONDS"),
+    )
+
+
+def overload_of(settings: Any) -> Overload:
+    return Overload(
+        frozenset(int(c) for c in setting(settings, "SITE_OVERLOAD_CODES")),
+        setting(settings, "SITE_OVERLOAD_SHARE"),
+        setting(settings, "SITE_OVERLOAD_WINDOW"),
+        setting(settings, "SITE_OVERLOAD_MIN_RESPONSES"),
+        setting(settings, "SITE_OVERLOAD_RECOVERY"),
+    )
 
 
 def autothrottle_of(settings: Any) -> AutoThrottle | None:
@@ -254,13 +295,20 @@ class SiteState:
 
     def gate(self, site: str) -> tuple[int, int]:
         """(ms the site is still paused, back-offs in a row), in one call."""
-        wait, strikes = self._feedback(site, ["gate"])
-        return int(wait), int(strikes)
+        wait, strikes, _ = self._feedback(site, ["gate"])
+        return wait, strikes
 
     def backoff(self, site: str, seconds: float | None) -> int:
         """A back-off code or error from ``site``: pause it for every process; the pause in ms."""
-        wait, _ = self._feedback(site, ["backoff", *self.policy.backoff.args(seconds)])
-        return int(wait)
+        return self._feedback(site, ["backoff", *self.policy.backoff.args(seconds)])[0]
+
+    def server_error(self, site: str) -> int:
+        """A server error without ``Retry-After``: counted in the site's window of responses.
+
+        Returns the ms between leases it slowed the site to; 0 while the errors are isolated.
+        """
+        args = self.policy.overload.args(self.policy.backoff.longest)
+        return self._feedback(site, ["error", *args])[2]
 
     def success(self, site: str, latency: float | None, status: int) -> None:
         """A response that is not a back-off: strikes end; the shared AutoThrottle learns."""
@@ -268,10 +316,15 @@ class SiteState:
         extra = throttle.args(latency, status) if throttle and latency is not None else []
         self._feedback(site, ["ok", *extra])
 
-    def _feedback(self, site: str, args: list[Any]) -> tuple[int, int]:
-        keys = [self.keys.site(site), self.keys.site_known]  # the group's: keys.site_prefix
-        wait, strikes = scripts.script(self.client, "site_feedback")(keys=keys, args=[site, *args])
-        return int(wait), int(strikes)
+    def _feedback(self, site: str, args: list[Any]) -> tuple[int, int, int]:
+        keys = [self.keys.site(site), self.keys.site_known, self.keys.site_leases(site)]
+        mode, *rest = args
+        recovery = int(self.policy.overload.recovery * 1000)
+        found = scripts.script(self.client, "site_feedback")(
+            keys=keys, args=[site, mode, recovery, *rest]
+        )
+        wait, strikes, slowed = (int(x) for x in found)
+        return wait, strikes, slowed
 
     def read(self) -> dict[str, dict[str, str]]:
         """Every known site's state fields and its leases held now (``inflight``).
@@ -305,9 +358,10 @@ class SiteReading:
     leased: int
     parked: int  # requests that had to wait for the site
     backoffs: int
+    slowdowns: int  # times its server errors slowed it
     paused_for: float  # seconds the site is still paused
     paused_total: float  # seconds it was paused by back-offs, over its life
-    delay: float  # the shared AutoThrottle interval, seconds
+    delay: float  # the interval its leases keep now (a slowdown's or AutoThrottle's), seconds
 
     @classmethod
     def parse(cls, site: str, fields: dict[str, str], now: float) -> SiteReading:
@@ -323,6 +377,7 @@ class SiteReading:
             int(number("leased")),
             int(number("parked")),
             int(number("backoffs")),
+            int(number("slowdowns")),
             max(0.0, number("until") / 1000 - now),
             number("paused_ms") / 1000,
             number("delay") / 1000,

@@ -24,8 +24,9 @@ body is cut in half, which is never valid JSON, with probability
 Politeness, for crawlers measured at the site: with ``rate_limit`` above 0, a
 request that finds ``rate_limit`` or more requests accepted (answered other
 than 429) in the last second is answered 429 with ``Retry-After:
-<retry_after>``; :meth:`DemoSite.answer_429` makes the next requests 429 on
-demand. Every request served is logged as an :class:`Arrival` (path, start,
+<retry_after>``, or with ``rate_limit_status`` 503, 503 with no header (an
+overloaded server that says nothing more); :meth:`DemoSite.answer_429` makes
+the next requests 429 on demand. Every request served is logged as an :class:`Arrival` (path, start,
 end, status), and the site keeps the highest number of requests it served at
 once (:attr:`ArrivalLog.max_in_flight`).
 
@@ -114,6 +115,7 @@ class SiteConfig:
     seed: int = 1
     rate_limit: float = 0.0  # accepted requests per second before 429s; 0: no limit
     retry_after: int = 1  # seconds, in the Retry-After header of a rate-limit 429
+    rate_limit_status: int = 429  # 429 with Retry-After, or 503 without, above rate_limit
 
     def __post_init__(self) -> None:
         if not 0 <= self.posts_per_forum < POST_ID_STRIDE:
@@ -126,6 +128,8 @@ class SiteConfig:
             raise ValueError("error_rate and malformed_rate must be in [0, 1]")
         if self.rate_limit < 0 or self.retry_after < 0:
             raise ValueError("rate_limit and retry_after must not be negative")
+        if self.rate_limit_status not in (429, 503):
+            raise ValueError("rate_limit_status is 429 or 503")
 
     def max_page(self) -> int:
         """List pages of each forum (an empty forum still has page 1)."""
@@ -479,9 +483,10 @@ class ArrivalLog:
 class Throttle:
     """Which requests get 429: injected ones, then those above the rate; thread-safe."""
 
-    def __init__(self, rate_limit: float, retry_after: int) -> None:
+    def __init__(self, rate_limit: float, retry_after: int, status: int = 429) -> None:
         self.rate_limit = rate_limit
         self.retry_after = retry_after
+        self.status = status
         self._lock = threading.Lock()
         self._accepted: deque[float] = deque()  # arrival times within the window
         self._injected = 0
@@ -494,18 +499,20 @@ class Throttle:
         with self._lock:
             self._injected, self._injected_retry_after = count, retry_after
 
-    def check(self, now: float) -> int | None:
-        """The Retry-After seconds of a 429 for a request arriving at ``now``, or None."""
+    def check(self, now: float) -> tuple[int, dict[str, str]] | None:
+        """Status and headers of a refusal for a request arriving at ``now``, or None."""
         with self._lock:
             if self._injected > 0:
                 self._injected -= 1
-                return self._injected_retry_after
+                return 429, {"Retry-After": str(self._injected_retry_after)}
             if self.rate_limit <= 0:
                 return None
             while self._accepted and self._accepted[0] <= now - RATE_WINDOW:
                 self._accepted.popleft()
             if len(self._accepted) >= self.rate_limit:
-                return self.retry_after
+                if self.status == 503:
+                    return 503, {}
+                return 429, {"Retry-After": str(self.retry_after)}
             self._accepted.append(now)
             return None
 
@@ -524,7 +531,8 @@ class DemoSite:
         self.first_request_time: float | None = None
         self.responses_by_status: Counter[int] = Counter()
         self.log = ArrivalLog()
-        self._throttle = Throttle(self.config.rate_limit, self.config.retry_after)
+        config = self.config
+        self._throttle = Throttle(config.rate_limit, config.retry_after, config.rate_limit_status)
         self._rng = random.Random(self.config.seed)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
@@ -573,9 +581,10 @@ class DemoSite:
         self.last_request_at[request.path] = now
         if self.first_request_time is None:
             self.first_request_time = now
-        retry_after = self._throttle.check(time.time() if arrived is None else arrived)
-        if retry_after is not None:
-            status, body, headers = 429, ERROR_BODIES[429], {"Retry-After": str(retry_after)}
+        refused = self._throttle.check(time.time() if arrived is None else arrived)
+        if refused is not None:
+            status, headers = refused
+            body = ERROR_BODIES[status]
         else:
             (status, body), headers = self._answer(request), {}
         self.responses_by_status[status] += 1
@@ -771,6 +780,13 @@ def _parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=SiteConfig.retry_after,
         help="seconds in the Retry-After header of a rate-limit 429",
     )
+    parser.add_argument(
+        "--rate-limit-status",
+        type=int,
+        choices=(429, 503),
+        default=SiteConfig.rate_limit_status,
+        help="answer above the rate limit 429 with Retry-After, or 503 without (overloaded)",
+    )
     return parser
 
 
@@ -785,6 +801,7 @@ def config_from_args(args: argparse.Namespace) -> SiteConfig:
         seed=args.seed,
         rate_limit=args.rate_limit,
         retry_after=args.retry_after,
+        rate_limit_status=args.rate_limit_status,
     )
 
 

@@ -1,54 +1,164 @@
 -- What a response says about a site, shared by every process (include/sites.lua).
 --
--- KEYS[1]  the site's hash (Q:site:<site>)
--- KEYS[2]  the set of known sites (Q:site:~known)
+-- KEYS[1]  the site's hash (S:<site>)
+-- KEYS[2]  the set of known sites (S:~known)
+-- KEYS[3]  the site's leases held now (S:<site>:leases)
 -- ARGV[1]  the site
--- ARGV[2]  'gate': just before a download; nothing changes
---          'backoff': a back-off code; then ARGV[3] Retry-After in ms (-1: none),
---            ARGV[4] first back-off ms, ARGV[5] longest back-off ms, ARGV[6] back-offs in a
---            row that pause the site (0: never), ARGV[7] that pause in ms
---          'ok': any other response; strikes end. With AutoThrottle, ARGV[3] the latency ms,
---            ARGV[4] target concurrency, ARGV[5] start, ARGV[6] lowest, ARGV[7] highest
---            delay ms, ARGV[8] the status: the shared delay moves as Scrapy's AutoThrottle's
--- Returns  {ms the site is paused from now (0: not), back-offs in a row}
+-- ARGV[2]  'gate': just before a download; the overload window restarts after an idle spell
+--          'backoff': a back-off code; then ARGV[4] Retry-After in ms (-1: none),
+--            ARGV[5] first back-off ms, ARGV[6] longest back-off ms, ARGV[7] back-offs in a
+--            row that pause the site (0: never), ARGV[8] that pause in ms
+--          'error': a server error without Retry-After; then ARGV[4] the share of the
+--            window's responses above which the site is overloaded, ARGV[5] the window
+--            (responses), ARGV[6] the fewest responses that tell, ARGV[7] the longest interval ms
+--          'ok': any other response; strikes end. With AutoThrottle, ARGV[4] the latency ms,
+--            ARGV[5] target concurrency, ARGV[6] start, ARGV[7] lowest, ARGV[8] highest
+--            delay ms, ARGV[9] the status: the shared estimate moves as Scrapy's AutoThrottle's
+-- ARGV[3]  every mode: ms in which a slowdown's interval halves (it recovers first, each call)
+-- Returns  {ms the site is paused from now (0: not), back-offs in a row,
+--           the interval ms a slowdown set in this call (0: none)}
 --
--- A back-off pauses the site until now + Retry-After, or else now + first * 2^(strikes-1),
--- at most the longest; never shorter than a pause already set. After ARGV[6] in a row,
--- the pause is ARGV[7]. The lease script leases nothing of a paused site.
+-- Pauses: a back-off pauses the site until now + Retry-After, or else now + first *
+-- 2^(strikes-1), at most the longest; never shorter than a pause already set. After ARGV[7]
+-- in a row, the pause is ARGV[8]. The lease script leases nothing of a paused site.
+--
+-- Slowdowns: the site's responses are counted as its leases that ended (leased, less those
+-- held now). The window holds the last ARGV[5] of them and their server errors (win_from:
+-- the count it starts at, win_at: when, win_errors). An error that makes them more than
+-- ARGV[4] of at least ARGV[6] responses slows the site to the rate its other responses
+-- came at, less that share (slow: ms between leases, set at slowed_at); the interval then
+-- halves every ARGV[3] ms. The lease honours delay: the longer of the slowdown and
+-- AutoThrottle's estimate (throttle).
 
 local key, mode = KEYS[1], ARGV[2]
+local IDLE_MS = 5000  -- a window that saw no download for this long (or 4 intervals) restarts
 local clock = redis.call('TIME')
 local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
-local state = redis.call('HMGET', key, 'until', 'strikes', 'delay')
-local paused, strikes = tonumber(state[1] or '0'), tonumber(state[2] or '0')
+local FIELDS = {'until', 'strikes', 'delay', 'throttle', 'slow', 'slowed_at', 'win_at',
+    'win_from', 'win_errors', 'win_seen'}
+local s = {}
+local values = redis.call('HMGET', key, unpack(FIELDS))
+for i, name in ipairs(FIELDS) do s[name] = tonumber(values[i]) end
+local paused, strikes = s['until'] or 0, s.strikes or 0
+local recovery = tonumber(ARGV[3])
 
-if mode == 'backoff' then
+-- The site's leases ever taken, and those that ended: its responses.
+local function counted()
+    local leased = tonumber(redis.call('HGET', key, 'leased') or '0')
+    return leased, leased - redis.call('ZCOUNT', KEYS[3], now, '+inf')
+end
+
+-- The lease's interval: the slowdown's or AutoThrottle's, the longer; written if it moved.
+local function set_delay(slow)
+    local delay = math.floor(math.max(s.throttle or 0, slow))
+    if delay == (s.delay or 0) then return end
+    s.delay = delay
+    if delay > 0 then redis.call('HSET', key, 'delay', delay) else redis.call('HDEL', key, 'delay') end
+end
+
+-- The slowdown's interval now: it halves every `recovery` ms, and ends below 1 ms.
+local function recover()
+    if not s.slow then return 0 end
+    local slow = s.slow * 2 ^ (-(now - (s.slowed_at or now)) / math.max(1, recovery))
+    if slow < 1 then
+        s.slow, slow = nil, 0
+        redis.call('HDEL', key, 'slow', 'slowed_at')
+    end
+    set_delay(slow)
+    return slow
+end
+
+local function restart_window(from)
+    s.win_at, s.win_from, s.win_errors, s.win_seen = now, from, 0, now
+    redis.call('HSET', key, 'win_at', now, 'win_from', from, 'win_errors', 0, 'win_seen', now)
+end
+
+local function gate()
+    local seen = s.win_seen or 0
+    if now - seen > math.max(IDLE_MS, 4 * (s.delay or 0)) then
+        local _, answered = counted()
+        restart_window(answered)
+    elseif now - seen > 1000 then
+        redis.call('HSET', key, 'win_seen', now)
+    end
+end
+
+local function backoff(given, first, longest, after, long_pause)
     strikes = strikes + 1
-    local given, first, longest = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
     local pause = given >= 0 and given or math.min(longest, first * 2 ^ (strikes - 1))
-    local after = tonumber(ARGV[6])
-    if after > 0 and strikes >= after then pause = math.max(pause, tonumber(ARGV[7])) end
+    if after > 0 and strikes >= after then pause = math.max(pause, long_pause) end
     local longer = math.max(0, now + pause - math.max(paused, now))  -- paused time it adds
     paused = math.max(paused, now + pause)
     redis.call('HSET', key, 'until', paused, 'strikes', strikes, 'backoff_at', now)
     redis.call('HINCRBY', key, 'backoffs', 1)
     redis.call('HINCRBY', key, 'paused_ms', longer)
     redis.call('SADD', KEYS[2], ARGV[1])
+end
+
+-- Overloaded: lease a share below the rate the other responses came at (never faster than
+-- now), and count a new window from the leases taken so far (errors of those in flight then
+-- are old news).
+local function slow_down(n, errors, elapsed, share, slow, longest, leased)
+    local served = math.max(1, n - errors) * (1 - share)
+    local interval = math.min(longest, math.max(slow, 1, elapsed / served))
+    s.slow = interval
+    redis.call('HSET', key, 'slow', interval, 'slowed_at', now)
+    redis.call('HINCRBY', key, 'slowdowns', 1)
+    set_delay(interval)
+    restart_window(leased)
+    return math.floor(interval)
+end
+
+-- The window of the last `window` responses: older ones leave it pro rata, errors and time.
+local function server_error(share, window, least, longest, slow)
+    redis.call('HINCRBY', key, 'server_errors', 1)
+    redis.call('SADD', KEYS[2], ARGV[1])
+    local leased, answered = counted()
+    local n = answered - (s.win_from or answered)
+    if not s.win_at or n <= 0 then  -- no window yet, or an answer to a request leased before it
+        if not s.win_at then restart_window(answered) end
+        return 0
+    end
+    local errors, elapsed = math.min(n, (s.win_errors or 0) + 1), math.max(1, now - s.win_at)
+    if n > window then
+        errors, elapsed, n = errors * window / n, elapsed * window / n, window
+    end
+    if n >= least and errors > share * n then
+        return slow_down(n, errors, elapsed, share, slow, longest, leased)
+    end
+    redis.call('HSET', key, 'win_errors', errors, 'win_from', answered - n, 'win_at', now - elapsed)
+    return 0
+end
+
+local function throttle(latency, target, start, low, high, status)
+    local delay = s.throttle or (not s.slow and s.delay) or start
+    local wanted = latency / target
+    local estimate = math.max(low, math.min(high, math.max(wanted, (delay + wanted) / 2)))
+    if status == 200 or estimate > delay then
+        s.throttle = math.floor(estimate)
+        redis.call('HSET', key, 'throttle', s.throttle)
+        redis.call('SADD', KEYS[2], ARGV[1])
+    end
+end
+
+local slow, slowed = recover(), 0
+if mode == 'gate' then
+    gate()
+elseif mode == 'backoff' then
+    backoff(tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
+        tonumber(ARGV[8]))
+elseif mode == 'error' then
+    slowed = server_error(tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]),
+        tonumber(ARGV[7]), slow)
 elseif mode == 'ok' then
     if strikes > 0 then
         strikes = 0
         redis.call('HSET', key, 'strikes', 0)
     end
-    if ARGV[3] then
-        local latency, target = tonumber(ARGV[3]), tonumber(ARGV[4])
-        local low, high = tonumber(ARGV[6]), tonumber(ARGV[7])
-        local delay = tonumber(state[3] or ARGV[5])
-        local wanted = latency / target
-        local estimate = math.max(low, math.min(high, math.max(wanted, (delay + wanted) / 2)))
-        if tonumber(ARGV[8]) == 200 or estimate > delay then
-            redis.call('HSET', key, 'delay', math.floor(estimate))
-            redis.call('SADD', KEYS[2], ARGV[1])
-        end
+    if ARGV[4] then
+        throttle(tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
+            tonumber(ARGV[8]), tonumber(ARGV[9]))
+        set_delay(slow)
     end
 end
-return {math.max(0, paused - now), strikes}
+return {math.max(0, paused - now), strikes, slowed}

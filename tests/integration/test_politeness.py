@@ -2,12 +2,15 @@
 
 Two demo sites on loopback: ``127.0.0.1`` limited to 10 requests/s and 4 in
 flight (SITE_OVERRIDES), ``127.0.0.2`` unlimited. Real Celery workers host the
-``site_pages`` spider; the sites log every arrival.
+``site_pages`` spider; the sites log every arrival. Server errors: ``127.0.0.3``
+answers 2% of requests 503 at random, ``127.0.0.4`` answers 503 above 40
+requests per second; both have no rate of their own, and 8 in flight.
 """
 
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from statistics import median
@@ -25,6 +28,9 @@ from tests.support.workers import Worker, started_workers
 
 LIMITED = {"concurrency": 4, "rate": 10, "burst": 1}
 CONFIG = SiteConfig(forums=30, posts_per_forum=100)  # 3,000 post pages
+FLAKY = SiteConfig(forums=10, posts_per_forum=100, error_rate=0.02)  # 1,000 pages
+CAPACITY = 40  # requests per second the overloaded site answers; 503 to the others
+OVERLOADED = SiteConfig(forums=6, posts_per_forum=100, rate_limit=CAPACITY, rate_limit_status=503)
 
 
 @pytest.fixture
@@ -49,6 +55,18 @@ def politeness_env(env: dict[str, str]) -> dict[str, str]:
 @pytest.fixture
 def four_workers(politeness_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
     with started_workers(politeness_env, tmp_path) as start:
+        for name in ("w1", "w2"):  # two workers of two processes each
+            start(name, pool="prefork", concurrency=2)
+        yield start
+
+
+@pytest.fixture
+def server_error_workers(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    # 8 in flight, no rate: only the server errors slow these sites
+    capped = {"concurrency": 8, "rate": 0}
+    overrides = json.dumps({"127.0.0.3": capped, "127.0.0.4": capped})
+    values = {**env, "SITE_CONCURRENCY": "0", "SITE_RATE": "0", "SITE_OVERRIDES": overrides}
+    with started_workers(values, tmp_path) as start:
         for name in ("w1", "w2"):  # two workers of two processes each
             start(name, pool="prefork", concurrency=2)
         yield start
@@ -183,3 +201,70 @@ def test_a_retry_after_seen_by_one_worker_holds_back_every_worker(
     after = [a for a in arrivals if a.started >= refused[0].started + 2.0]
     assert after and {a.status for a in after} <= {200, 404}  # then on, the retry included
     assert len(arrivals) == 401  # every page once, and the refused one again
+
+
+def site_fields(client: redis.Redis, prefix: str, site: str) -> dict[str, str]:
+    values = client.hgetall(keys_of(prefix).site(site))
+    return {k.decode(): v.decode() for k, v in values.items()}
+
+
+def crawl_site(app: Celery, config: SiteConfig, host: str) -> tuple[dict[str, Any], list[Arrival]]:
+    with SiteThread(config, host=host).start() as site:
+        urls = [f"{site.url}/post/{post}" for post in config.post_ids()]
+        result = run(app, {host: urls}, timeout=240)[host]
+        assert site.wait_idle()
+        return result, sorted(site.arrivals(), key=lambda a: a.started)
+
+
+def test_sporadic_503s_are_retried_and_neither_pause_nor_slow_the_site(
+    app: Celery,
+    prefix: str,
+    state_client: redis.Redis,
+    server_error_workers: Callable[..., Worker],
+) -> None:
+    result, arrivals = crawl_site(app, FLAKY, "127.0.0.3")
+    refused = [a for a in arrivals if a.status == 503]
+    answered = {a.path for a in arrivals if a.status != 503}
+    print(f"flaky site: {len(arrivals)} requests, {len(refused)} 503s")
+    assert result["state"] == "done"
+    assert refused  # 2% of about 1,000
+    assert len(answered) >= 0.99 * len(FLAKY.post_ids())  # retried, as plain Scrapy does
+    fields = site_fields(state_client, prefix, "127.0.0.3")
+    assert not {"backoffs", "until", "slowdowns", "slow"} & set(fields), fields
+    assert int(fields["server_errors"]) == len(refused)  # each one seen, and counted
+
+
+def test_a_site_that_answers_503_above_a_rate_is_held_below_it(
+    app: Celery,
+    prefix: str,
+    state_client: redis.Redis,
+    server_error_workers: Callable[..., Worker],
+) -> None:
+    result, arrivals = crawl_site(app, OVERLOADED, "127.0.0.4")
+    learnt = after(arrivals, 5.0)
+    share, share_then, most_then = (
+        share_503(arrivals),
+        share_503(learnt),
+        most_in_one_second(learnt),
+    )
+    fields = site_fields(state_client, prefix, "127.0.0.4")
+    print(
+        f"overloaded site: {len(arrivals)} requests in {span(arrivals):.1f} s, {share:.1%} 503s,"
+        f" {share_then:.1%} after the first 5 s, then at most {most_then} in one second;"
+        f" {fields.get('slowdowns')} slowdowns"
+    )
+    assert result["state"] == "done"
+    assert int(fields["slowdowns"]) >= 1 and "backoffs" not in fields
+    # Learning the rate costs the first responses, at full speed (about 100 503s in the
+    # first second, measured): without the slowdowns, most requests would be refused
+    assert share < 0.25
+    assert share_then < 0.05  # then few 503s,
+    assert most_then <= 1.5 * CAPACITY  # at about the site's rate
+
+
+def after(arrivals: list[Arrival], seconds: float) -> list[Arrival]:
+    return [a for a in arrivals if a.started >= arrivals[0].started + seconds]
+
+
+def share_503(arrivals: list[Arrival]) -> float:
+    return Counter(a.status for a in arrivals)[503] / len(arrivals)

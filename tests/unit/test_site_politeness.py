@@ -111,6 +111,16 @@ def test_rate_window_slides() -> None:
     assert site.responses_by_status[429] == 3
 
 
+def test_an_overloaded_site_answers_503_without_retry_after_above_its_rate() -> None:
+    site = DemoSite(SiteConfig(forums=1, posts_per_forum=5, rate_limit=2, rate_limit_status=503))
+    request = Request("GET", "/list/00001/1", keep_alive=True, body_length=0)
+    answers = [site.answer(request, arrived=at) for at in (100.0, 100.5, 100.9)]
+    assert [status for status, _, _ in answers] == [200, 200, 503]
+    assert answers[2][1:] == (b'{"error": "service unavailable"}', {})
+    site.answer_429(count=1, retry_after=3)  # injected 429s stay 429s
+    assert site.answer(request, arrived=100.95)[::2] == (429, {"Retry-After": "3"})
+
+
 def test_no_rate_limit_by_default() -> None:
     site = DemoSite(SiteConfig(forums=1, posts_per_forum=5))
     request = Request("GET", "/list/00001/1", keep_alive=True, body_length=0)
@@ -138,15 +148,19 @@ def test_answer_429_refuses_negative_counts() -> None:
         site.answer_429(count=-1)
 
 
-@pytest.mark.parametrize("overrides", [{"rate_limit": -1.0}, {"retry_after": -1}])
+@pytest.mark.parametrize(
+    "overrides", [{"rate_limit": -1.0}, {"retry_after": -1}, {"rate_limit_status": 500}]
+)
 def test_bad_politeness_configs_are_refused(overrides: dict[str, float]) -> None:
-    with pytest.raises(ValueError, match="negative"):
+    with pytest.raises(ValueError, match=r"negative|429 or 503"):
         SiteConfig(**overrides)  # type: ignore[arg-type]
 
 
 def test_cli_options_reach_the_config() -> None:
-    args = _parser().parse_args(["--rate-limit", "2.5", "--retry-after", "4"])
+    args = _parser().parse_args(
+        ["--rate-limit", "2.5", "--retry-after", "4", "--rate-limit-status", "503"]
+    )
     config = config_from_args(args)
-    assert (config.rate_limit, config.retry_after) == (2.5, 4)
+    assert (config.rate_limit, config.retry_after, config.rate_limit_status) == (2.5, 4, 503)
     defaults = config_from_args(_parser().parse_args([]))
     assert (defaults.rate_limit, defaults.retry_after) == (0.0, 1)

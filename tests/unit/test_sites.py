@@ -300,9 +300,9 @@ def test_a_shared_autothrottle_estimate_spaces_the_sites_leases(
 def test_a_success_ends_the_row_even_if_sent_before_the_back_off(
     client: redis.Redis, prefix: str
 ) -> None:
-    """Scattered 503s among successes in flight never add up to a pause.
+    """Scattered 429s among successes in flight never add up to a pause.
 
-    Two requests pass the gate together; one answers 503, the other 200 after
+    Two requests pass the gate together; one answers 429, the other 200 after
     it. Ten such rounds are more than ``pause_after`` back-offs, but none in a row.
     """
     from scrapy.http import Response
@@ -314,7 +314,7 @@ def test_a_success_ends_the_row_even_if_sent_before_the_back_off(
     middleware = SiteLimitsMiddleware(state)
     url = "http://a.example/"
     for _ in range(10):
-        middleware.process_response(Request(url), Response(url, status=503))
+        middleware.process_response(Request(url), Response(url, status=429))
         middleware.process_response(Request(url), Response(url, status=200))
     site = state.read()["a.example"]
     assert site["backoffs"] == "10"
@@ -332,7 +332,7 @@ def test_back_offs_with_no_success_between_pause_the_site(client: redis.Redis, p
     middleware = SiteLimitsMiddleware(state)
     url = "http://a.example/"
     for _ in range(3):
-        middleware.process_response(Request(url), Response(url, status=503))
+        middleware.process_response(Request(url), Response(url, status=429))
     wait, strikes = state.gate("a.example")
     assert strikes == 3 and wait > 290_000
 
