@@ -238,6 +238,15 @@ _ENTRIES = (
         SCHEDULER,
     ),
     Setting(
+        "SCHEDULER_START_REQUESTS",
+        "once",
+        "`once`: the processes open together make one crawl, and only one of them runs the"
+        " spider's start requests while the others wait until they are queued (a RedisSpider"
+        " reads its start key in every process); `every`: each process runs them, as before."
+        " Hosted crawlers set `every` (their start requests run as jobs)",
+        SCHEDULER,
+    ),
+    Setting(
         "SCHEDULER_FLUSH_ON_START",
         False,
         "delete the queue and the dedup filter when the spider opens",

@@ -399,10 +399,13 @@ class Base:
     def leave(self, scheduler_id: str, clear: bool) -> tuple[int, int]:
         """Unregister a scheduler; with ``clear``, the last one open clears queue and dedup.
 
+        The last one also ends the crawl they made (``celery_crawl.crawl_state``), ``clear`` or not.
+
         Returns (schedulers still open, keys deleted), in one atomic step.
         """
         keys = [self.keys.open_schedulers, *self._queue_keys()]
         keys += [self.keys.dupefilter, self.keys.dupefilter_count, self.keys.job_prefix]
+        keys += [self.keys.crawl]
         args = [scheduler_id, 1 if clear else 0, *self.dedup.params]
         script = self._script("scheduler_leave", dupefilter=self.dedup.lua)
         still_open, deleted = script(keys=keys, args=args)

@@ -1,0 +1,93 @@
+"""Plain ``scrapy crawl`` processes on one queue make one crawl (:mod:`celery_crawl.crawl`).
+
+Each test starts the same spider, with the same start URL, in real processes
+on a local static site; the site holds every answer back (its gate) until all
+of them are open, so that they crawl together whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from celery_crawl.keys import SpiderKeys
+from tests.support import one_crawl
+from tests.support.static_site import StaticSite, serve
+
+
+@contextmanager
+def processes(
+    count: int, spider: str, url: str, redis_url: str, prefix: str, tmp_path: Path, **overrides: Any
+) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """``count`` processes of ``spider``; each killed at the end if still running."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for n in range(count):
+            args = [redis_url, prefix, spider, str(tmp_path / f"items{n}.jsonl"), url]
+            procs.append(one_crawl.start(args, tmp_path / f"crawl{n}.log", overrides))
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+def crawl_together(
+    spider: str,
+    site: StaticSite,
+    path: str,
+    env: tuple[str, str, redis.Redis, Path],
+    count: int = 2,
+    **overrides: Any,
+) -> list[Path]:
+    """``count`` processes, the site's answers held until all are open; their logs."""
+    redis_url, prefix, client, tmp_path = env
+    site.gate = threading.Event()
+    keys = SpiderKeys.build(spider, prefix=prefix)
+    with processes(count, spider, site.url + path, redis_url, prefix, tmp_path, **overrides) as ps:
+        try:
+            one_crawl.wait_until_open(client, keys, count, ps)
+        finally:
+            site.gate.set()
+        codes = [proc.wait(timeout=180) for proc in ps]
+    logs = [tmp_path / f"crawl{n}.log" for n in range(count)]
+    assert codes == [0] * count, "\n".join(log.read_text()[-3000:] for log in logs)
+    return logs
+
+
+def items_of(tmp_path: Path, count: int = 2) -> list[dict[str, str]]:
+    return [i for n in range(count) for i in one_crawl.read_items(tmp_path / f"items{n}.jsonl")]
+
+
+def test_two_processes_run_the_start_requests_once(
+    redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    with serve(StaticSite(pages=200, feed_items=100)) as site:
+        crawl_together("one_feed", site, "/feed.xml", (redis_url, prefix, client, tmp_path))
+        hits = dict(site.hits)
+    assert hits["/feed.xml"] == 1
+    items = items_of(tmp_path)
+    ids = [item["id"] for item in items if "id" in item]
+    assert sorted(ids) == sorted(site.item_ids()), "each entry yielded once"
+    urls = [item["url"] for item in items if "url" in item]
+    assert sorted(urls) == sorted(site.url + f"/page/{n}.html" for n in range(1, 101))
+    keys = SpiderKeys.build("one_feed", prefix=prefix)
+    assert not client.exists(keys.crawl), "the last process to close ended the crawl"
+
+
+def test_every_process_runs_them_when_asked(
+    redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    env = (redis_url, prefix, client, tmp_path)
+    with serve(StaticSite(pages=200, feed_items=20)) as site:
+        crawl_together("one_feed", site, "/feed.xml", env, SCHEDULER_START_REQUESTS="every")
+        hits = dict(site.hits)
+    assert hits["/feed.xml"] == 2
+    assert len([item for item in items_of(tmp_path) if "id" in item]) == 2 * 20
