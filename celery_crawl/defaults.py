@@ -217,7 +217,8 @@ _ENTRIES = (
         "SCHEDULER_ALLOWED_MODULES",
         [],
         "modules and packages whose enums, Items, dataclasses and attrs classes may travel in"
-        " meta and cb_kwargs, besides the package of each module of `SPIDER_MODULES`",
+        " meta and cb_kwargs, besides the package of each module of `SPIDER_MODULES` and the"
+        " spider's own module's package (the module itself when in none: `scrapy runspider`)",
         SCHEDULER,
     ),
     Setting(

@@ -184,7 +184,7 @@ class Scheduler(BaseScheduler):
         return cls(
             queue,
             dupefilter,
-            codec_from_settings(settings),
+            codec_from_settings(settings, crawler.spidercls),
             crawler=crawler,
             router=Router(queue, settings),
             group=[

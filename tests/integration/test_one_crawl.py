@@ -7,7 +7,9 @@ of them are open, so that they crawl together whatever the machine's load.
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,7 +19,7 @@ from typing import Any
 import redis
 
 from celery_crawl.keys import SpiderKeys
-from tests.support import one_crawl
+from tests.support import ROOT, one_crawl
 from tests.support.static_site import StaticSite, serve
 
 
@@ -91,3 +93,35 @@ def test_every_process_runs_them_when_asked(
         hits = dict(site.hits)
     assert hits["/feed.xml"] == 2
     assert len([item for item in items_of(tmp_path) if "id" in item]) == 2 * 20
+
+
+def test_runspider_keeps_an_item_class_of_the_spider_file(
+    redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    spider_file = ROOT / "tests" / "support" / "runspider_item.py"
+    feed, log = tmp_path / "items.jsonl", tmp_path / "runspider.log"
+    with serve(StaticSite(pages=50)) as site:
+        settings = {**one_crawl.settings(redis_url, prefix, str(feed)), "FEEDS": ""}
+        command = [sys.executable, "-m", "scrapy", "runspider", str(spider_file)]
+        command += ["-a", f"url={site.url}/page/1.html", "-o", f"{feed}:jsonlines"]
+        command += [
+            arg for name, value in settings.items() if value for arg in ("-s", f"{name}={value}")
+        ]
+        with log.open("wb") as out:
+            env = {**os.environ, "PYTHONPATH": str(ROOT)}
+            done = subprocess.run(
+                command,
+                check=False,
+                cwd=tmp_path,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                timeout=180,
+            )
+    code = done.returncode
+    assert code == 0, log.read_text()[-3000:]
+    items = one_crawl.read_items(feed)
+    targets = sorted(item["target"] for item in items)
+    assert targets == sorted(f"{site.url}/page/{n}.html" for n in site.links(1)), "items kept"
+    assert all(item["source"] == f"{site.url}/page/1.html" for item in items)
+    assert "dropped a request" not in log.read_text()
