@@ -248,6 +248,16 @@ _ENTRIES = (
         SCHEDULER,
     ),
     Setting(
+        "CLOSESPIDER_SCOPE",
+        "crawl",
+        "`crawl`: `CLOSESPIDER_PAGECOUNT`, `_ITEMCOUNT`, `_ERRORCOUNT` and `_TIMEOUT` hold for"
+        " the whole crawl, every process counted (a count limit may be passed by the requests"
+        " downloading when it is reached: up to `CONCURRENT_REQUESTS` per process); `process`:"
+        " each process counts its own, as Scrapy's extension alone does. Hosted crawlers set"
+        " `job`: the limits are each job's own",
+        SCHEDULER,
+    ),
+    Setting(
         "SCHEDULER_FLUSH_ON_START",
         False,
         "delete the queue and the dedup filter when the spider opens",

@@ -86,6 +86,14 @@ class EngineHooks:
         if engine._start is not None:
             engine._start = wrapper(engine._start)
 
+    def close(self, reason: str) -> None:
+        """Close the spider with ``reason``, as Scrapy's ``CloseSpider`` extension does."""
+        from scrapy.utils.defer import deferred_from_coro
+
+        engine = self.engine
+        if engine is not None and engine.spider is not None:
+            deferred_from_coro(engine.close_spider_async(reason=reason))
+
     def wake(self, delay: float = 0.0) -> None:
         """Ask the engine for its next request ``delay`` seconds from now (no-op when closed)."""
         slot = getattr(self.engine, "_slot", None)

@@ -42,6 +42,8 @@ HOSTED_SETTINGS: dict[str, Any] = {
     "SCHEDULER_PERSIST": True,
     # a job's requests run in whichever process leases them: no crawl-wide start requests
     "SCHEDULER_START_REQUESTS": "every",
+    # CLOSESPIDER_* are each job's own limits (celery_crawl.jobs.LIMITS), not the crawler's
+    "CLOSESPIDER_SCOPE": "job",
     "TELNETCONSOLE_ENABLED": False,
     "REMOTE_CONTROL_ENABLED": False,
 }

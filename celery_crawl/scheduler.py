@@ -57,6 +57,7 @@ from celery_crawl import compat, connection, politeness
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.cookies import check_installed
+from celery_crawl.crawl_limits import CrawlLimits
 from celery_crawl.crawl_state import START_MODES, Crawl, Opened, start_once
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
@@ -153,6 +154,7 @@ class Scheduler(BaseScheduler):
         self._open = False
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
         self.crawl = Crawl(queue.client, queue.keys, self.id)
+        self.limits: CrawlLimits | None = None  # CLOSESPIDER_* for the whole crawl
         self._dropped_kinds: set[str] = set()  # logged once per kind
         self._closing: dict[str, str] = {}  # job -> reason: CloseSpider, closed at the ack
         self.jobs = Participation(
@@ -222,6 +224,7 @@ class Scheduler(BaseScheduler):
             self.heartbeat.start()
             self.jobs.start()
             self._share_start(opened)
+            self._hold_limits(opened)
         if self.crawler is not None:
             check_installed(self.crawler.settings)
             politeness.check_installed(self.crawler.settings)
@@ -247,6 +250,13 @@ class Scheduler(BaseScheduler):
             lambda start: start_once(start, self.crawl, opened.claimed, self.flush)
         )
 
+    def _hold_limits(self, opened: Opened) -> None:
+        """``CLOSESPIDER_*`` for the whole crawl (``CLOSESPIDER_SCOPE``)."""
+        if self.crawler is not None:
+            self.limits = CrawlLimits.for_crawler(self.crawler, self.crawl)
+        if self.limits is not None:
+            self.limits.start(opened)
+
     def release_held(self) -> None:
         """Hand the prefetched leases back; a refusal (a damaged key) is repaired, tried
         once more, and otherwise left to the leases' expiry."""
@@ -268,6 +278,8 @@ class Scheduler(BaseScheduler):
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
         self.heartbeat.stop()
+        if self.limits is not None:
+            self.limits.stop()
         self.flush()
         self.release_held()
         self.prefetch.clear()
@@ -472,6 +484,8 @@ class Scheduler(BaseScheduler):
     # -- dequeue -----------------------------------------------------------
 
     def next_request(self) -> Request | None:
+        if self.limits is not None and self.limits.reason is not None:
+            return None  # the crawl reached a CLOSESPIDER_* limit: this process closes
         while (lease := self._next_lease()) is not None:
             try:
                 job = lease.job

@@ -125,3 +125,20 @@ def test_runspider_keeps_an_item_class_of_the_spider_file(
     assert targets == sorted(f"{site.url}/page/{n}.html" for n in site.links(1)), "items kept"
     assert all(item["source"] == f"{site.url}/page/1.html" for item in items)
     assert "dropped a request" not in log.read_text()
+
+
+PAGE_LIMIT, CONCURRENCY = 30, 4
+
+
+def test_a_page_limit_holds_for_the_whole_crawl(
+    redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    env = (redis_url, prefix, client, tmp_path)
+    limits = {"CLOSESPIDER_PAGECOUNT": PAGE_LIMIT, "CONCURRENT_REQUESTS": CONCURRENCY}
+    with serve(StaticSite(pages=1500)) as site:
+        logs = crawl_together("one_pages", site, "/", env, **limits)
+        fetched = sum(site.hits.values())
+    # the slack: what each process was downloading when the limit was reached
+    assert PAGE_LIMIT <= fetched <= PAGE_LIMIT + 2 * CONCURRENCY
+    for log in logs:
+        assert "Spider closed (closespider_pagecount)" in log.read_text()
