@@ -235,7 +235,8 @@ _ENTRIES = (
         False,
         "keep the queue and the dedup filter when the spider closes; when false they are deleted"
         " by the last process of the spider to close (processes killed without closing stop"
-        " counting after 3 heartbeats, at least 30 s). Hosted crawlers set it to true",
+        " counting after 3 heartbeats, at least 30 s), and the next crawl starts with fresh shared"
+        " stats. Hosted crawlers set it to true",
         SCHEDULER,
     ),
     Setting(

@@ -142,3 +142,22 @@ def test_a_page_limit_holds_for_the_whole_crawl(
     assert PAGE_LIMIT <= fetched <= PAGE_LIMIT + 2 * CONCURRENCY
     for log in logs:
         assert "Spider closed (closespider_pagecount)" in log.read_text()
+
+
+def test_a_new_crawl_starts_with_fresh_stats_and_a_process_tells_its_own(
+    redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
+) -> None:
+    keys = SpiderKeys.build("one_feed", prefix=prefix)
+    pages = []
+    with serve(StaticSite(pages=50, feed_items=20)) as site:
+        for run in range(2):  # one after the other: two crawls, SCHEDULER_PERSIST off
+            runs = tmp_path / f"run{run}"
+            runs.mkdir()
+            logs = crawl_together(
+                "one_feed", site, "/feed.xml", (redis_url, prefix, client, runs), 1
+            )
+            pages.append(int(client.hget(keys.stats, "response_received_count") or 0))
+    assert pages == [21, 21], "the feed and its 20 pages, in each crawl"
+    text = logs[0].read_text()
+    assert "Dumping Scrapy stats, this process only:" in text
+    assert f"Dumping Scrapy stats, the whole crawl (every process, Redis hash {keys.stats})" in text
