@@ -201,8 +201,9 @@ _ENTRIES = (
     Setting(
         "SCHEDULER_QUEUE_CLASS",
         "celery_crawl.queue.PriorityQueue",
-        "the queue: `PriorityQueue`, `FifoQueue` or `LifoQueue` of `celery_crawl.queue`"
-        " (the scrapy-redis paths mean the same)",
+        "the queue, of `celery_crawl.queue`: `PriorityQueue` (priorities, FIFO within one),"
+        " `LifoPriorityQueue` (priorities, LIFO within one: Scrapy's own default order),"
+        " `FifoQueue` or `LifoQueue` (priority ignored); the scrapy-redis paths mean the same",
         SCHEDULER,
     ),
     Setting(

@@ -4,7 +4,8 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 
 - ``Q``           sorted set of the priority levels in use, score = -priority,
                   so the lowest score is the highest priority;
-- ``Q:<p>``       a list per level, holding encoded requests in arrival order;
+- ``Q:<p>``       a list per level, holding encoded requests in arrival order (popped
+                  at the head, FIFO, or at the tail, LIFO: the class's ``pop_side``);
 - ``Q:inflight``  sorted set of leases, score = deadline in unix ms;
 - ``Q:seq``       lease counter;
 - ``Q:signal``    short list of wake-up tokens for blocked pops;
@@ -429,10 +430,23 @@ class LifoQueue(Base):
     pop_side = "tail"
 
 
+class LifoPriorityQueue(Base):
+    """Higher ``priority`` first; last in, first out among equal priorities: Scrapy's own order.
+
+    Scrapy's default scheduler queues (``ScrapyPriorityQueue`` over
+    ``LifoMemoryQueue``) crawl depth-first within a priority. The levels are
+    the same lists as :class:`PriorityQueue`'s: the lease script pops a level
+    at its tail, and a request handed back goes back to the tail.
+    """
+
+    pop_side = "tail"
+
+
 QUEUE_CLASSES: dict[str, type[Base]] = {
     "celery_crawl.queue.PriorityQueue": PriorityQueue,
     "celery_crawl.queue.FifoQueue": FifoQueue,
     "celery_crawl.queue.LifoQueue": LifoQueue,
+    "celery_crawl.queue.LifoPriorityQueue": LifoPriorityQueue,
     # scrapy-redis names, so its SCHEDULER_QUEUE_CLASS settings carry over
     "scrapy_redis.queue.PriorityQueue": PriorityQueue,
     "scrapy_redis.queue.FifoQueue": FifoQueue,
