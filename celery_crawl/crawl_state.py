@@ -16,10 +16,11 @@ one step (with ``SCHEDULER_PERSIST`` off, a new crawl starts with fresh
 stats); ``lua/crawl_start.lua`` tells where the start requests stand;
 ``lua/scheduler_leave.lua`` deletes the hash with the last scheduler.
 
-With ``SCHEDULER_START_REQUESTS = "once"`` (the default), only the scheduler
-that claimed them runs the spider's start requests (:func:`start_once`); the
-others wait, open, until they are all queued, then crawl the queue. If the
-claimant closes or is killed first, a waiting process takes them over.
+With ``SCHEDULER_START_REQUESTS = "once"`` (the default), only the first
+scheduler whose spider's ``start()`` yields anything claims and runs the start
+requests (:func:`start_once`); the others wait, open, until they are all
+queued, then crawl the queue. If the claimant closes or is killed first, a
+waiting process takes them over.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ logger = logging.getLogger(__name__)
 START_MODES = ("once", "every")  # SCHEDULER_START_REQUESTS
 START_POLL_SECONDS = 0.5  # a waiting process asks this often whether the start requests are in
 COUNTS = ("pages", "items", "errors")  # the crawl-wide counts, fields of the crawl's hash
+_NOTHING: Any = object()  # start() yielded nothing
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,6 @@ class Opened:
     """What a scheduler learns when it opens: whom it crawls with, and what it runs."""
 
     others: int  # schedulers open before it: 0 means it began the crawl
-    claimed: bool  # it runs the start requests
     started_ms: int  # the crawl's start, on the server's clock
     now_ms: int  # the server's clock when it opened
 
@@ -64,23 +65,20 @@ class Crawl:
         self.keys = keys
         self.id = scheduler_id
 
-    def open(self, seconds: float, *, fresh_stats: bool, claim_start: bool) -> Opened:
+    def open(self, seconds: float, *, fresh_stats: bool) -> Opened:
         """Register for ``seconds`` and join the crawl, or begin one (``lua/crawl_open.lua``)."""
         keys = [self.keys.open_schedulers, self.keys.crawl, self.keys.stats, self.keys.stats_types]
-        args: list[str | int] = [self.id, max(1, int(seconds * 1000))]
-        args += [int(fresh_stats), int(claim_start)]
-        others, claimed, started, now = scripts.script(self.client, "crawl_open")(
-            keys=keys, args=args
-        )
-        return Opened(int(others), bool(claimed), int(started), int(now))
+        args: list[str | int] = [self.id, max(1, int(seconds * 1000)), int(fresh_stats)]
+        others, started, now = scripts.script(self.client, "crawl_open")(keys=keys, args=args)
+        return Opened(int(others), int(started), int(now))
 
     def start_state(self, done: bool = False) -> str:
-        """The start requests: ``done``, ``running`` (in another scheduler) or ``mine``.
+        """Claim the start requests: ``mine``, ``running`` (in another scheduler) or ``done``.
 
         ``done=True``: this scheduler queued them all.
         """
         keys = [self.keys.open_schedulers, self.keys.crawl]
-        args = [self.id, "done" if done else "check"]
+        args = [self.id, "done" if done else "claim"]
         state = scripts.script(self.client, "crawl_start")(keys=keys, args=args)
         return state.decode() if isinstance(state, bytes) else str(state)
 
@@ -95,18 +93,22 @@ class Crawl:
 
 
 async def start_once(
-    start: AsyncIterator[Any], crawl: Crawl, claimed: bool, queued: Callable[[], None]
+    start: AsyncIterator[Any], crawl: Crawl, queued: Callable[[], None]
 ) -> AsyncIterator[Any]:
     """The spider's start output, in the one process of the crawl that runs it.
 
-    The others wait here (so their engine stays open) until the start requests
-    are all queued, then yield nothing; one takes them over if their claimant
-    closed first. ``queued`` writes what this process buffered, before the
-    others are told the start requests are in.
+    The first process whose ``start()`` yields anything claims the start
+    requests; a process whose ``start()`` yields nothing (a consumer) claims
+    nothing. The others wait here (so their engine stays open) until the start
+    requests are all queued, then yield nothing; one takes them over if their
+    claimant closed first. ``queued`` writes what this process buffered,
+    before the others are told the start requests are in.
     """
-    if not claimed and not await _taken_over(crawl):
+    first = await anext(start, _NOTHING)
+    if first is _NOTHING or not await _runs_here(crawl):
         return
     try:
+        yield first
         async for output in start:
             yield output
     except GeneratorExit:  # dropped before its end (the process stops): another takes over
@@ -117,17 +119,24 @@ async def start_once(
     _end_start(crawl, queued)
 
 
-async def _taken_over(crawl: Crawl) -> bool:
-    """Wait while another process runs the start requests; True if this one must run them.
+async def _runs_here(crawl: Crawl) -> bool:
+    """Claim the start requests; while another process runs them, wait. True: run them here.
 
-    Bounded by that process: it ends them, or it closes or is killed and its
-    registration lapses (at most ``registration_seconds``), and this one takes over.
+    The wait is bounded by that process: it ends them, or it closes or is killed
+    and its registration lapses (at most ``registration_seconds``), and this one
+    takes over.
     """
     from scrapy.utils.asyncio import sleep
 
-    logger.info("start requests run in another process of the crawl: waiting until they are in")
-    while (state := _start_state(crawl)) == "running":
+    state = _start_state(crawl)
+    if state == "mine":
+        logger.info("this process runs the start requests of the crawl")
+        return True
+    if state == "running":
+        logger.info("start requests run in another process of the crawl: waiting until they are in")
+    while state == "running":
         await sleep(START_POLL_SECONDS)
+        state = _start_state(crawl)
     if state == "mine":
         logger.warning("the process running the start requests closed first: this one runs them")
     return state == "mine"

@@ -211,9 +211,7 @@ class Scheduler(BaseScheduler):
         connection.check(self.queue.client)
         if self.flush_on_start:
             self.clear()
-        opened = self.crawl.open(
-            self.registration_seconds, fresh_stats=not self.persist, claim_start=self.starts_once
-        )
+        opened = self.crawl.open(self.registration_seconds, fresh_stats=not self.persist)
         if self.queue.sites.enabled:
             SiteState(self.queue.client, self.queue.keys, self.queue.sites).publish_limits()
         self.df.open()
@@ -223,7 +221,7 @@ class Scheduler(BaseScheduler):
             self._start_maintenance()
             self.heartbeat.start()
             self.jobs.start()
-            self._share_start(opened)
+            self._share_start()
             self._hold_limits(opened)
         if self.crawler is not None:
             check_installed(self.crawler.settings)
@@ -240,15 +238,10 @@ class Scheduler(BaseScheduler):
         """
         return self.start_requests == "once" and not isinstance(self.spider, RedisMixin)
 
-    def _share_start(self, opened: Opened) -> None:
-        """Run the spider's start output here only if this process claimed it; else wait on it."""
-        if not self.starts_once:
-            return
-        if opened.claimed:
-            logger.info("this process runs the start requests of the crawl")
-        self.engine.wrap_start(
-            lambda start: start_once(start, self.crawl, opened.claimed, self.flush)
-        )
+    def _share_start(self) -> None:
+        """Run the spider's start output here only if this process claims it; else wait on it."""
+        if self.starts_once:
+            self.engine.wrap_start(lambda start: start_once(start, self.crawl, self.flush))
 
     def _hold_limits(self, opened: Opened) -> None:
         """``CLOSESPIDER_*`` for the whole crawl (``CLOSESPIDER_SCOPE``)."""

@@ -1,6 +1,6 @@
 -- A scheduler opens: it registers among the open schedulers and joins the crawl
 -- they make, or, when no other is open, begins a new crawl. One step, so two
--- processes opening at once never both begin one, nor both run the start requests.
+-- processes opening at once never both begin one.
 --
 -- KEYS[1]  open schedulers: sorted set, score = registration deadline (include/schedulers.lua)
 -- KEYS[2]  the crawl's hash (celery_crawl.crawl_state): started (ms, server clock), start (the
@@ -10,9 +10,7 @@
 -- ARGV[1]  this scheduler's id
 -- ARGV[2]  milliseconds the registration lasts unless renewed
 -- ARGV[3]  '1': a new crawl starts with fresh stats (KEYS[3], KEYS[4] deleted)
--- ARGV[4]  '1': claim the start requests, unless another scheduler of the crawl has
--- Returns  {schedulers open before this one, 1 if this one runs the start requests,
---           the crawl's start (ms), the server's clock (ms)}
+-- Returns  {schedulers open before this one, the crawl's start (ms), the server's clock (ms)}
 
 --!include schedulers
 
@@ -26,6 +24,5 @@ if others == 0 then  -- nobody else is open: whatever the hash holds is a past c
     redis.call('HSET', crawl, 'started', now)
 end
 schedulers_register(KEYS[1], id, tonumber(ARGV[2]), now)
-local claimed = ARGV[4] == '1' and redis.call('HSETNX', crawl, 'start', id) or 0
 local started = tonumber(redis.call('HGET', crawl, 'started') or now)
-return {others, claimed, started, now}
+return {others, started, now}

@@ -2,13 +2,14 @@
 --
 -- KEYS[1]  open schedulers: sorted set, score = registration deadline (include/schedulers.lua)
 -- KEYS[2]  the crawl's hash: field start holds the id of the scheduler that runs the start
---          requests, or 'done' once they are all queued (lua/crawl_open.lua)
+--          requests, or 'done' once they are all queued
 -- ARGV[1]  this scheduler's id
--- ARGV[2]  'check': where they stand; 'done': this scheduler queued them all
+-- ARGV[2]  'claim': run them, unless another scheduler does or did; 'done': this
+--          scheduler queued them all
 -- Returns  'done'; 'running' while another open scheduler runs them; 'mine' when this
---          one runs them, having taken them over from one that closed or was killed
---          before it was done (its registration lapsed), or from a crawl hash gone
---          (a restarted server)
+--          one runs them: nobody claimed them yet, or the one that did closed or was
+--          killed before it was done (its registration lapsed), or the crawl's hash is
+--          gone (a restarted server)
 
 --!include schedulers
 
