@@ -201,8 +201,9 @@ _ENTRIES = (
     Setting(
         "SCHEDULER_QUEUE_CLASS",
         "celery_crawl.queue.PriorityQueue",
-        "the queue: `PriorityQueue`, `FifoQueue` or `LifoQueue` of `celery_crawl.queue`"
-        " (the scrapy-redis paths mean the same)",
+        "the queue, of `celery_crawl.queue`: `PriorityQueue` (priorities, FIFO within one),"
+        " `LifoPriorityQueue` (priorities, LIFO within one: Scrapy's own default order),"
+        " `FifoQueue` or `LifoQueue` (priority ignored); the scrapy-redis paths mean the same",
         SCHEDULER,
     ),
     Setting(
@@ -217,7 +218,8 @@ _ENTRIES = (
         "SCHEDULER_ALLOWED_MODULES",
         [],
         "modules and packages whose enums, Items, dataclasses and attrs classes may travel in"
-        " meta and cb_kwargs, besides the package of each module of `SPIDER_MODULES`",
+        " meta and cb_kwargs, besides the package of each module of `SPIDER_MODULES` and the"
+        " spider's own module's package (the module itself when in none: `scrapy runspider`)",
         SCHEDULER,
     ),
     Setting(
@@ -234,7 +236,27 @@ _ENTRIES = (
         False,
         "keep the queue and the dedup filter when the spider closes; when false they are deleted"
         " by the last process of the spider to close (processes killed without closing stop"
-        " counting after 3 heartbeats, at least 30 s). Hosted crawlers set it to true",
+        " counting after 3 heartbeats, at least 30 s), and the next crawl starts with fresh shared"
+        " stats. Hosted crawlers set it to true",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_START_REQUESTS",
+        "once",
+        "`once`: the processes open together make one crawl, and only one of them runs the"
+        " spider's start requests while the others wait until they are queued (a RedisSpider"
+        " reads its start key in every process); `every`: each process runs them, as before."
+        " Hosted crawlers set `every` (their start requests run as jobs)",
+        SCHEDULER,
+    ),
+    Setting(
+        "CLOSESPIDER_SCOPE",
+        "crawl",
+        "`crawl`: `CLOSESPIDER_PAGECOUNT`, `_ITEMCOUNT`, `_ERRORCOUNT` and `_TIMEOUT` hold for"
+        " the whole crawl, every process counted (a count limit may be passed by the requests"
+        " downloading when it is reached: up to `CONCURRENT_REQUESTS` per process); `process`:"
+        " each process counts its own, as Scrapy's extension alone does. Hosted crawlers set"
+        " `job`: the limits are each job's own",
         SCHEDULER,
     ),
     Setting(

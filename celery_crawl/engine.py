@@ -1,6 +1,6 @@
 """Everything celery_crawl does with Scrapy's private engine API, in one place.
 
-The scheduler needs two things Scrapy's public API does not give:
+The scheduler needs things Scrapy's public API does not give:
 
 - to know when the engine is **done** with a request (its response went
   through the callback and every request the callback yielded reached the
@@ -12,11 +12,13 @@ The scheduler needs two things Scrapy's public API does not give:
   :class:`~celery_crawl.spiders.RedisSpider` needs to measure idle time while
   it keeps polling for start URLs (``engine.spider_is_idle()`` is false as
   long as ``start()`` runs);
+- to run the spider's **start** output in one process of a crawl only, the
+  others waiting on it (:meth:`EngineHooks.wrap_start`, ``engine._start``);
 - to **wake** the engine's scheduling loop as soon as another process
   pushes work, instead of at its next 5-second heartbeat:
   ``slot.nextcall.schedule(delay)``.
 
-Checked against Scrapy 2.19 (``ExecutionEngine._slot``, a ``_Slot`` with
+Checked against Scrapy 2.19 (``ExecutionEngine._slot``, ``_start``, a ``_Slot`` with
 ``remove_request``, ``nextcall`` and ``scheduler``; ``engine.downloader.active``,
 ``engine.scraper.slot.is_idle()``). If an upgrade removes them, opening
 the scheduler fails with a :class:`~celery_crawl.errors.ConfigError`
@@ -64,6 +66,33 @@ class EngineHooks:
             callback(request)
 
         slot.remove_request = remove_and_notify
+
+    def wrap_start(self, wrapper: Callable[[Any], Any]) -> None:
+        """Put ``wrapper(start)`` in place of the spider's start output the engine reads.
+
+        The engine takes ``start()`` from the spider middlewares just before it
+        opens the scheduler, and reads it afterwards; a spider whose start
+        output is already read (or none) is left alone.
+        """
+        engine = self.engine
+        if engine is None:
+            return
+        if not hasattr(engine, "_start"):
+            raise ConfigError(
+                "this Scrapy version's engine has no start output to share out "
+                f"(celery_crawl was checked against Scrapy {CHECKED_SCRAPY}); set "
+                'SCHEDULER_START_REQUESTS = "every"'
+            )
+        if engine._start is not None:
+            engine._start = wrapper(engine._start)
+
+    def close(self, reason: str) -> None:
+        """Close the spider with ``reason``, as Scrapy's ``CloseSpider`` extension does."""
+        from scrapy.utils.defer import deferred_from_coro
+
+        engine = self.engine
+        if engine is not None and engine.spider is not None:
+            deferred_from_coro(engine.close_spider_async(reason=reason))
 
     def wake(self, delay: float = 0.0) -> None:
         """Ask the engine for its next request ``delay`` seconds from now (no-op when closed)."""

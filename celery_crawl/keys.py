@@ -117,7 +117,8 @@ class SpiderKeys:
     Queue layout (see ``celery_crawl.queue``): ``queue`` is a sorted set of
     priority levels, ``queue:<priority>`` one list per level, ``queue:inflight``
     the leases, ``queue:seq`` the lease counter, ``queue:signal`` the wake-up list,
-    ``queue:schedulers`` the processes that have the queue open, ``queue:parked``
+    ``queue:schedulers`` the processes that have the queue open, ``queue:crawl`` the
+    crawl they make together, ``queue:parked``
     the entries parked under their site; ``site_prefix`` holds the group's sites
     (``celery_crawl.sites``).
     """
@@ -152,6 +153,11 @@ class SpiderKeys:
     def open_schedulers(self) -> str:
         """Sorted set of the schedulers open on the queue, score = registration deadline (ms)."""
         return self.queue + ":schedulers"
+
+    @property
+    def crawl(self) -> str:
+        """Hash: the crawl the open schedulers make together (``celery_crawl.crawl_state``)."""
+        return self.queue + ":crawl"
 
     @property
     def site_prefix(self) -> str:

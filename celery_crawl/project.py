@@ -40,6 +40,10 @@ HOSTED_SETTINGS: dict[str, Any] = {
     "STATS_CLASS": "celery_crawl.stats.RedisStatsCollector",
     # hosted crawlers share the queue: never delete it when one stops
     "SCHEDULER_PERSIST": True,
+    # a job's requests run in whichever process leases them: no crawl-wide start requests
+    "SCHEDULER_START_REQUESTS": "every",
+    # CLOSESPIDER_* are each job's own limits (celery_crawl.jobs.LIMITS), not the crawler's
+    "CLOSESPIDER_SCOPE": "job",
     "TELNETCONSOLE_ENABLED": False,
     "REMOTE_CONTROL_ENABLED": False,
 }

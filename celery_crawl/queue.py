@@ -4,7 +4,8 @@ Redis layout, for a queue key ``Q`` (see :mod:`celery_crawl.keys`):
 
 - ``Q``           sorted set of the priority levels in use, score = -priority,
                   so the lowest score is the highest priority;
-- ``Q:<p>``       a list per level, holding encoded requests in arrival order;
+- ``Q:<p>``       a list per level, holding encoded requests in arrival order (popped
+                  at the head, FIFO, or at the tail, LIFO: the class's ``pop_side``);
 - ``Q:inflight``  sorted set of leases, score = deadline in unix ms;
 - ``Q:seq``       lease counter;
 - ``Q:signal``    short list of wake-up tokens for blocked pops, and the pub/sub
@@ -370,10 +371,13 @@ class Base:
     def leave(self, scheduler_id: str, clear: bool) -> tuple[int, int]:
         """Unregister a scheduler; with ``clear``, the last one open clears queue and dedup.
 
+        The last one also ends the crawl they made (``celery_crawl.crawl_state``), ``clear`` or not.
+
         Returns (schedulers still open, keys deleted), in one atomic step.
         """
         keys = [self.keys.open_schedulers, *self._queue_keys()]
         keys += [self.keys.dupefilter, self.keys.dupefilter_count, self.keys.job_prefix]
+        keys += [self.keys.crawl]
         args = [scheduler_id, 1 if clear else 0, *self.dedup.params]
         script = self._script("scheduler_leave", dupefilter=self.dedup.lua)
         still_open, deleted = script(keys=keys, args=args)
@@ -397,10 +401,23 @@ class LifoQueue(Base):
     pop_side = "tail"
 
 
+class LifoPriorityQueue(Base):
+    """Higher ``priority`` first; last in, first out among equal priorities: Scrapy's own order.
+
+    Scrapy's default scheduler queues (``ScrapyPriorityQueue`` over
+    ``LifoMemoryQueue``) crawl depth-first within a priority. The levels are
+    the same lists as :class:`PriorityQueue`'s: the lease script pops a level
+    at its tail, and a request handed back goes back to the tail.
+    """
+
+    pop_side = "tail"
+
+
 QUEUE_CLASSES: dict[str, type[Base]] = {
     "celery_crawl.queue.PriorityQueue": PriorityQueue,
     "celery_crawl.queue.FifoQueue": FifoQueue,
     "celery_crawl.queue.LifoQueue": LifoQueue,
+    "celery_crawl.queue.LifoPriorityQueue": LifoPriorityQueue,
     # scrapy-redis names, so its SCHEDULER_QUEUE_CLASS settings carry over
     "scrapy_redis.queue.PriorityQueue": PriorityQueue,
     "scrapy_redis.queue.FifoQueue": FifoQueue,

@@ -59,6 +59,7 @@ def fixed_keys(keys: SpiderKeys) -> dict[str, str]:
         keys.signal: "list",
         keys.seq: "counter",
         keys.open_schedulers: "zset",
+        keys.crawl: "hash",
         keys.parked: "zset",
         keys.stats_types: "hash",
         keys.deadletter: "list",

@@ -55,6 +55,8 @@ from celery_crawl import compat, connection, politeness
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.cookies import check_installed
+from celery_crawl.crawl_limits import CrawlLimits
+from celery_crawl.crawl_state import START_MODES, Crawl, Opened, start_once
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
@@ -70,6 +72,7 @@ from celery_crawl.repair import Repairer
 from celery_crawl.routing import Router, target_of
 from celery_crawl.serializer import Codec, codec_from_settings
 from celery_crawl.sites import SitePolicy, SiteState
+from celery_crawl.spiders import RedisMixin
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -99,6 +102,7 @@ class Scheduler(BaseScheduler):
         crawler: Crawler | None = None,
         persist: bool = SETTINGS["SCHEDULER_PERSIST"].default,
         flush_on_start: bool = SETTINGS["SCHEDULER_FLUSH_ON_START"].default,
+        start_requests: str = SETTINGS["SCHEDULER_START_REQUESTS"].default,
         idle_before_close: float = SETTINGS["SCHEDULER_IDLE_BEFORE_CLOSE"].default,
         prefetch: int = SETTINGS["SCHEDULER_PREFETCH"].default,
         batch_size: int = SETTINGS["SCHEDULER_BATCH_SIZE"].default,
@@ -117,6 +121,11 @@ class Scheduler(BaseScheduler):
         self.stats = crawler.stats if crawler is not None else None
         self.persist = persist
         self.flush_on_start = flush_on_start
+        if start_requests not in START_MODES:
+            raise ConfigError(
+                f"SCHEDULER_START_REQUESTS is {start_requests!r}: use 'once' or 'every'"
+            )
+        self.start_requests = start_requests
         self.idle_before_close = idle_before_close
         self.requeue_interval = requeue_interval
         self.spider: Spider | None = None
@@ -142,6 +151,8 @@ class Scheduler(BaseScheduler):
         self._ready_call: Any = None  # the engine's wake-up when a parked site is due
         self._open = False
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
+        self.crawl = Crawl(queue.client, queue.keys, self.id)
+        self.limits: CrawlLimits | None = None  # CLOSESPIDER_* for the whole crawl
         self._dropped_kinds: set[str] = set()  # logged once per kind
         self._closing: dict[str, str] = {}  # job -> reason: CloseSpider, closed at the ack
         self.jobs = Participation(
@@ -173,7 +184,7 @@ class Scheduler(BaseScheduler):
         return cls(
             queue,
             dupefilter,
-            codec_from_settings(settings),
+            codec_from_settings(settings, crawler.spidercls),
             crawler=crawler,
             router=Router(queue, settings),
             group=[
@@ -182,6 +193,7 @@ class Scheduler(BaseScheduler):
             ],
             persist=setting(settings, "SCHEDULER_PERSIST"),
             flush_on_start=setting(settings, "SCHEDULER_FLUSH_ON_START"),
+            start_requests=setting(settings, "SCHEDULER_START_REQUESTS"),
             idle_before_close=setting(settings, "SCHEDULER_IDLE_BEFORE_CLOSE"),
             prefetch=setting(settings, "SCHEDULER_PREFETCH"),
             batch_size=setting(settings, "SCHEDULER_BATCH_SIZE"),
@@ -197,7 +209,7 @@ class Scheduler(BaseScheduler):
         connection.check(self.queue.client)
         if self.flush_on_start:
             self.clear()
-        self.queue.join(self.id, self.registration_seconds)
+        opened = self.crawl.open(self.registration_seconds, fresh_stats=not self.persist)
         if self.queue.sites.enabled:
             SiteState(self.queue.client, self.queue.keys, self.queue.sites).publish_limits()
         self.df.open()
@@ -210,11 +222,34 @@ class Scheduler(BaseScheduler):
                 self.queue.keys.signal, self._on_push
             )
             self.jobs.start()
+            self._share_start()
+            self._hold_limits(opened)
         if self.crawler is not None:
             check_installed(self.crawler.settings)
             politeness.check_installed(self.crawler.settings)
             self.job_stats.connect(self.crawler.signals)
             self.crawler.signals.connect(self.close_job, signal=job_close)
+
+    @property
+    def starts_once(self) -> bool:
+        """Whether one process of the crawl runs the start requests (``SCHEDULER_START_REQUESTS``).
+
+        Not a :class:`~celery_crawl.spiders.RedisSpider`: its ``start()`` pops the
+        start key, in every process, for as long as it runs.
+        """
+        return self.start_requests == "once" and not isinstance(self.spider, RedisMixin)
+
+    def _share_start(self) -> None:
+        """Run the spider's start output here only if this process claims it; else wait on it."""
+        if self.starts_once:
+            self.engine.wrap_start(lambda start: start_once(start, self.crawl, self.flush))
+
+    def _hold_limits(self, opened: Opened) -> None:
+        """``CLOSESPIDER_*`` for the whole crawl (``CLOSESPIDER_SCOPE``)."""
+        if self.crawler is not None:
+            self.limits = CrawlLimits.for_crawler(self.crawler, self.crawl)
+        if self.limits is not None:
+            self.limits.start(opened)
 
     def release_held(self) -> None:
         """Hand the prefetched leases back; a refusal (a damaged key) is repaired, tried
@@ -236,6 +271,8 @@ class Scheduler(BaseScheduler):
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
         self.heartbeat.stop()
+        if self.limits is not None:
+            self.limits.stop()
         self.flush()
         self.release_held()
         self.prefetch.clear()
@@ -440,6 +477,8 @@ class Scheduler(BaseScheduler):
     # -- dequeue -----------------------------------------------------------
 
     def next_request(self) -> Request | None:
+        if self.limits is not None and self.limits.reason is not None:
+            return None  # the crawl reached a CLOSESPIDER_* limit: this process closes
         while (lease := self._next_lease()) is not None:
             try:
                 job = lease.job

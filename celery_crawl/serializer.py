@@ -454,23 +454,27 @@ def codec_from_name(
     return CODECS[key](tags.Classes(allowed_modules), secret)
 
 
-def codec_from_settings(settings: Any) -> Codec:
+def codec_from_settings(settings: Any, spidercls: type | None = None) -> Codec:
     """The codec ``SCHEDULER_SERIALIZER`` names, with its allowed modules or its secret."""
     secret = setting(settings, "SCHEDULER_PICKLE_SECRET") or os.environ.get(
         "SCHEDULER_PICKLE_SECRET"
     )
     return codec_from_name(
         setting(settings, "SCHEDULER_SERIALIZER"),
-        allowed_modules=allowed_modules(settings),
+        allowed_modules=allowed_modules(settings, spidercls),
         secret=secret,
     )
 
 
-def allowed_modules(settings: Any) -> list[str]:
-    """``SCHEDULER_ALLOWED_MODULES``, and the package of each module of ``SPIDER_MODULES``.
+def allowed_modules(settings: Any, spidercls: type | None = None) -> list[str]:
+    """``SCHEDULER_ALLOWED_MODULES``, the package of each module of ``SPIDER_MODULES``, and
+    the spider's own module's package (the module itself when it is in none).
 
-    ``SPIDER_MODULES = ["myproject.spiders"]`` allows ``myproject`` and what is below it.
+    ``SPIDER_MODULES = ["myproject.spiders"]`` allows ``myproject`` and what is below it;
+    ``scrapy runspider myspider.py`` allows ``myspider``, where its Items are.
     """
     spiders = settings.getlist("SPIDER_MODULES") if hasattr(settings, "getlist") else []
+    if spidercls is not None:
+        spiders = [*spiders, spidercls.__module__]
     packages = [name.rpartition(".")[0] or name for name in spiders]
     return [*packages, *setting(settings, "SCHEDULER_ALLOWED_MODULES")]

@@ -8,6 +8,11 @@ Changes are buffered in the process and written by one Lua script call
 (``lua/stats_update.lua``) every ``STATS_FLUSH_INTERVAL`` seconds, when the
 buffer grows past ``STATS_FLUSH_MAX_OPS``, before any read, and at close.
 
+The hash holds the crawl's stats: every process's changes, added up. With
+``SCHEDULER_PERSIST`` off, a new crawl (:mod:`celery_crawl.crawl_state`) starts
+it afresh. A collector also keeps its own process's values (:attr:`own`), and
+its closing dump shows both, each under its own heading.
+
 Each call carries the collector's number for it. A call that Redis ran but
 whose reply was lost (Redis stopped, a connection cut) is sent again by the
 client, and by the collector when the client gave up: its number makes the
@@ -117,6 +122,7 @@ class RedisStatsCollector(StatsCollector):
         self.writer = uuid.uuid4().hex  # numbers this collector's calls (lua/stats_update.lua)
         self._calls = 0
         self.unconfirmed: tuple[int, list[str]] | None = None  # failed: sent again first
+        self.own: StatsT = {}  # this process's own values, as Scrapy's MemoryStatsCollector
 
     def _queue(self, op: str, key: str, value: Any) -> None:
         if key in self._increments:  # keep the order: an earlier increment first
@@ -129,17 +135,21 @@ class RedisStatsCollector(StatsCollector):
     def inc_value(self, key: str, count: int = 1, start: int = 0, spider: Any = None) -> None:
         if start:
             self._queue("setnx", key, start)
+        self.own[key] = self.own.get(key, start) + count
         self._increments[key] = self._increments.get(key, 0) + count
         if len(self._increments) + len(self._ops) >= self.max_ops:
             self.flush()
 
     def set_value(self, key: str, value: Any, spider: Any = None) -> None:
+        self.own[key] = value
         self._queue("set", key, value)
 
     def max_value(self, key: str, value: Any, spider: Any = None) -> None:
+        self.own[key] = max(self.own.setdefault(key, value), value)
         self._queue("max", key, value)
 
     def min_value(self, key: str, value: Any, spider: Any = None) -> None:
+        self.own[key] = min(self.own.setdefault(key, value), value)
         self._queue("min", key, value)
 
     def set_stats(self, stats: StatsT, spider: Any = None) -> None:
@@ -148,6 +158,7 @@ class RedisStatsCollector(StatsCollector):
             self.set_value(key, value)
 
     def clear_stats(self, spider: Any = None) -> None:
+        self.own.clear()
         self._increments.clear()
         self._ops = [("clear", "", "", "")]
 
@@ -221,7 +232,22 @@ class RedisStatsCollector(StatsCollector):
             self._loop.stop()
         self.flush()
         if self._dump:
-            logger.info("Dumping Scrapy stats:\n%s", self, extra={"spider": self._crawler.spider})
+            self._dump_stats()
+
+    def _dump_stats(self) -> None:
+        """This process's own values, then the crawl's (every process's, from Redis)."""
+        import pprint
+
+        spider = {"spider": self._crawler.spider}
+        logger.info(
+            "Dumping Scrapy stats, this process only:\n%s", pprint.pformat(self.own), extra=spider
+        )
+        logger.info(
+            "Dumping Scrapy stats, the whole crawl (every process, Redis hash %s):\n%s",
+            self.keys.stats,
+            self,
+            extra=spider,
+        )
 
     def __str__(self) -> str:
         import pprint

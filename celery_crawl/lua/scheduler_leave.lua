@@ -11,6 +11,8 @@
 -- KEYS[6]  dupefilter key (the filter's other keys are derived from it)
 -- KEYS[7]  dupefilter count
 -- KEYS[8]  job key prefix (the group's site prefix is derived from it)
+-- KEYS[9]  the crawl's hash (lua/crawl_open.lua): deleted with the last scheduler, whatever
+--          ARGV[2], so that the next process to open begins a new crawl
 -- ARGV[1]  this scheduler's id
 -- ARGV[2]  1: clear the queue and the dedup filter if no other scheduler is open; 0: never
 -- then     the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
@@ -27,6 +29,7 @@ local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. now_ms)
 local open = redis.call('ZCARD', KEYS[1])
+if open == 0 then redis.call('DEL', KEYS[9]) end
 if open > 0 or ARGV[2] ~= '1' then return {open, 0} end
 
 local function delete(key) return redis.call('DEL', key) end

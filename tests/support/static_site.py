@@ -14,7 +14,9 @@
   cookie ``member-NAME``; ``/members/{n}.html``: 200 with such a cookie (its
   ``<h1 data-user="NAME">`` says whose), 403 without.
 
-Every request is recorded (``hits``: path -> count) so a test can check that
+With a ``gate`` (a ``threading.Event``), every answer waits until it is set
+(at most ``GATE_SECONDS``): a test holds a crawl back until all its processes
+are open. Every request is recorded (``hits``: path -> count) so a test can check that
 each page was fetched, and fetched once; so is every answer's status
 (``statuses``: status -> count). Bounded: a ``ThreadingHTTPServer`` on
 127.0.0.1, stopped when the context manager exits.
@@ -34,6 +36,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 SESSION = "session=member-"  # followed by the user's name
+GATE_SECONDS = 60.0  # the longest an answer waits for its gate
 
 
 @dataclass
@@ -43,6 +46,7 @@ class StaticSite:
     url: str = ""
     hits: Counter[str] = field(default_factory=Counter)
     statuses: Counter[int] = field(default_factory=Counter)
+    gate: threading.Event | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def links(self, n: int) -> list[int]:
@@ -128,6 +132,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         self.site.record(path)
+        if self.site.gate is not None:
+            self.site.gate.wait(GATE_SECONDS)
         body = self.body_for(path)
         if body is None:
             self.answer(404, "text/plain", "not found")

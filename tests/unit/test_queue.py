@@ -8,9 +8,16 @@ import pytest
 import redis
 
 from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Base, Entry, FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.queue import (
+    Base,
+    Entry,
+    FifoQueue,
+    LifoPriorityQueue,
+    LifoQueue,
+    PriorityQueue,
+)
 
-QUEUE_CLASSES = [PriorityQueue, FifoQueue, LifoQueue]
+QUEUE_CLASSES = [PriorityQueue, FifoQueue, LifoQueue, LifoPriorityQueue]
 
 
 @pytest.fixture(params=QUEUE_CLASSES, ids=lambda cls: cls.__name__)
@@ -164,6 +171,20 @@ def test_fifo_and_lifo_order(client: redis.Redis, prefix: str) -> None:
     lifo = LifoQueue(client, SpiderKeys.build("other", prefix=prefix))
     lifo.push_many([Entry(b"1"), Entry(b"2"), Entry(b"3")])
     assert payloads(lifo.pop(count=3)) == [b"3", b"2", b"1"]
+
+
+def test_lifo_within_a_priority_and_priorities_honoured_as_scrapy_does(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue = LifoPriorityQueue(client, SpiderKeys.build("forum", prefix=prefix), lease_seconds=60)
+    queue.push_many([Entry(b"a"), Entry(b"b"), Entry(b"c", priority=5), Entry(b"d")])
+    queue.push_many([Entry(b"e", priority=5), Entry(b"low", priority=-1)])
+    (first,) = queue.pop()
+    assert first.payload == b"e"
+    queue.release([first.member])  # handed back: taken first again
+    assert payloads(queue.pop(count=2)) == [b"e", b"c"]
+    queue.push(b"f")
+    assert payloads(queue.pop(count=10)) == [b"f", b"d", b"b", b"a", b"low"]
 
 
 def test_lease_carries_its_priority(client: redis.Redis, prefix: str) -> None:

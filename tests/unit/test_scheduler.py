@@ -312,12 +312,27 @@ def test_rich_meta_comes_back_equal_through_another_scheduler(make_crawler: Any)
     assert same(leased.cb_kwargs, {"m": meta})
 
 
+class OutsideSpider(ForumSpider):
+    name = "outside"
+
+
+def test_a_class_of_the_spiders_own_package_travels(make_crawler: Any) -> None:
+    from tests.support.rich_values import Product
+
+    scheduler = open_scheduler(make_crawler())  # ForumSpider, of tests.support.stub_spider
+    assert scheduler.enqueue_request(Request("http://127.0.0.1/x", meta={"p": Product()}))
+    scheduler.flush()
+    leased = scheduler.next_request()
+    assert leased is not None
+    assert isinstance(leased.meta["p"], Product)
+
+
 def test_a_class_outside_the_allowed_modules_is_dropped_with_the_reason(
     make_crawler: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
     from tests.support.rich_values import Product
 
-    crawler = make_crawler()
+    crawler = make_crawler(OutsideSpider)  # its own package, tests.unit, is allowed: not tests
     scheduler = open_scheduler(crawler)
     assert not scheduler.enqueue_request(Request("http://127.0.0.1/x", meta={"p": Product()}))
     scheduler.flush()
