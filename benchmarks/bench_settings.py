@@ -1,12 +1,16 @@
 """The forum app's settings for the benchmark: items go to JSON-lines files."""
 
+from benchmarks.many_spiders import IDLE_NAMES
 from tasks.settings import *  # noqa: F403
 
 LOG_LEVEL = "INFO"
 
-# the anchors run one spider at concurrency 32 per process: so does celery_crawl
+# the anchors run one spider at concurrency 32 per process: so does celery_crawl. Its
+# workers host the forum app's two spiders, and with BENCH_HOSTED_SPIDERS, idle ones
+# beside them (benchmarks/many_spiders.py), as a worker of a larger project does.
 FORUM_DETAIL_SPIDER = None
-CELERY_CRAWL_SPIDERS = ["forum"]
+SPIDER_MODULES = [*SPIDER_MODULES, "benchmarks.many_spiders"]  # noqa: F405
+CELERY_CRAWL_SPIDERS = ["forum", "forum_detail", *IDLE_NAMES]
 
 # the sites are unlimited, but the per-site limiter runs: every lease counts against a cap
 # that is never reached, and every download passes the site check. The system

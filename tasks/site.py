@@ -528,6 +528,7 @@ class DemoSite:
         self.requests_by_kind: Counter[str] = Counter()
         self.requests_by_path: Counter[str] = Counter()
         self.last_request_at: dict[str, float] = {}  # path -> time.monotonic()
+        self.answered_paths: set[str] = set()  # answered for good: no fault, neither 503 nor cut
         self.first_request_time: float | None = None
         self.responses_by_status: Counter[int] = Counter()
         self.log = ArrivalLog()
@@ -598,6 +599,7 @@ class DemoSite:
         status, body = render(self.config, request.path)
         if status == 200 and self._draw(self.config.malformed_rate):
             return status, body[: len(body) // 2]  # a cut JSON object never parses
+        self.answered_paths.add(request.path)
         return status, body
 
     def _draw(self, rate: float) -> bool:
