@@ -25,6 +25,7 @@ def doc_layers() -> dict[str, int]:
     layers = {}
     for number, modules in re.findall(r"^\| (\d) [^|]+\|[^|]+\|([^|]+)\|$", DOC, re.MULTILINE):
         for module in re.findall(r"`(\w+)`", modules):
+            assert module not in layers, f"{module} is in two rows of the layer table"
             layers[module] = int(number)
     return layers
 
