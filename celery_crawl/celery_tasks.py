@@ -137,6 +137,7 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
         project.keys(spider),
         job_cap=setting(settings, "PRODUCER_JOB_CAP"),
         queue_cap=setting(settings, "PRODUCER_QUEUE_CAP"),
+        group=project.job_spans(spider),
     )
 
     limits = setting(settings, "PRODUCER_LIMITS") or None

@@ -444,7 +444,7 @@ _ENTRIES = (
     Setting(
         "PRODUCER_QUEUE_CAP",
         100_000,
-        "produce nothing while the spider's queue holds at least this many requests",
+        "produce nothing while the queues of the spider's group hold this many requests",
         PRODUCER,
     ),
     Setting(

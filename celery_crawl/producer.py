@@ -4,8 +4,10 @@ Each tick reserves sources atomically (``lua/produce.lua``):
 
 - jobs produced and not finished stay under ``PRODUCER_JOB_CAP``; the
   producer adds only the difference;
-- nothing is produced while the spider's queue holds ``PRODUCER_QUEUE_CAP``
-  requests or more, so a queue whose consumers fell behind stays at the cap;
+- nothing is produced while the queues of the spider's group (its own and those
+  of the spiders its requests are routed to, ``CELERY_CRAWL_SPIDER_GROUPS``)
+  hold ``PRODUCER_QUEUE_CAP`` requests or more together, so queues whose
+  consumers fell behind stay at the cap;
 - a source whose previous job is still queued or running is skipped;
 - a cursor in Redis makes successive ticks go round-robin through the
   sources, so with more sources than the cap, every one is still produced
@@ -31,7 +33,6 @@ from celery_crawl import scripts
 from celery_crawl.defaults import SETTINGS
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Base
 from celery_crawl.repair import repair
 
 logger = logging.getLogger(__name__)
@@ -47,21 +48,21 @@ class Tick:
 
 
 class Producer:
+    """Produces jobs of ``keys``' spider; ``group`` is every spider of its group (default: it)."""
+
     def __init__(
         self,
         client: redis.Redis,
         keys: SpiderKeys,
         job_cap: int = SETTINGS["PRODUCER_JOB_CAP"].default,
         queue_cap: int = SETTINGS["PRODUCER_QUEUE_CAP"].default,
+        group: Sequence[SpiderKeys] = (),
     ) -> None:
         self.client = client
         self.keys = keys
         self.job_cap = job_cap
         self.queue_cap = queue_cap
-
-    def queue_length(self) -> int:
-        """Requests waiting in the spider's queue (any queue class counts the same way)."""
-        return len(Base(self.client, self.keys))
+        self.group = list(group) or [keys]
 
     def sources(self, configured: Sequence[str]) -> list[str]:
         """The Redis set when it exists, else the configured list; in a stable order."""
@@ -74,19 +75,22 @@ class Producer:
         return sorted(m.decode() for m in members) if members else list(configured)
 
     def reserve(self, sources: Sequence[str]) -> Tick:
-        """Reserve the sources to produce now, atomically, with fresh job ids."""
-        queued = self.queue_length()
+        """Reserve the sources to produce now, atomically, with fresh job ids.
+
+        The queue length the cap is checked against is read in the same script.
+        """
         job_ids = [uuid.uuid4().hex for _ in sources]
         keys = [
             self.keys.producer_running,
             self.keys.producer_cursor,
             self.keys.stats,
             self.keys.job_prefix,
+            *(member.queue for member in self.group),
         ]
-        args: list[Any] = [self.job_cap, queued, self.queue_cap, len(sources), *sources, *job_ids]
-        flat = scripts.script(self.client, "produce")(keys=keys, args=args)
+        args: list[Any] = [self.job_cap, self.queue_cap, len(sources), *sources, *job_ids]
+        queued, *flat = scripts.script(self.client, "produce")(keys=keys, args=args)
         pairs = [(flat[i].decode(), flat[i + 1].decode()) for i in range(0, len(flat), 2)]
-        return Tick(pairs, len(sources), queued)
+        return Tick(pairs, len(sources), int(queued))
 
     def release(self, source: str) -> None:
         """Give a reservation back when its job could not be started."""

@@ -8,6 +8,8 @@ only a worker of that app is touched, and only once it is built. The step:
   (``worker_process_init``), or in the worker's own process for the solo and
   threads pools (``worker_ready``, once logging is configured); a worker whose
   crawlers cannot open stops instead of idling without them;
+- gives the worker the Redis broker transport that survives a broker restart
+  (:mod:`celery_crawl.broker`), before its consumer connects;
 - flags a warm shutdown in Redis, so the worker's job trackers hand their
   tasks back to the broker (``worker_shutting_down``);
 - closes the crawlers at shutdown, handing their leases back;
@@ -27,7 +29,7 @@ from typing import Any, ClassVar
 
 from celery import bootsteps, signals
 
-from celery_crawl import logcontext
+from celery_crawl import broker, logcontext
 from celery_crawl.client import find_job
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.keys import stopping_worker
@@ -58,6 +60,8 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         for name, handler in self.listens.items():
             getattr(signals, name).connect(getattr(self, handler), weak=False)
         install_cooperative_revoke(self.app)
+        conf = self.app.conf
+        conf.broker_transport = broker.worker_transport(conf.broker_url, conf.broker_transport)
 
     @property
     def project(self) -> Project:

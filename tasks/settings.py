@@ -42,7 +42,7 @@ FEED_URI_PARAMS = "tasks.feeds.uri_params"
 
 # Celery beat runs the producer every PRODUCER_PERIOD seconds: one job per forum
 # below (or per member of the Redis set the producer documents), at most
-# PRODUCER_JOB_CAP jobs at once, none while the queue holds PRODUCER_QUEUE_CAP.
+# PRODUCER_JOB_CAP jobs at once, none while the group's queues hold PRODUCER_QUEUE_CAP.
 PRODUCER_SPIDERS = ["forum"]
 PRODUCER_SOURCES = ["00001", "00002", "00003"]
 PRODUCER_PERIOD = 60.0

@@ -103,13 +103,54 @@ def test_job_wait_rides_out_a_redis_restart(
         expected = FORUM.expected()
         assert isinstance(result, dict), result
         assert result["state"] == "done"
-        # nothing lost; a page may be crawled twice: a lease can lapse in a 3 s outage, and
-        # kombu may stop the worker's main process (docs/deployment.md), and with it the
-        # pool process that is not running the job, before it has acked
+        # nothing lost; a page may be crawled twice: a lease can lapse in a 3 s outage
         assert result["items"] >= expected.posts + expected.comments
         assert result["pages"] >= expected.pages
     finally:
         worker.stop()
+
+
+def test_the_worker_keeps_taking_tasks_after_three_redis_restarts(
+    persistent_redis: ValkeyServer, restart_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """Restarts while a job task runs: the main process reconnects each time, takes new tasks."""
+    app = create_app("worker_app", WORKER_SETTINGS)
+    worker = Worker("restarts", restart_env, tmp_path / "worker.log")
+    try:
+        worker.wait_ready()
+        forum = crawl("forum", [{"forum_id": f} for f in FORUM.forum_ids()], app=app)
+        for _ in range(3):  # each outage while the job task runs, acks_late and unacknowledged
+            restart(persistent_redis, down=1.0)
+            wait_for_line(worker, "Connected to ", count=_ + 2, seconds=60)
+        result = forum.wait(timeout=180)
+        assert result["state"] == "done"
+        expected = FORUM.expected()
+        assert result["items"] >= expected.posts + expected.comments
+        # a task sent after the restarts: only a consuming main process gives it a result
+        after = crawl("paths", [{"chain": "after", "length": 2}], app=app)
+        assert wait_for_result(app, after.id, 90)["status"] == "SUCCESS", worker.output()[-3000:]
+        assert worker.proc.poll() is None
+        assert "Unrecoverable error" not in worker.output()
+    finally:
+        worker.stop()
+
+
+def restart(server: ValkeyServer, down: float) -> None:
+    port = server.port
+    server.stop()
+    time.sleep(down)
+    server.start()  # same port, same data directory
+    assert server.port == port
+
+
+def wait_for_line(worker: Worker, text: str, count: int, seconds: float) -> None:
+    """Until the worker's log holds ``text`` ``count`` times (it connected again)."""
+    deadline = time.monotonic() + seconds
+    while worker.output().count(text) < count:
+        log = worker.output()
+        assert time.monotonic() < deadline and worker.proc.poll() is None, log[-3000:]
+        assert "Unrecoverable error" not in log, log[-3000:]
+        time.sleep(0.2)
 
 
 @pytest.mark.usefixtures("restart_env")

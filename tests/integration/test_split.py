@@ -16,7 +16,7 @@ from celery_crawl import crawl
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.project import project_of
-from celery_crawl.queue import PriorityQueue
+from celery_crawl.queue import Entry, PriorityQueue
 from celery_crawl.routing import Router
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
 from tests.support.workers import Worker
@@ -101,3 +101,22 @@ def test_routing_outside_the_group_is_refused_with_a_clear_error(redis_url: str)
     assert router.queue("forum_detail").keys.spider == "forum_detail"
     with pytest.raises(ConfigError, match="not in its group 'forum'"):
         router.queue("news")
+
+
+@pytest.mark.usefixtures("env")
+def test_the_producer_cap_counts_every_queue_of_the_group() -> None:
+    """Detail requests waiting in ``forum_detail``'s queue hold the ``forum`` producer back."""
+    from celery_crawl import create_app
+    from celery_crawl.client import PRODUCE_TASK
+    from tests.support.workers import WORKER_SETTINGS
+
+    cap = 200
+    app = create_app("worker_app", WORKER_SETTINGS, settings={"PRODUCER_QUEUE_CAP": cap})
+    project = project_of(app)
+    detail = project.queue("forum_detail")
+    detail.push_many([Entry(f"detail-{i}".encode()) for i in range(cap)])  # nobody consumes
+    assert len(project.queue("forum")) == 0
+    tick = app.tasks[PRODUCE_TASK].apply(args=("forum",)).get(timeout=60)
+    assert tick["queued"] == cap and tick["produced"] == {}
+    stats = project.client.hgetall(project.keys("forum").stats)
+    assert int(stats[b"producer/held_back"]) == len(project.settings.getlist("PRODUCER_SOURCES"))

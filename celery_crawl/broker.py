@@ -1,0 +1,60 @@
+"""The Celery broker transport of a celery_crawl worker: kombu's Redis transport, one fix over it.
+
+A worker built from a ``create_app`` app whose broker is a ``redis://`` URL uses
+:class:`Transport` (``broker_transport``, set by :class:`~celery_crawl.worker.CrawlerHosting`).
+
+The fix (kombu 5.7.0, the latest release; Celery 5.7): when the broker connection
+drops, Celery's consumer first *collects* the connection, which drops the transport's
+reference to its connection settings (``transport.client = None``), then *closes*
+it. The close gives the running ``acks_late`` job task's message back
+(``restore_unacked``) through a new client, built from the settings that are gone:
+``AttributeError: 'NoneType' object has no attribute 'hostname'``. That is no
+connection error, so Celery treats it as unrecoverable and the worker's main process
+stops taking tasks. The task's own ack, once its job ends, fails the same way.
+
+Here a transport keeps its connection settings for its whole life, so the give-back
+is a plain Redis call: with the server still down it fails with a connection error,
+which Celery ignores while it reconnects (the message then stays in kombu's unacked
+set until the task acks it, or until kombu's visibility timeout gives it back); with
+the server back it succeeds, and another worker joins the job again (idempotent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu.transport import redis as kombu_redis
+
+# the broker URL schemes this transport serves; ``rediss`` keeps kombu's own, whose TLS
+# defaults kombu derives from that name (docs/deployment.md)
+SCHEMES = ("redis",)
+TRANSPORT = "celery_crawl.broker:Transport"
+
+
+class Channel(kombu_redis.Channel):
+    def _connparams(self, asynchronous: bool = False) -> Any:
+        transport = self.connection
+        if transport.client is None:  # collected after the connection was lost
+            transport.client = transport.settings
+        return super()._connparams(asynchronous=asynchronous)  # type: ignore[no-untyped-call]
+
+
+class Transport(kombu_redis.Transport):
+    """kombu's Redis transport whose channels can reach the server after a collect."""
+
+    Channel = Channel
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
+        self.settings = client  # the kombu Connection: host, port, password, options
+
+
+def worker_transport(broker_url: Any, configured: Any) -> Any:
+    """The ``broker_transport`` a worker should use: this one for a plain Redis URL.
+
+    A transport the application configured is kept.
+    """
+    if configured or not isinstance(broker_url, str):
+        return configured
+    scheme = broker_url.split("://", 1)[0].lower()
+    return TRANSPORT if scheme in SCHEMES else configured
