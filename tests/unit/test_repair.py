@@ -333,3 +333,58 @@ def test_a_routed_enqueue_meeting_a_damaged_key_writes_nothing_and_repair_lets_i
     forgotten = kind == "inflight"  # its seed's lease went with the set: that ack is skipped
     assert client.hget(forum.keys.job("j"), "pending") == (b"5" if forgotten else b"4")
     assert client.llen(forum.keys.deadletter) == 1
+
+
+def _job_with_lease(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, bytes]:
+    forum, _ = _forum_group(client, prefix)
+    forum.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {})
+    forum.join_job("j", "s1")
+    (lease,) = forum.lease(1)
+    return forum, lease.member
+
+
+# (what the call does, the key kind damaged): each script on its own keys
+SCRIPT_DAMAGE = {
+    "ack: in-flight set": (lambda q, m: q.ack([m]), lambda k: k.inflight),
+    "ack: job index": (lambda q, m: q.ack([m]), lambda k: k.active_jobs),
+    "ack: job done list": (lambda q, m: q.ack([m]), lambda k: k.job("j") + ":done"),
+    "dead_letter: list": (lambda q, m: q.dead_letter(m, "{}", "codec"), lambda k: k.deadletter),
+    "extend: in-flight set": (lambda q, m: q.extend([m]), lambda k: k.inflight),
+    "job_close: participants": (
+        lambda q, m: q.close_job("j", "test"),
+        lambda k: k.job_participants("j"),
+    ),
+    "job_leave: done list": (lambda q, m: q.leave_job("j", "s1"), lambda k: k.job("j") + ":done"),
+    "job_start: dedup count": (
+        lambda q, m: q.start_job("k", [Entry(b"c", fingerprint=b"\x02" * 20, job="k")], {}),
+        lambda k: k.dupefilter_count,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPT_DAMAGE))
+def test_a_script_meeting_a_damaged_key_writes_nothing_and_runs_after_repair(
+    client: redis.Redis, prefix: str, case: str
+) -> None:
+    queue, member = _job_with_lease(client, prefix)
+    call, damaged = SCRIPT_DAMAGE[case]
+    key = damaged(queue.keys)
+    client.delete(key)
+    client.set(key, "abc")  # a string where a hash, list, set or zset belongs; text for a count
+    before = _dump(client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {key}:") as refused:
+        call(queue, member)
+    assert _dump(client, prefix) == before
+    done = Repairer(client, queue.keys).after(refused.value)
+    assert done is not None and key in done.moved
+    call(queue, member)  # goes through
+
+
+def test_a_text_counter_in_a_job_never_fails_its_end(client: redis.Redis, prefix: str) -> None:
+    """job_outcome compared tonumber(text) with 0, after the ack had written."""
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    queue.start_job("j", [Entry(b"a", job="j")], {"limit/pages": "many"})
+    client.hset(queue.keys.job("j"), mapping={"lost": "x", "dropped": "y", "errors/x": "z"})
+    (lease,) = queue.lease(1)
+    assert queue.push_many([], acks=[lease.member], job_stats=[("j", "pages", 1)]) == []
+    assert client.hget(queue.keys.job("j"), "state") == b"done"
