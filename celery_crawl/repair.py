@@ -4,7 +4,11 @@ Every key of a spider has one type ([redis-layout.md](../docs/redis-layout.md)).
 A key of another type, written by something else, makes every script that
 touches it fail (``WRONGTYPE``), and a job counter that is not a number fails
 every ``HINCRBY`` on it. The scheduler then keeps what it was writing, and
-calls :func:`repair`, at most once per :data:`REPAIR_SECONDS`:
+calls :func:`repair`, at most once per :data:`REPAIR_SECONDS` a spider. A script
+checks the keys it writes before its first write (``lua/include/keytypes.lua``)
+and refuses the call whole, naming the damaged key; that key is repaired with
+the spider of the group it is of (:func:`owner`: the spider requests are routed
+to, say), and the call is sent again:
 
 - each key of the wrong type, or a counter that is not an integer, is
   renamed to ``<key>~damaged`` (kept for a look, never read again), so the
@@ -26,7 +30,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -124,7 +128,14 @@ class Repair:
 
 # the refusal of a script that checks its keys first (lua/include/keytypes.lua)
 REFUSAL = re.compile(r"WRONGTYPE damaged key (?P<key>.+): it should hold an? (?P<type>\w+)$")
-REFUSAL_TYPES = {"integer": "counter", "list": "list", "zset": "zset", "hash": "hash", "set": "set"}
+REFUSAL_TYPES = {
+    "integer": "counter",
+    "list": "list",
+    "zset": "zset",
+    "hash": "hash",
+    "set": "set",
+    "string": "string",
+}
 
 
 def refused_key(error: Exception) -> dict[str, str]:
@@ -156,27 +167,64 @@ def repair(client: redis.Redis, keys: SpiderKeys, named: dict[str, str] | None =
     return done
 
 
-class Repairer:
-    """Calls :func:`repair` after a Redis error, at most once per ``REPAIR_SECONDS``."""
+def owner(group: Sequence[SpiderKeys], key: str) -> SpiderKeys:
+    """The spider of ``group`` whose key ``key`` is; the first (the caller's own) if none.
 
-    def __init__(self, client: redis.Redis, keys: SpiderKeys) -> None:
+    Every spider of a group shares its hash tag, so one script's refusal may name a
+    key of another spider: the one its requests are routed to, say.
+    """
+    for keys in group:
+        names = (keys.queue, keys.dupefilter, keys.stats, keys.deadletter, keys.producer)
+        if any(key == name or key.startswith(name + ":") for name in names):
+            return keys
+    return group[0]
+
+
+class Repairer:
+    """Calls :func:`repair` after a Redis error, at most once per ``REPAIR_SECONDS`` a spider.
+
+    ``group`` holds the keys of every spider whose keys the caller's scripts touch
+    (its own first: the spiders of its group, routed requests go to): a refusal
+    that names a key repairs the spider that key is of; another error, all of them.
+    """
+
+    def __init__(
+        self, client: redis.Redis, keys: SpiderKeys, group: Sequence[SpiderKeys] = ()
+    ) -> None:
         self.client = client
         self.keys = keys
-        self._last = float("-inf")
+        self.group = [keys, *(other for other in group if other.spider != keys.spider)]
+        self._last: dict[str, float] = {}
 
     def after(self, error: Exception) -> Repair | None:
         """``error`` came back from a script of this spider: repair, unless just done."""
         if isinstance(error, redis.ReadOnlyError):  # a failover under way: nothing damaged
             logger.warning("Redis is read-only (a failover?); kept, will retry: %s", error)
             return None
+        named = refused_key(error)
+        spiders = [owner(self.group, next(iter(named)))] if named else self.group
+        due = [keys for keys in spiders if self._due(keys.spider)]
+        if not due:
+            return None
+        logger.error("Redis refused a script of %s: %s; repairing", self.keys.spider, error)
+        done = Repair()
+        for keys in due:
+            found = self._repair(keys, named)
+            done.moved += found.moved
+            done.jobs_ended += found.jobs_ended
+        return done
+
+    def _due(self, spider: str) -> bool:
+        """True, once per ``REPAIR_SECONDS`` for each spider."""
         now = time.monotonic()
-        if now - self._last < REPAIR_SECONDS:
-            return None
-        self._last = now
-        spider = self.keys.spider
-        logger.error("Redis refused a script of %s: %s; repairing its keys", spider, error)
+        if now - self._last.get(spider, float("-inf")) < REPAIR_SECONDS:
+            return False
+        self._last[spider] = now
+        return True
+
+    def _repair(self, keys: SpiderKeys, named: dict[str, str]) -> Repair:
         try:
-            return repair(self.client, self.keys, refused_key(error))
+            return repair(self.client, keys, named)
         except redis.RedisError as exc:
-            logger.error("repairing the keys of %s failed: %s", self.keys.spider, exc)
-            return None
+            logger.error("repairing the keys of %s failed: %s", keys.spider, exc)
+            return Repair()

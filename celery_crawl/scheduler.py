@@ -113,8 +113,8 @@ class Scheduler(BaseScheduler):
     ) -> None:
         self.queue = queue
         self.router = router
-        self.repairer = Repairer(queue.client, queue.keys)
         self.group = group or [queue.keys]  # every spider's keys, for jobs whose work is lost
+        self.repairer = Repairer(queue.client, queue.keys, self.group)  # routed ones: theirs too
         self.df = dupefilter
         self.codec = codec
         self.crawler = crawler

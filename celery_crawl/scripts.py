@@ -10,7 +10,9 @@ Two kinds of file, in two folders:
 
 Two directives, each a line of its own, put fragments into a script:
 
-- ``--!include NAME`` is replaced by the fragment ``include/NAME.lua``.
+- ``--!include NAME`` is replaced by the fragment ``include/NAME.lua``, once per
+  script: a fragment already put in further up is not put in again (a fragment
+  may include what it uses, and an entry script include it too).
 - ``--!slot NAME`` is replaced by the fragment the caller names with the
   keyword argument ``NAME``: the scripts that enqueue take the configured
   dupefilter's fragment as ``dupefilter="dedup_bloom"``.
@@ -55,7 +57,7 @@ def _names(folder: Traversable) -> list[str]:
 def slots(name: str) -> list[str]:
     """The slots of entry script ``name`` and of the fragments it includes."""
     found: list[str] = []
-    _expand((f"{name}.lua",), None, found)
+    _expand((f"{name}.lua",), None, found, set())
     return sorted(set(found))
 
 
@@ -63,17 +65,20 @@ def slots(name: str) -> list[str]:
 def source(name: str, **fills: str) -> str:
     """Entry script ``name``, each slot filled with the fragment ``fills`` names for it."""
     found: list[str] = []
-    text = _expand((f"{name}.lua",), fills, found)
+    text = _expand((f"{name}.lua",), fills, found, set())
     unused = sorted(set(fills) - set(found))
     if unused:
         raise ScriptError(f"{name}.lua has no slot {', '.join(unused)}")
     return text
 
 
-def _expand(chain: tuple[str, ...], fills: dict[str, str] | None, found: list[str]) -> str:
+def _expand(
+    chain: tuple[str, ...], fills: dict[str, str] | None, found: list[str], done: set[str]
+) -> str:
     """The file ``chain[-1]``, included through ``chain``, with its directives replaced.
 
     Its slots are appended to ``found``; with ``fills`` None they are left as they are.
+    ``done`` holds the fragments already put in: each goes in once.
     """
     if chain[-1] in chain[:-1]:
         raise ScriptError(f"{' > '.join(chain)}: an include cycle")
@@ -82,7 +87,11 @@ def _expand(chain: tuple[str, ...], fills: dict[str, str] | None, found: list[st
         fragment = _fragment(chain, match, fills, found)
         if fragment is None:
             return match.group(0)
-        return _expand((*chain, f"include/{fragment}.lua"), fills, found)
+        path = f"include/{fragment}.lua"
+        if path in done and path not in chain:
+            return f"-- {path}: put in further up"
+        done.add(path)
+        return _expand((*chain, path), fills, found, done)
 
     return _DIRECTIVE.sub(replace, _read(chain))
 

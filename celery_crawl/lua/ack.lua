@@ -4,9 +4,14 @@
 -- KEYS[1]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[2]  job key prefix: a job's hash is KEYS[2] .. job id
 -- ARGV     the lease members to finish
--- Returns  the number of members that were still leased
+-- Returns  the number of members that were still leased; an error naming the key,
+--          and nothing written, when a key it would write is damaged (keytypes.lua)
 
 local JOB_PREFIX = KEYS[2]
 --!include jobs
 
+local spec = {}
+ack_guard(spec, KEYS[1], ARGV, 1, #ARGV)
+local refused = refuse_damaged(spec)
+if refused then return refused end
 return ack_leases(KEYS[1], ARGV, 1, #ARGV)

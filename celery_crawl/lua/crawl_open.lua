@@ -11,10 +11,15 @@
 -- ARGV[2]  milliseconds the registration lasts unless renewed
 -- ARGV[3]  '1': a new crawl starts with fresh stats (KEYS[3], KEYS[4] deleted)
 -- Returns  {schedulers open before this one, the crawl's start (ms), the server's clock (ms)}
+--          (an error naming the key, nothing written, when a key it writes is damaged:
+--          include/keytypes.lua)
 
 --!include schedulers
+--!include keytypes
 
 local crawl, id = KEYS[2], ARGV[1]
+local refused = refuse_damaged({KEYS[1], 'zset', crawl, 'hash'})  -- include/keytypes.lua
+if refused then return refused end
 local now = schedulers_now()
 redis.call('ZREM', KEYS[1], id)
 local others = schedulers_prune(KEYS[1], now)
@@ -24,5 +29,5 @@ if others == 0 then  -- nobody else is open: whatever the hash holds is a past c
     redis.call('HSET', crawl, 'started', now)
 end
 schedulers_register(KEYS[1], id, tonumber(ARGV[2]), now)
-local started = tonumber(redis.call('HGET', crawl, 'started') or now)
+local started = tonumber(redis.call('HGET', crawl, 'started') or now) or now  -- text: now
 return {others, started, now}

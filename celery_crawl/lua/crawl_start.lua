@@ -7,13 +7,18 @@
 -- ARGV[2]  'claim': run them, unless another scheduler does or did; 'done': this
 --          scheduler queued them all
 -- Returns  'done'; 'running' while another open scheduler runs them; 'mine' when this
+--          (an error naming the key, nothing written, when a key it writes is damaged:
+--          include/keytypes.lua)
 --          one runs them: nobody claimed them yet, or the one that did closed or was
 --          killed before it was done (its registration lapsed), or the crawl's hash is
 --          gone (a restarted server)
 
 --!include schedulers
+--!include keytypes
 
 local crawl, id = KEYS[2], ARGV[1]
+local refused = refuse_damaged({KEYS[1], 'zset', crawl, 'hash'})  -- include/keytypes.lua
+if refused then return refused end
 local holder = redis.call('HGET', crawl, 'start')
 if ARGV[2] == 'done' then
     if holder == id then redis.call('HSET', crawl, 'start', 'done') end

@@ -8,7 +8,8 @@
 -- ARGV[2]  the record (JSON text)
 -- ARGV[3]  the most records the list keeps
 -- ARGV[4]  the field the job counts it in (errors/dead_letter/<reason>)
--- Returns  1 if the lease was held (then it is recorded), 0 if not
+-- Returns  1 if the lease was held (then it is recorded), 0 if not; an error naming
+--          the key, and nothing written, when a key it would write is damaged
 --
 -- The job's pending count is left as it is: an entry that could not be read may
 -- never have been counted (written into the queue by something else), and a
@@ -20,6 +21,10 @@ local JOB_PREFIX = KEYS[2]
 --!include jobs
 
 local member = ARGV[1]
+local spec = {KEYS[3], 'list'}  -- every key it writes checked first (include/keytypes.lua)
+ack_guard(spec, KEYS[1], ARGV, 1, 1)
+local refused = refuse_damaged(spec)
+if refused then return refused end
 if redis.call('ZREM', KEYS[1], member) == 0 then return 0 end
 redis.call('LPUSH', KEYS[3], ARGV[2])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[3]) - 1)

@@ -39,7 +39,9 @@
 -- then d dead-letter records (JSON text), pushed in order
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
---          (for a call already applied: the flags it returned then)
+--          (for a call already applied: the flags it returned then); or, when a key
+--          it would write, of any lane, is damaged, an error that names it
+--          (include/keytypes.lua), and nothing written
 -- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
 --          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 --
@@ -71,9 +73,17 @@ for j = 1, (#KEYS - 8) / 4 do
     local at = 5 + 4 * j
     lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
 end
-local accepted = push_requests(lanes, ARGV, FIRST, n)
-
 local base = FIRST + 6 * n
+-- every key it writes checked first (include/keytypes.lua): refused whole, or run whole
+local spec = {}
+spec_add(spec, KEYS[7], 'list')
+for i = 0, s - 1 do job_guard(spec, ARGV[base + 3 * i]) end
+ack_guard(spec, KEYS[5], ARGV, base + 3 * s, base + 3 * s + m - 1)
+push_guard(spec, lanes, ARGV, FIRST, n)
+local refused = refuse_damaged(spec)
+if refused then return refused end
+
+local accepted = push_requests(lanes, ARGV, FIRST, n)
 for i = 0, s - 1 do
     local job, field = ARGV[base + 3 * i], ARGV[base + 3 * i + 1]
     job_add(job, field, ARGV[base + 3 * i + 2])

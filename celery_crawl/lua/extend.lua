@@ -5,10 +5,21 @@
 -- ARGV[1]  lease duration from now, ms (server clock)
 -- ARGV[2..] the lease members to extend; members no longer leased are skipped
 -- Returns  the number of leases extended
+--          (an error naming the key, nothing written, when a key it writes is damaged:
+--          include/keytypes.lua)
 --
 -- A lease that counts against its site's cap is renewed in the site's leases too.
 
 --!include sites
+--!include keytypes
+
+local spec = {KEYS[1], 'zset'}  -- every key it writes checked first (include/keytypes.lua)
+for i = 2, #ARGV do
+    local site = site_counted(ARGV[i])
+    if site then spec_add(spec, site_prefix(KEYS[2]) .. site .. ':leases', 'zset') end
+end
+local refused = refuse_damaged(spec)
+if refused then return refused end
 
 local now = redis.call('TIME')
 local deadline = now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[1])

@@ -7,8 +7,14 @@
 -- ARGV[1]  job id
 -- ARGV[2]  the reason (CloseSpider's, or closespider_timeout)
 -- Returns  1 if the job was closed, 0 if it was not running
+--          (an error naming the key, nothing written, when a key it writes is damaged:
+--          include/keytypes.lua)
 
 local JOB_PREFIX = KEYS[1]
 --!include jobs
 
+local spec = {}  -- every key it writes checked first (include/keytypes.lua)
+job_guard(spec, ARGV[1])
+local refused = refuse_damaged(spec)
+if refused then return refused end
 return job_close(ARGV[1], ARGV[2])

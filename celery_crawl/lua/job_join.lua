@@ -7,6 +7,8 @@
 -- ARGV[3]  the key of its registration (the open schedulers of its queue):
 --          a participant whose registration lapsed is dropped by lua/job_settle.lua
 -- Returns  {state, spider arguments (JSON), depth limit}, '' where the job has
+--          (an error naming the key, nothing written, when a key it writes is damaged:
+--          include/keytypes.lua)
 --          none; the process joins only while the job runs
 --
 -- A job that no longer runs (closed, cancelled) is not joined: the request the
@@ -20,6 +22,8 @@ local key = JOB_PREFIX .. job
 local fields = redis.pcall('HMGET', key, 'state', 'args', 'limit/depth')
 if fields['err'] then return {'', '', ''} end  -- a job hash of the wrong type: no job
 if fields[1] == 'running' and ARGV[2] ~= '' then
+    local refused = refuse_damaged({key .. ':participants', 'hash'})
+    if refused then return refused end
     redis.call('HSET', key .. ':participants', ARGV[2], ARGV[3])
     redis.call('EXPIRE', key .. ':participants', JOB_TTL)
 end

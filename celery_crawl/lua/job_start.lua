@@ -9,7 +9,9 @@
 -- then n groups: priority, fingerprint, job id, payload, lane 0, site (as in enqueue.lua)
 -- then f pairs: field, value (spider, seeds, priority, ...)
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
--- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed
+-- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed; an
+--          error naming the key, and nothing written, when a key it would write is
+--          damaged (include/keytypes.lua)
 -- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
 --          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 
@@ -23,6 +25,13 @@ local DEDUP_ARGV = 5 + 6 * n + 2 * f
 local key = JOB_PREFIX .. job
 if redis.call('EXISTS', key) == 1 then return {0, 0} end
 
+local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
+local spec = {}  -- every key it writes checked first (include/keytypes.lua)
+job_guard(spec, job)
+push_guard(spec, lanes, ARGV, 5, n)
+local refused = refuse_damaged(spec)
+if refused then return refused end
+
 local now = redis.call('TIME')
 redis.call('HSET', key, 'state', 'running', 'pending', 0, 'leased', 0, 'done', 0,
     'created_at', now[1] + now[2] / 1000000)
@@ -31,7 +40,6 @@ local fields_at = 5 + 6 * n
 for i = fields_at, fields_at + 2 * f - 1, 2 do
     redis.call('HSET', key, ARGV[i], ARGV[i + 1])
 end
-local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
 local accepted, count = push_requests(lanes, ARGV, 5, n), 0
 for _, flag in ipairs(accepted) do count = count + flag end
 job_finish_if_done(job)

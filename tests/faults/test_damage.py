@@ -224,6 +224,25 @@ def wrong_type_job_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int
     return wrong_type(client, [keys.job_states, keys.active_jobs])
 
 
+def routed_only(damage: Damage) -> Damage:
+    """The damage on the detail spider only: the one the forum spider routes requests to."""
+
+    def apply(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+        return damage(client, keys, job) if keys.spider == "forum_detail" else 0
+
+    return apply
+
+
+def text_dedup_count(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    """Issue 28's case: the count turned to text, the buckets left as they are."""
+    client.set(keys.dupefilter_count, "abc")
+    return 1
+
+
+def wrong_type_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    return wrong_type(client, [keys.queue])
+
+
 # -- what each promises -----------------------------------------------------------
 
 
@@ -328,6 +347,46 @@ def job_closed_damaged(crawl: Crawl) -> None:
     assert any(field.endswith(b"~damaged") for field in job)  # the old value, kept
 
 
+def no_loop(crawl: Crawl) -> None:
+    """No page fetched more than twice (once more for a request whose lease was lost)."""
+    assert crawl.fetched and max(crawl.fetched.values()) <= 2, crawl.fetched.most_common(3)
+
+
+def routed_moved_aside(crawl: Crawl, key: str) -> None:
+    """The routed spider's damaged key was moved aside and counted with that spider."""
+    detail = crawl.spiders[1]
+    assert crawl.client.exists(key + "~damaged")
+    deadline = time.monotonic() + 15  # its stats reach Redis at the next flush
+    while int(crawl.client.hget(detail.stats, "celery_crawl/damaged/keys") or 0) < 1:
+        assert time.monotonic() < deadline, "the repair was not counted with forum_detail"
+        time.sleep(0.2)
+
+
+def routed_count_repaired(crawl: Crawl) -> None:
+    """Issue 28: a job of 1 page after 60 s, one URL fetched 189 times, nothing moved."""
+    complete(crawl)
+    no_loop(crawl)
+    routed_moved_aside(crawl, crawl.spiders[1].dupefilter_count)
+
+
+def routed_index_repaired(crawl: Crawl) -> None:
+    lost_counted_or_healed(crawl)
+    no_loop(crawl)
+    routed_moved_aside(crawl, crawl.spiders[1].queue)
+
+
+def routed_leases_repaired(crawl: Crawl) -> None:
+    ends(crawl)
+    no_loop(crawl)
+    routed_moved_aside(crawl, crawl.spiders[1].inflight)
+
+
+def routed_stats_restarted(crawl: Crawl) -> None:
+    complete(crawl)
+    no_loop(crawl)
+    assert crawl.stat_reaches("celery_crawl/damaged/stats", 1) >= 1
+
+
 def job_gone(crawl: Crawl) -> None:
     """The job is unknown; its requests left drain (discarded), none loops."""
     assert crawl.result is None
@@ -357,6 +416,11 @@ CASES: dict[str, tuple[Damage, Callable[[Crawl], None]]] = {
     "job hash: wrong type": (wrong_type_job, job_moved_aside),
     "job index: deleted": (delete_job_index, exactly_complete),
     "job index: wrong type": (wrong_type_job_index, moved_aside),
+    # the detail spider alone, while the forum spider routes requests to it (issue 28)
+    "routed dedup count: text": (routed_only(text_dedup_count), routed_count_repaired),
+    "routed level index: wrong type": (routed_only(wrong_type_index), routed_index_repaired),
+    "routed in-flight set: wrong type": (routed_only(wrong_type_inflight), routed_leases_repaired),
+    "routed stats hash: values not numbers": (routed_only(junk_stats), routed_stats_restarted),
 }
 
 
@@ -415,3 +479,26 @@ def test_damage_mid_crawl(
     assert not [line for line in result.log.splitlines() if any(e in line for e in ENGINE_ERRORS)]
     for keys in result.spiders:
         assert state_client.zcard(keys.inflight) == 0, "a lease was left behind"
+
+
+def test_routed_dedup_count_damaged_before_the_job(
+    env: dict[str, str],
+    app: Celery,
+    start_worker: Callable[..., Worker],
+    state_client: redis.Redis,
+    forum_site: Any,
+    prefix: str,
+) -> None:
+    """Issue 28 as found: the detail spider's count is text before a forum job starts, so
+    the detail spider has nothing of its own to enqueue (and repair) until the forum
+    spider's routed requests get through. Before: 1 page after 60 s, one URL fetched 189
+    times, the forum queue growing, nothing moved aside."""
+    env["SITE_RATE"] = "100"
+    worker = start_worker("damaged")
+    spiders = spiders_of(prefix)
+    text_dedup_count(state_client, spiders[1], "")
+    result = crawl("forum", forum_seeds(), app=app).wait(timeout=60)
+    assert forum_site.wait_idle(10)
+    fetched = Counter(arrival.path for arrival in forum_site.arrivals())
+    routed_count_repaired(Crawl(result, 1, state_client, spiders, fetched, worker.output()))
+    assert worker.proc.poll() is None, "the worker died"

@@ -251,3 +251,140 @@ def test_a_job_counter_damaged_mid_crawl_closes_the_job_at_the_next_ack(
     assert queue.ack([lease.member for lease in leases]) == 1  # no error
     job = client.hgetall(keys.job("j"))
     assert job[b"state"] == b"closed" and job[b"reason"] == b"damaged: done"
+
+
+def _forum_group(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, PriorityQueue]:
+    """The forum example's group: ``forum`` routes its detail pages to ``forum_detail``."""
+    scope = {"dedup_scope": "spider"}  # as the forum spider sets it
+    forum = PriorityQueue(client, SpiderKeys.build("forum", prefix=prefix), **scope)
+    keys = SpiderKeys.build("forum_detail", group="forum", prefix=prefix)
+    return forum, PriorityQueue(client, keys, **scope)
+
+
+def _dump(client: redis.Redis, prefix: str) -> dict[bytes, Any]:
+    """Every key of the test, with its serialized value: what a refused call must not change."""
+    return {key: client.dump(key) for key in client.scan_iter(match=f"{prefix}*")}
+
+
+def _damage(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys, kind: str) -> str:
+    """Damage one key kind; returns the key a refusal must name."""
+    if kind.startswith("detail_"):
+        keys, kind = detail, kind.removeprefix("detail_")
+    else:
+        keys = forum
+    key = {
+        "dedup_count": keys.dupefilter_count,
+        "dedup_bucket": f"{keys.dupefilter}:0:0",
+        "levels": keys.queue,
+        "level": keys.level(0),
+        "signal": keys.signal,
+        "inflight": keys.inflight,
+        "deadletter": keys.deadletter,
+        "active": keys.active_jobs,
+    }[kind]
+    if kind == "dedup_count":
+        client.set(key, "abc")  # the issue's case: a counter that holds text
+    else:
+        client.delete(key)
+        client.hset(key, "x", "not of its type")
+    return key
+
+
+ROUTED_DAMAGE = [
+    "detail_dedup_count",
+    "detail_dedup_bucket",
+    "detail_levels",
+    "detail_level",
+    "detail_signal",
+    "dedup_count",
+    "levels",
+    "level",
+    "inflight",
+    "deadletter",
+    "active",
+]
+
+
+@pytest.mark.parametrize("kind", ROUTED_DAMAGE)
+def test_a_routed_enqueue_meeting_a_damaged_key_writes_nothing_and_repair_lets_it_through(
+    client: redis.Redis, prefix: str, kind: str
+) -> None:
+    """Issue 28: the routed spider's dedup count set to text made enqueue.lua throw after it
+    had pushed the dont_filter children, so every retry pushed them again."""
+    forum, detail = _forum_group(client, prefix)
+    forum.start_job("j", [Entry(b"seed", job="j")], {})
+    (seed,) = forum.lease(1)
+    key = _damage(client, forum.keys, detail.keys, kind)
+    own = [Entry(b"next", fingerprint=b"\x01" * 20, job="j"), Entry(b"again", job="j")]
+    routed = [Entry(b"post", fingerprint=b"\x00" * 20, job="j"), Entry(b"dont", job="j")]
+    call: Any = {"acks": [seed.member], "routed": [(detail, routed)], "call": ("w", 1)}
+    call["dead_letters"] = ['{"reason": "a child that could not be queued"}']
+    before = _dump(client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {key}:") as refused:
+        forum.push_many(own, **call)
+    assert _dump(client, prefix) == before  # refused whole: nothing written
+    group = [forum.keys, detail.keys]
+    done = Repairer(client, forum.keys, group).after(refused.value)
+    assert done is not None and done.moved == [key]
+    owner = detail.keys if kind.startswith("detail_") else forum.keys
+    assert int(client.hget(owner.stats, DAMAGED) or 0) == 1  # counted with its spider
+    assert forum.push_many(own, **call) == [True] * 4
+    assert len(forum) == 2 and len(detail) == 2 and client.zcard(forum.keys.inflight) == 0
+    forgotten = kind == "inflight"  # its seed's lease went with the set: that ack is skipped
+    assert client.hget(forum.keys.job("j"), "pending") == (b"5" if forgotten else b"4")
+    assert client.llen(forum.keys.deadletter) == 1
+
+
+def _job_with_lease(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, bytes]:
+    forum, _ = _forum_group(client, prefix)
+    forum.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {})
+    forum.join_job("j", "s1")
+    (lease,) = forum.lease(1)
+    return forum, lease.member
+
+
+# (what the call does, the key kind damaged): each script on its own keys
+SCRIPT_DAMAGE = {
+    "ack: in-flight set": (lambda q, m: q.ack([m]), lambda k: k.inflight),
+    "ack: job index": (lambda q, m: q.ack([m]), lambda k: k.active_jobs),
+    "ack: job done list": (lambda q, m: q.ack([m]), lambda k: k.job("j") + ":done"),
+    "dead_letter: list": (lambda q, m: q.dead_letter(m, "{}", "codec"), lambda k: k.deadletter),
+    "extend: in-flight set": (lambda q, m: q.extend([m]), lambda k: k.inflight),
+    "job_close: participants": (
+        lambda q, m: q.close_job("j", "test"),
+        lambda k: k.job_participants("j"),
+    ),
+    "job_leave: done list": (lambda q, m: q.leave_job("j", "s1"), lambda k: k.job("j") + ":done"),
+    "job_start: dedup count": (
+        lambda q, m: q.start_job("k", [Entry(b"c", fingerprint=b"\x02" * 20, job="k")], {}),
+        lambda k: k.dupefilter_count,
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SCRIPT_DAMAGE))
+def test_a_script_meeting_a_damaged_key_writes_nothing_and_runs_after_repair(
+    client: redis.Redis, prefix: str, case: str
+) -> None:
+    queue, member = _job_with_lease(client, prefix)
+    call, damaged = SCRIPT_DAMAGE[case]
+    key = damaged(queue.keys)
+    client.delete(key)
+    client.set(key, "abc")  # a string where a hash, list, set or zset belongs; text for a count
+    before = _dump(client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {key}:") as refused:
+        call(queue, member)
+    assert _dump(client, prefix) == before
+    done = Repairer(client, queue.keys).after(refused.value)
+    assert done is not None and key in done.moved
+    call(queue, member)  # goes through
+
+
+def test_a_text_counter_in_a_job_never_fails_its_end(client: redis.Redis, prefix: str) -> None:
+    """job_outcome compared tonumber(text) with 0, after the ack had written."""
+    queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
+    queue.start_job("j", [Entry(b"a", job="j")], {"limit/pages": "many"})
+    client.hset(queue.keys.job("j"), mapping={"lost": "x", "dropped": "y", "errors/x": "z"})
+    (lease,) = queue.lease(1)
+    assert queue.push_many([], acks=[lease.member], job_stats=[("j", "pages", 1)]) == []
+    assert client.hget(queue.keys.job("j"), "state") == b"done"

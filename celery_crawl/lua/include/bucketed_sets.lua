@@ -8,26 +8,33 @@
 --
 -- A set of fingerprints lives under a base key B with its exact count at
 -- COUNT: bucket b of generation g is the set B .. ':' .. g .. ':' .. b.
--- Uses: nothing from the including script.
+-- Uses: nothing from the including script. Includes keytypes.
 -- COUNT counts the fingerprints ever added: the generations follow it, so it
 -- never goes down. The ones removed since are counted at COUNT .. ':removed'.
 -- Defines: sets_add(base, count_key, fp), sets_contains(base, count_key, fp),
 -- sets_remove(base, count_key, fp), sets_size(count_key),
 -- sets_each_key(base, count_key, visit); and for callers that check one set
 -- many times in a script run, sets_generation(count_key) (the newest
--- generation) and sets_member(base, fp, last) (is fp in generations 0..last).
+-- generation) and sets_member(base, fp, last) (is fp in generations 0..last);
+-- sets_guard(spec, base, count_key, fps): the keys sets_add meets for each of fps,
+-- added to a guard spec (include/keytypes.lua).
+--!include keytypes
 
 local SETS_BASE_BITS = 7
 local SETS_PER_BUCKET = 64
+local SETS_MAX_GENERATIONS = 40  -- 2^47 buckets: no count reaches it; a count of 1e400 stops here
 
-local function sets_generation(count_key)
-    local count = tonumber(redis.call('GET', count_key) or '0')
+local function sets_generation_of(count)
     local generation, capacity = 0, SETS_PER_BUCKET * 2 ^ SETS_BASE_BITS
-    while count >= capacity do
+    while count >= capacity and generation < SETS_MAX_GENERATIONS do
         generation = generation + 1
         capacity = capacity + SETS_PER_BUCKET * 2 ^ (SETS_BASE_BITS + generation)
     end
     return generation
+end
+
+local function sets_generation(count_key)
+    return sets_generation_of(tonumber(redis.call('GET', count_key) or '0'))
 end
 
 local function sets_bucket(base, fp, generation)
@@ -44,6 +51,19 @@ local function sets_member(base, fp, last)
         end
     end
     return false
+end
+
+-- The count first, then fp's bucket in every generation: those follow the count,
+-- so they are looked at only when it holds a number (else the count is refused).
+local function sets_guard(spec, base, count_key, fps)
+    spec_add(spec, count_key, 'counter')
+    local held = redis.pcall('GET', count_key)  -- pcall: the count may be of another type
+    if type(held) == 'table' or (held and not string.match(held, '^%-?%d+$')) then return end
+    local count = tonumber(held or '0')
+    local last = sets_generation_of(count)
+    for _, fp in ipairs(fps) do
+        for generation = 0, last do spec_add(spec, sets_bucket(base, fp, generation), 'set') end
+    end
 end
 
 -- Records fp when it is new and returns the set it went into; nil when seen.

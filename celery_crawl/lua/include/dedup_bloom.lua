@@ -21,7 +21,7 @@
 -- then x = h1 mod m, y = h2 mod m, and per probe x += y, y += i (mod m).
 -- Every value stays below 2^53, so Lua's doubles hold it exactly.
 --
--- Uses: DEDUP_KEY, COUNT_KEY, and five parameters from ARGV[DEDUP_ARGV] on:
+-- Includes keytypes. Uses: DEDUP_KEY, COUNT_KEY, and five parameters from ARGV[DEDUP_ARGV] on:
 -- capacity, error_rate, growth, tightening, max_bits. They are stored when the
 -- filter is created; afterwards the stored ones win.
 -- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_remove(fp) (always
@@ -29,13 +29,17 @@
 -- dedup_count(), dedup_config(),
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
+-- dedup_guard(spec, fps), which adds to a guard spec (include/keytypes.lua) the
+-- keys dedup_add meets, and
 -- dedup_use(dedup_key, count_key), which points the functions at another
 -- spider's filter of the same kind.
 local DEDUP_KIND = 'bloom' -- claimed in D:kind by the first process that opens the filter
+--!include keytypes
 
 local BLOOM_KEY = DEDUP_KEY .. ':bloom'
 local BLOOM_PARAMS = {'capacity', 'error_rate', 'growth', 'tightening', 'max_bits'}
 local LN2 = math.log(2)
+local BLOOM_MAX_FILTERS = 64  -- sub-filters a guard looks at
 local bloom_cache = nil -- the filter's state, read once per script run
 
 local function bloom_filter(config, i)
@@ -187,6 +191,17 @@ local function dedup_each_key(visit)
         total = total + visit(filter.key)
     end
     return total + visit(BLOOM_KEY)
+end
+
+-- The count, the parameters hash, and (when that is a hash) each sub-filter's bits.
+local function dedup_guard(spec, fps)
+    spec_add(spec, COUNT_KEY, 'counter')
+    spec_add(spec, BLOOM_KEY, 'hash')
+    if #fps == 0 or key_type_problem({BLOOM_KEY, 'hash'}) then return end
+    local filters = tonumber(redis.call('HGET', BLOOM_KEY, 'filters')) or 0
+    for i = 0, math.min(filters, BLOOM_MAX_FILTERS) - 1 do
+        spec_add(spec, BLOOM_KEY .. ':' .. i, 'string')
+    end
 end
 
 local function dedup_use(dedup_key, count_key)

@@ -10,6 +10,8 @@
 -- it was there), dedup_count(), dedup_config(),
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
+-- dedup_guard(spec, fps), which adds to a guard spec (include/keytypes.lua) the
+-- keys dedup_add meets for each of fps, and
 -- dedup_use(dedup_key, count_key), which points the functions at another
 -- spider's filter of the same kind.
 --!include bucketed_sets
@@ -39,6 +41,10 @@ end
 
 local function dedup_each_key(visit)
     return sets_each_key(DEDUP_KEY, COUNT_KEY, visit)
+end
+
+local function dedup_guard(spec, fps)
+    sets_guard(spec, DEDUP_KEY, COUNT_KEY, fps)
 end
 
 local function dedup_use(dedup_key, count_key)

@@ -22,6 +22,8 @@
 -- a live bucket held it), dedup_count(), dedup_config(),
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
+-- dedup_guard(spec, fps), which adds to a guard spec (include/keytypes.lua) the
+-- keys dedup_add meets for each of fps, and
 -- dedup_use(dedup_key, count_key), which points the functions at another
 -- spider's filter of the same kind.
 --!include bucketed_sets
@@ -138,6 +140,20 @@ end
 local function dedup_config()
     expiring_state(true)
     return redis.call('HGETALL', EXPIRING_KEY)
+end
+
+-- The geometry hash first; the live time buckets only when it is a hash (their
+-- range follows it; else the hash is refused).
+local function dedup_guard(spec, fps)
+    spec_add(spec, EXPIRING_KEY, 'hash')
+    if key_type_problem({EXPIRING_KEY, 'hash'}) then return end
+    local window, width = expiring_geometry(false)
+    local time = redis.call('TIME')
+    local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+    for t = math.floor((now - window) / width), math.floor(now / width) do
+        local base = expiring_base(t)
+        sets_guard(spec, base, base .. ':count', fps)
+    end
 end
 
 local function dedup_use(dedup_key, count_key)

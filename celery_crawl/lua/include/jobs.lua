@@ -42,12 +42,18 @@
 -- leaves (lua/job_leave.lua). The last to leave pushes the done tokens again:
 -- Job.wait() returns once the job has ended and no participant is left.
 --
--- Uses: JOB_PREFIX. Includes counters and sites (and with it entries). Defines: job_seen_add,
--- job_running, job_add, job_phase,
+-- A counter read to decide (pending, pages, dropped, lost, errors/*, a limit) that
+-- holds no number counts as 0 (a limit as none): a decision never throws half-way.
+-- The keys the bookkeeping of a job writes are in job_guard, those of an ack in
+-- ack_guard, for a script's check before its first write (include/keytypes.lua).
+--
+-- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries).
+-- Defines: job_seen_add, job_running, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
--- job_notify.
+-- job_notify, job_guard(spec, job), ack_guard(spec, inflight, args, first, last).
 
 --!include counters
+--!include keytypes
 --!include sites
 
 local JOB_TTL = 7 * 24 * 3600  -- a running job's participants; a finished job: its field keep
@@ -109,17 +115,21 @@ local function job_leased(job)
     end
 end
 
+local function number_or_0(value)
+    return tonumber(value) or 0
+end
+
 -- How a running job ends: failed when no page came back and errors were counted,
 -- incomplete when requests were dropped (and a page came back, or no error was
 -- counted), done otherwise.
 local function job_outcome(key)
     local counts = redis.call('HMGET', key, 'pages', 'dropped', 'lost')
-    local short = tonumber(counts[2] or '0') > 0 or tonumber(counts[3] or '0') > 0
+    local short = number_or_0(counts[2]) > 0 or number_or_0(counts[3]) > 0
     local ended = short and 'incomplete' or 'done'
-    if tonumber(counts[1] or '0') > 0 then return ended end
+    if number_or_0(counts[1]) > 0 then return ended end
     local fields = redis.call('HGETALL', key)
     for i = 1, #fields, 2 do
-        if string.sub(fields[i], 1, 7) == 'errors/' and tonumber(fields[i + 1]) > 0 then
+        if string.sub(fields[i], 1, 7) == 'errors/' and number_or_0(fields[i + 1]) > 0 then
             return 'failed'
         end
     end
@@ -160,7 +170,7 @@ end
 
 local function job_finish_if_done(job)
     local key = JOB_PREFIX .. job
-    if tonumber(redis.call('HGET', key, 'pending') or '1') > 0 then return end
+    if (tonumber(redis.call('HGET', key, 'pending') or '1') or 1) > 0 then return end
     local state = redis.call('HGET', key, 'state')
     if state ~= 'running' and state ~= 'cancelled' then return end
     local now = redis.call('TIME')
@@ -200,7 +210,8 @@ local LIMITED = {
 local function job_check_limits(job, field)
     if not LIMITED[field] or not job_exists(job) then return end
     local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/' .. field, field)
-    if values[1] and tonumber(values[2] or '0') >= tonumber(values[1]) then
+    local limit = tonumber(values[1])
+    if limit and number_or_0(values[2]) >= limit then
         job_close(job, LIMITED[field])
     end
 end
@@ -229,4 +240,30 @@ local function ack_leases(inflight, args, first, last)
         end
     end
     return acked
+end
+
+-- The keys the bookkeeping of job may write, added to a guard spec: the job index
+-- (job_phase), its participants and done list (job_notify, job_wake). A job hash of
+-- another type is no job (job_exists), and its counters heal (counters.lua).
+local function job_guard(spec, job)
+    spec_add(spec, JOB_PREFIX .. '~states', 'hash')
+    spec_add(spec, JOB_PREFIX .. '~active', 'set')
+    if job == '' then return end
+    spec_add(spec, JOB_PREFIX .. job .. ':participants', 'hash')
+    spec_add(spec, JOB_PREFIX .. job .. ':done', 'list')
+end
+
+-- The keys ack_leases(inflight, args, first, last) may write, added to a guard spec.
+local function ack_guard(spec, inflight, args, first, last)
+    spec_add(spec, inflight, 'zset')
+    job_guard(spec, '')
+    local sites = site_prefix(JOB_PREFIX)
+    for i = first, last do
+        job_guard(spec, entry_job(args[i], 13))
+        local site = site_counted(args[i])
+        if site then
+            spec_add(spec, sites .. site .. ':leases', 'zset')
+            spec_add(spec, sites .. site .. ':waiting', 'set')
+        end
+    end
 end

@@ -6,12 +6,28 @@
 -- refuses the whole call while one of them is damaged: the caller's repair
 -- (lua/repair.lua) moves the key aside, and the next call goes through.
 --
+-- A script checks every key it may write, of every spider of the group its call
+-- touches, before its first write; a counter that must hold an integer is checked
+-- too (a tonumber() of text is nil, and comparing nil throws). The refusal names
+-- the key and the type it should hold: celery_crawl/repair.py parses it
+-- (REFUSAL), moves THAT key aside, whichever spider of the group it belongs to,
+-- and the call is sent again.
+--
 -- Uses: nothing from the including script.
--- Defines: key_type_problem(spec): spec is {key, type, key, type, ...}, a type
+-- Defines: spec_add(spec, key, type): adds a key to check to spec, once (a spec
+-- remembers its keys under their names).
+-- key_type_problem(spec): spec is {key, type, key, type, ...}, a type
 -- being a Redis type or 'counter' (a string that INCRBY takes); returns the first
 -- key of another type, with the type wanted, or nil. A missing key is fine.
 -- refuse_damaged(spec): the refusal to return, an error reply (WRONGTYPE, naming
 -- the key), or nil when every key is of its type.
+
+local function spec_add(spec, key, wanted)
+    if spec[key] then return end
+    spec[key] = true
+    spec[#spec + 1] = key
+    spec[#spec + 1] = wanted
+end
 
 local function key_type_problem(spec)
     for i = 1, #spec, 2 do

@@ -10,6 +10,11 @@
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
 -- queue of another spider of the group, each {levels, signal, dupefilter,
 -- dupefilter count}. Returns a list of n flags, 1 = enqueued.
+-- push_guard(spec, lanes, args, first, n): adds to a guard spec (include/keytypes.lua)
+-- every key push_requests will write for the same arguments, of every lane: its
+-- index, signal and level lists, the dedup keys its requests meet (dedup_guard), the
+-- jobs' keys (job_guard). Checked before the first write, so that a damaged key of
+-- any spider of the group refuses the call whole, and names that key.
 
 local SIGNAL_CAP = 64
 
@@ -17,6 +22,30 @@ local function wake(signal, added)
     for _ = 1, math.min(added, SIGNAL_CAP) do redis.call('RPUSH', signal, 1) end
     redis.call('LTRIM', signal, -SIGNAL_CAP, -1)
     redis.call('PUBLISH', signal, added)  -- processes that wait without a blocked pop
+end
+
+local function push_guard(spec, lanes, args, first, n)
+    local fps = {}
+    for i = 0, n - 1 do
+        local at = first + 6 * i
+        local fp, job, lane = args[at + 1], args[at + 2], tonumber(args[at + 4])
+        local keys = lanes[lane]
+        fps[lane] = fps[lane] or {}
+        spec_add(spec, keys[1], 'zset')
+        spec_add(spec, keys[2], 'list')
+        spec_add(spec, keys[1] .. ':' .. args[at], 'list')
+        job_guard(spec, job)
+        if fp ~= '' and SCOPE == 'job' and job ~= '' then
+            spec_add(spec, JOB_PREFIX .. job .. ':seen', 'set')
+        elseif fp ~= '' then
+            fps[lane][#fps[lane] + 1] = fp
+        end
+    end
+    for lane, list in pairs(fps) do
+        dedup_use(lanes[lane][3], lanes[lane][4])
+        dedup_guard(spec, list)
+    end
+    dedup_use(lanes[0][3], lanes[0][4])
 end
 
 local function push_requests(lanes, args, first, n)
