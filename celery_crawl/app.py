@@ -60,7 +60,6 @@ def create_app(
         result_expires=setting(project.settings, "CELERY_CRAWL_JOB_KEEP_SECONDS"),
         broker_connection_retry_on_startup=True,
         celery_crawl_settings=scrapy_settings,
-        celery_crawl_overrides=settings or {},
     )
     app.conf.update(conf)
     route_by_spider(app, project)
@@ -68,6 +67,9 @@ def create_app(
     app.task(bind=True, name=PRODUCE_TASK, shared=False)(run_producer)
     app.conf.beat_schedule = producer_schedule(project) | dict(app.conf.beat_schedule or {})
     app.steps["worker"].add(CrawlerHosting)
+    # kept out of app.conf: `celery inspect conf` (which Flower shows) would list a REDIS_URL
+    # given here with its password; Celery masks only the keys it knows to be secret
+    app.celery_crawl_overrides = dict(settings or {})
     app.celery_crawl_project = project
     return app
 

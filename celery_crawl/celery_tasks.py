@@ -21,13 +21,12 @@ from celery_crawl import connection
 from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
 from celery_crawl.defaults import setting
 from celery_crawl.errors import JobFailed, JobIncomplete, JobTimeout
-from celery_crawl.jobs import LIMITS, Job, JobStatus
+from celery_crawl.jobs import Job, JobStatus
 from celery_crawl.keys import job_spider, stopping_worker
 from celery_crawl.project import parse_seed, project_of
 from celery_crawl.registry import Registry, WorkerInfo, waiting_reason
 
 logger = logging.getLogger(__name__)
-TIMEOUT_REASON = LIMITS["seconds"][1]
 
 
 def run_job(
@@ -73,9 +72,13 @@ def run_job(
 
 
 def close_if_out_of_time(job: Job, status: JobStatus) -> None:
-    """The ``seconds`` limit, which only the tracker sees: the job ends ``closed``."""
+    """The ``seconds`` limit, which only the tracker sees: the job ends ``closed``.
+
+    Redis compares the job's age with its limit on its own clock, so a worker
+    whose clock is off closes it neither early nor late.
+    """
     limit = (status.limits or {}).get("seconds")
-    if limit and not status.finished and status.duration >= limit and job.close(TIMEOUT_REASON):
+    if limit and not status.finished and job.close_if_out_of_time():
         logger.info("job %s closed: its time limit of %s s was reached", job.id, limit)
 
 

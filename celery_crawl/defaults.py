@@ -223,6 +223,21 @@ _ENTRIES = (
         SCHEDULER,
     ),
     Setting(
+        "SCHEDULER_ALLOWED_SCHEMES",
+        ["http", "https"],
+        "the URL schemes a request read back from the queue may use; any other (`file`, `data`,"
+        " `ftp`, `s3`...) is dead-lettered as `refused_scheme` and never fetched",
+        SCHEDULER,
+    ),
+    Setting(
+        "SCHEDULER_ALLOWED_METHODS",
+        ["GET", "HEAD", "POST"],
+        "the HTTP methods a request read back from the queue may use (Scrapy's links, robots.txt,"
+        ' sitemaps and forms); any other is dead-lettered as `refused_method`. `["GET", "HEAD"]`'
+        " for a crawl that posts no form",
+        SCHEDULER,
+    ),
+    Setting(
         "SCHEDULER_PICKLE_SECRET",
         None,
         "`signed_pickle`: the secret (16 bytes or more) that signs every queue entry; the same in"

@@ -13,6 +13,7 @@ Every metric is named ``celery_crawl_*`` and labelled with ``spider``.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -23,11 +24,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from celery_crawl import connection, scripts
+from celery_crawl.http_server import Answer, BoundedHTTPServer
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.middleware import LAST_RESPONSE
 from celery_crawl.registry import Registry, WorkerInfo, hosts
 from celery_crawl.sites import SiteReading, read_sites
 
+logger = logging.getLogger(__name__)
 NS = "celery_crawl"
 DROPPED = "scheduler/dropped/"  # stats field prefix of requests that could not be queued
 
@@ -273,9 +276,22 @@ def serve(
     addr: str,
     workers: Registry | None = None,
 ) -> Any:
-    """Serve ``/metrics`` in a background thread; returns (server, thread)."""
-    from prometheus_client import CollectorRegistry, start_http_server
+    """Serve ``/metrics`` in a background thread; returns (server, thread).
+
+    The server's threads, connections and time are bounded
+    (:mod:`celery_crawl.http_server`): idle or slow clients cannot exhaust it.
+    """
+    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(CrawlCollector(client, spiders, workers))
-    return start_http_server(port, addr=addr, registry=registry)
+
+    def page() -> Answer:
+        try:
+            return 200, CONTENT_TYPE_LATEST, generate_latest(registry)
+        except Exception as exc:  # Redis away, or a bug: this scrape fails, the server stays
+            logger.warning("scrape failed: %r", exc, exc_info=True)
+            return 500, "text/plain", f"scrape failed: {type(exc).__name__}\n".encode()
+
+    server = BoundedHTTPServer(addr, port, page).start()
+    return server, server.thread

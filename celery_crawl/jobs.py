@@ -232,6 +232,7 @@ class JobStatus:
     seeds: list[Any]
     created_at: float
     finished_at: float | None
+    read_at: float  # the server's clock when the job was read: a running job's duration ends here
     reason: str = ""  # why a closed job was closed
     limits: dict[str, float] | None = None  # pages, items, seconds
     args: dict[str, str] | None = None  # spider arguments
@@ -242,8 +243,9 @@ class JobStatus:
 
     @property
     def duration(self) -> float:
-        end = self.finished_at if self.finished_at is not None else time.time()
-        return round(end - self.created_at, 3)
+        """Seconds from its creation to its end, or to when it was read: on Redis's clock."""
+        end = self.finished_at if self.finished_at is not None else self.read_at
+        return round(max(end - self.created_at, 0.0), 3)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -287,7 +289,14 @@ def _count(value: str) -> int:
         return 0
 
 
-def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus:
+def server_time(reply: tuple[int, int]) -> float:
+    """Seconds since the epoch from the reply of Redis's ``TIME``."""
+    seconds, micros = reply
+    return seconds + micros / 1_000_000
+
+
+def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes], read_at: float) -> JobStatus:
+    """``read_at``: the server's clock (:func:`server_time`) when ``raw`` was read."""
     fields = {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
     counts = {name: _count(fields.get(name, "0")) for name in _COUNTERS}
     prefixed = {
@@ -311,6 +320,7 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes]) -> JobStatus
         seeds=json.loads(fields.get("seeds", "[]")),
         created_at=float(fields.get("created_at", 0)),
         finished_at=float(fields["finished_at"]) if "finished_at" in fields else None,
+        read_at=read_at,
         reason=fields.get("reason", ""),
         limits={k[6:]: float(v) for k, v in fields.items() if k.startswith("limit/")},
         args=json.loads(fields.get(ARGS_FIELD, "{}")),
@@ -358,16 +368,20 @@ class Job:
         return f"<Job {self.id} spider={self.spider!r}>"
 
     def status(self) -> JobStatus:
+        """The job's progress, and the server's clock, in one round trip."""
         key = self.keys.job(self.id)
         try:
-            raw: dict[bytes, bytes] = self.client.hgetall(key)  # type: ignore[assignment]
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.hgetall(key)
+                pipe.time()
+                raw, now = pipe.execute()
         except redis.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
             raise UnknownJob(f"job {self.id!r}: its key {key} is damaged (not a hash)") from exc
         if not raw:
             raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}")
-        return parse_status(self.id, self.spider, raw)
+        return parse_status(self.id, self.spider, raw, server_time(now))
 
     def wait(self, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:
         """Block until the job has ended; return its statistics.
@@ -435,6 +449,12 @@ class Job:
         """
         close = scripts.script(self.client, "job_close")
         return bool(close(keys=[self.keys.job_prefix], args=[self.id, reason]))
+
+    def close_if_out_of_time(self) -> bool:
+        """End the job ``closed`` (``closespider_timeout``) if its ``seconds`` limit has
+        passed since it was created, on Redis's clock (``lua/job_timeout.lua``)."""
+        timeout = scripts.script(self.client, "job_timeout")
+        return bool(timeout(keys=[self.keys.job_prefix], args=[self.id, LIMITS["seconds"][1]]))
 
     def cancel(self) -> int:
         """Stop the job and purge its queued requests; other jobs are untouched.

@@ -242,10 +242,8 @@ def project_of(app: Any) -> Project:
     """The Scrapy project of a Celery app made by ``create_app``, loaded once per app."""
     project = getattr(app, "celery_crawl_project", None)
     if project is None:
-        conf = app.conf
-        project = Project.from_module(
-            conf.get("celery_crawl_settings"), conf.get("celery_crawl_overrides")
-        )
+        overrides = getattr(app, "celery_crawl_overrides", None)
+        project = Project.from_module(app.conf.get("celery_crawl_settings"), overrides)
         app.celery_crawl_project = project
     return project
 

@@ -21,7 +21,10 @@ HMAC-SHA256 made with the crawl's secret. docs/requests.md has the threat
 model.
 
 Anything read back that does not fit raises :class:`DecodeError`, never
-another exception.
+another exception. That includes a request whose URL scheme or method the
+project does not allow (:class:`RequestPolicy`: ``SCHEDULER_ALLOWED_SCHEMES``,
+``SCHEDULER_ALLOWED_METHODS``): whoever writes to Redis cannot make a worker
+read ``file://`` or ``s3://`` URLs, or send a ``PUT``.
 
 Callbacks and errbacks follow Scrapy's own rule (``Request.to_dict`` and
 ``request_from_dict``): any method of the spider instance, public, private,
@@ -44,7 +47,9 @@ import json
 import os
 import pickle
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
@@ -78,6 +83,38 @@ FIELDS: tuple[tuple[str, Any], ...] = (
     ("encoding", "utf-8"),
     ("class", "Request"),
 )
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """The URL schemes (lower case) and methods (upper case) a request read back may use."""
+
+    schemes: frozenset[str] = frozenset(SETTINGS["SCHEDULER_ALLOWED_SCHEMES"].default)
+    methods: frozenset[str] = frozenset(SETTINGS["SCHEDULER_ALLOWED_METHODS"].default)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> RequestPolicy:
+        schemes = setting(settings, "SCHEDULER_ALLOWED_SCHEMES")
+        methods = setting(settings, "SCHEDULER_ALLOWED_METHODS")
+        return cls(frozenset(map(str.lower, schemes)), frozenset(map(str.upper, methods)))
+
+    def check(self, request: Request) -> Request:
+        """``request``, or :class:`DecodeError` ``refused_scheme`` / ``refused_method``."""
+        scheme = urlsplit(request.url).scheme.lower()
+        if scheme not in self.schemes:
+            allowed = sorted(self.schemes)
+            raise DecodeError(
+                "refused_scheme", f"URL scheme {scheme!r} is not allowed (allowed: {allowed})"
+            )
+        if request.method.upper() not in self.methods:
+            allowed = sorted(self.methods)
+            raise DecodeError(
+                "refused_method", f"method {request.method!r} is not allowed (allowed: {allowed})"
+            )
+        return request
+
+
+DEFAULT_POLICY = RequestPolicy()
 
 
 class Codec(Protocol):
@@ -190,7 +227,7 @@ def to_record(request: Request, spider: Spider) -> list[Any]:
     return [VERSION, request.url, *values]
 
 
-def from_record(record: Any, spider: Spider) -> Request:
+def from_record(record: Any, spider: Spider, policy: RequestPolicy = DEFAULT_POLICY) -> Request:
     if not isinstance(record, list) or len(record) < 2 or record[0] not in VERSIONS:
         raise DecodeError("malformed", "not a request record of version 1 or 2")
     if len(record) > 2 + len(FIELDS):
@@ -198,7 +235,7 @@ def from_record(record: Any, spider: Spider) -> Request:
     fields = {name: default for name, default in FIELDS}
     fields.update(zip((name for name, _ in FIELDS), record[2:], strict=False))
     check_types(record[1], fields)
-    return build_request(record[1], fields, spider)
+    return policy.check(build_request(record[1], fields, spider))
 
 
 _TYPES: dict[str, type | tuple[type, ...]] = {
@@ -271,8 +308,11 @@ class MsgpackCodec:
 
     name = "msgpack"
 
-    def __init__(self, classes: tags.Classes | None = None) -> None:
+    def __init__(
+        self, classes: tags.Classes | None = None, policy: RequestPolicy = DEFAULT_POLICY
+    ) -> None:
         self.classes = classes if classes is not None else tags.Classes()
+        self.policy = policy
 
     def encode(self, request: Request, spider: Spider) -> bytes:
         record = to_record(request, spider)
@@ -301,7 +341,7 @@ class MsgpackCodec:
             raise DecodeError("undecodable", f"not msgpack: {type(exc).__name__}") from exc
         if unpacker.tagged and isinstance(record, list) and record[:1] == [VERSION]:
             raise DecodeError("malformed", "a version-1 record holds tagged values")
-        return from_record(record, spider)
+        return from_record(record, spider, self.policy)
 
 
 class JsonCodec:
@@ -309,8 +349,11 @@ class JsonCodec:
 
     name = "json"
 
-    def __init__(self, classes: tags.Classes | None = None) -> None:
+    def __init__(
+        self, classes: tags.Classes | None = None, policy: RequestPolicy = DEFAULT_POLICY
+    ) -> None:
         self.classes = classes if classes is not None else tags.Classes()
+        self.policy = policy
 
     def encode(self, request: Request, spider: Spider) -> bytes:
         record = to_record(request, spider)
@@ -339,7 +382,7 @@ class JsonCodec:
             raise
         except Exception as exc:
             raise DecodeError("undecodable", f"not a JSON request record: {exc}") from exc
-        return from_record(record, spider)
+        return from_record(record, spider, self.policy)
 
     def _record(self, data: bytes) -> Any:
         record = json.loads(data)
@@ -389,7 +432,8 @@ class SignedPickleCodec:
     name = "signed_pickle"
     MAGIC = b"ccsp1:"
 
-    def __init__(self, secret: str | bytes | None) -> None:
+    def __init__(self, secret: str | bytes | None, policy: RequestPolicy = DEFAULT_POLICY) -> None:
+        self.policy = policy
         if not secret:
             raise ConfigError(
                 "SCHEDULER_SERIALIZER 'signed_pickle' ('scrapy_redis.picklecompat' means it too)"
@@ -428,21 +472,25 @@ class SignedPickleCodec:
             record = pickle.loads(body)
         except Exception as exc:  # signed by us, but made by another version of the code
             raise DecodeError("undecodable", f"signed, but {type(exc).__name__}: {exc}") from exc
-        return from_record(record, spider)
+        return from_record(record, spider, self.policy)
 
 
-# SCHEDULER_SERIALIZER -> the codec, from the allowed classes and the secret
-CODECS: dict[str, Callable[[tags.Classes, str | None], Codec]] = {
-    "msgpack": lambda classes, _: MsgpackCodec(classes),
-    "json": lambda classes, _: JsonCodec(classes),
-    "signed_pickle": lambda _, secret: SignedPickleCodec(secret),
+# SCHEDULER_SERIALIZER -> the codec, from the allowed classes, the secret and the policy
+CODECS: dict[str, Callable[[tags.Classes, str | None, RequestPolicy], Codec]] = {
+    "msgpack": lambda classes, _, policy: MsgpackCodec(classes, policy),
+    "json": lambda classes, _, policy: JsonCodec(classes, policy),
+    "signed_pickle": lambda _, secret, policy: SignedPickleCodec(secret, policy),
     # the scrapy-redis name: pickle, which is read back here only when signed
-    "scrapy_redis.picklecompat": lambda _, secret: SignedPickleCodec(secret),
+    "scrapy_redis.picklecompat": lambda _, secret, policy: SignedPickleCodec(secret, policy),
 }
 
 
 def codec_from_name(
-    name: str | None, *, allowed_modules: Iterable[str] = (), secret: str | None = None
+    name: str | None,
+    *,
+    allowed_modules: Iterable[str] = (),
+    secret: str | None = None,
+    policy: RequestPolicy = DEFAULT_POLICY,
 ) -> Codec:
     """``SCHEDULER_SERIALIZER``: ``msgpack`` (default), ``json`` or ``signed_pickle``."""
     key = name or SETTINGS["SCHEDULER_SERIALIZER"].default
@@ -451,7 +499,7 @@ def codec_from_name(
             f"SCHEDULER_SERIALIZER {key!r} is not supported; use 'msgpack', 'json' or"
             " 'signed_pickle' (unsigned pickle is never read back from Redis)"
         )
-    return CODECS[key](tags.Classes(allowed_modules), secret)
+    return CODECS[key](tags.Classes(allowed_modules), secret, policy)
 
 
 def codec_from_settings(settings: Any, spidercls: type | None = None) -> Codec:
@@ -463,6 +511,7 @@ def codec_from_settings(settings: Any, spidercls: type | None = None) -> Codec:
         setting(settings, "SCHEDULER_SERIALIZER"),
         allowed_modules=allowed_modules(settings, spidercls),
         secret=secret,
+        policy=RequestPolicy.from_settings(settings),
     )
 
 

@@ -12,7 +12,7 @@ busiest sites: in flight, leased, waits for the limits, back-offs, pauses.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -21,7 +21,7 @@ from rich.console import Group
 from rich.table import Table
 
 from celery_crawl.exporter import Reading, read
-from celery_crawl.jobs import parse_status
+from celery_crawl.jobs import parse_status, server_time
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.project import project_of
 from celery_crawl.registry import Registry, waiting_reason
@@ -125,16 +125,18 @@ def running_jobs(
         for keys, ids in spiders:
             for job in ids:
                 pipe.hgetall(keys.job(job))
-        raws: Iterator[Raw] = iter(pipe.execute())
+        pipe.time()
+        *replies, now = pipe.execute()
+    read_at, raws = server_time(now), iter(replies)
     jobs = []
     for keys, ids in spiders:
         found = [(job, raw) for job, raw in ((job, next(raws)) for job in ids) if raw]
-        jobs.append([progress(job, keys, raw) for job, raw in found])
+        jobs.append([progress(job, keys, raw, read_at) for job, raw in found])
     return jobs
 
 
-def progress(job: str, keys: SpiderKeys, raw: Raw) -> dict[str, Any]:
-    status = parse_status(job, keys.spider, raw).as_dict()
+def progress(job: str, keys: SpiderKeys, raw: Raw, read_at: float) -> dict[str, Any]:
+    status = parse_status(job, keys.spider, raw, read_at).as_dict()
     return {k: v for k, v in status.items() if k in PROGRESS}
 
 

@@ -35,12 +35,11 @@ class Flower:
             "flower",
             "--address=127.0.0.1",
             f"--port={self.port}",
-            "--basic-auth=test:secret",
         ]
         self.proc = subprocess.Popen(
             command,
             cwd=ROOT,
-            env=env,
+            env={**env, "FLOWER_BASIC_AUTH": "test:secret"},  # as documented: not in argv
             stdout=log.open("w"),
             stderr=subprocess.STDOUT,
         )
@@ -76,6 +75,16 @@ def flower(env: dict[str, str], tmp_path: Path) -> Iterator[Flower]:
     yield server
     server.proc.terminate()
     server.proc.wait(10)
+
+
+def test_flower_takes_its_password_from_the_environment(flower: Flower) -> None:
+    assert "secret" not in " ".join(
+        Path(f"/proc/{flower.proc.pid}/cmdline").read_text().split("\0")
+    )
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"http://127.0.0.1:{flower.port}/api/workers", timeout=5)
+    assert refused.value.code == 401
+    assert flower.call("/api/workers") is not None
 
 
 def poll(read: Callable[[], Any], check: Callable[[Any], bool], timeout: float = 30) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -227,6 +228,54 @@ def test_the_time_limit_closes_a_job(app: Celery, workers: Callable[..., Worker]
     ended = result.wait(timeout=60)
     assert ended["state"] == "closed" and ended["reason"] == "closespider_timeout"
     assert 2 <= ended["duration"] < 10 and ended["pages"] < 40
+
+
+@pytest.fixture
+def skewed_workers(live_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[[float], Worker]]:
+    """``start(skew)``: a solo worker whose Python clock (``time.time``) is ``skew`` s off."""
+    clock = str(ROOT / "tests" / "support" / "skewed_clock")
+    with started_workers(live_env, tmp_path) as start:
+
+        def skewed(skew: float) -> Worker:
+            live_env["PYTHONPATH"] = f"{clock}{os.pathsep}{live_env['PYTHONPATH']}"
+            live_env["TEST_CLOCK_SKEW_SECONDS"] = str(skew)
+            return start(f"skew{skew:+.0f}", pool="solo", concurrency=1)
+
+        yield skewed
+
+
+def worker_clock_skew(app: Celery, client: redis.Redis) -> float:
+    """How far the one registered worker's ``time.time`` was from the test's at its start."""
+    (entry,) = client.zrange(Registry.from_settings(project_of(app).settings).key, 0, -1)
+    return float(json.loads(entry)["started"]) - time.time()
+
+
+def test_a_worker_clock_30_s_ahead_does_not_close_a_20_s_job_early(
+    app: Celery, skewed_workers: Callable[[float], Worker], state_client: redis.Redis
+) -> None:
+    """Before the job's clock was Redis's, it was closed after about 2 s."""
+    skewed_workers(30)
+    assert 25 < worker_clock_skew(app, state_client) < 35  # the hook took
+    job = crawl("paths", [{"chain": "ahead", "length": 60}], app=app, limits={"seconds": 20})
+    crawled = lambda: (s := job.status()).pages >= 8 or s.finished  # noqa: E731
+    wait_for(crawled, 30, "the worker crawls 8 pages (about 4 s), or the job ends")
+    status = job.status()
+    assert (status.state, status.reason) == ("running", "")
+    assert 3 < status.duration < 20
+    job.cancel()
+    assert job.wait(timeout=60)["state"] == "cancelled"
+
+
+def test_a_worker_clock_30_s_behind_closes_a_2_s_job_on_time(
+    app: Celery, skewed_workers: Callable[[float], Worker], state_client: redis.Redis
+) -> None:
+    """Before the job's clock was Redis's, it was closed after about 32 s."""
+    skewed_workers(-30)
+    assert -35 < worker_clock_skew(app, state_client) < -25
+    job = crawl("paths", [{"chain": "behind", "length": 60}], app=app, limits={"seconds": 2})
+    ended = job.wait(timeout=20)
+    assert ended["state"] == "closed" and ended["reason"] == "closespider_timeout"
+    assert 2 <= ended["duration"] < 10
 
 
 def test_the_cli_takes_job_limits(live_env: dict[str, str], workers: Callable[..., Worker]) -> None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import importlib
 import re
+import subprocess
 import tomllib
 from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,9 +93,7 @@ def test_redis_is_not_published_and_is_persistent_with_a_password(
 ) -> None:
     redis_service = compose["services"]["redis"]
     assert "ports" not in redis_service
-    args = command(redis_service)
-    assert args[args.index("--appendonly") + 1] == "yes"
-    assert args[args.index("--requirepass") + 1].startswith("${REDIS_PASSWORD")
+    assert redis_service["environment"]["REDIS_PASSWORD"].startswith("${REDIS_PASSWORD:?")
     for name, service in compose["services"].items():
         for port in service.get("ports", []):
             assert "6379" not in str(port), name
@@ -101,11 +101,60 @@ def test_redis_is_not_published_and_is_persistent_with_a_password(
     assert re.fullmatch(r"redis://:\$\{REDIS_PASSWORD[^}]*\}@redis:6379/0", url)
 
 
+def test_redis_starts_with_its_password_from_a_file_not_from_argv(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    """The service's shell line, run with stand-ins for the image's entrypoint and chown."""
+    shell, flag, script = command(compose["services"]["redis"])
+    assert (shell, flag) == ("sh", "-c")
+    for stub, body in {
+        "docker-entrypoint.sh": 'echo "$@" > argv; cp "$2" conf',
+        "chown": "true",
+    }.items():
+        (tmp_path / stub).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / stub).chmod(0o755)
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REDIS_PASSWORD": "s3cr3t-pw"}
+    script = script.replace("$$", "$")  # what compose hands the shell
+    script = script.replace("/tmp/auth.conf", str(tmp_path / "auth.conf"))  # the test's own
+    subprocess.run([shell, flag, script], cwd=tmp_path, env=env, check=True, timeout=30)
+    argv = (tmp_path / "argv").read_text().split()
+    assert argv == [
+        *("valkey-server", str(tmp_path / "auth.conf")),
+        *("--appendonly", "yes", "--appendfsync", "everysec"),
+    ]
+    assert (tmp_path / "conf").read_text() == 'requirepass "s3cr3t-pw"\n'
+
+
 def test_flower_asks_for_a_password_and_listens_on_loopback_only(compose: dict[str, Any]) -> None:
     flower = compose["services"]["flower"]
-    auth = [arg for arg in command(flower) if arg.startswith("--basic-auth=")]
-    assert auth == ["--basic-auth=${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}"]
+    auth = flower["environment"]["FLOWER_BASIC_AUTH"]  # Flower reads FLOWER_* variables
+    assert auth == "${FLOWER_BASIC_AUTH:?set FLOWER_BASIC_AUTH=user:password}"
+    assert (
+        flower["environment"]["REDIS_URL"]
+        == app_services(compose)["worker"]["environment"]["REDIS_URL"]
+    )
     assert all(str(port).startswith("127.0.0.1:") for port in flower["ports"])
+
+
+# a variable that compose puts into the text (``$$`` is a literal ``$``, left to the shell)
+SECRET_VARIABLE = re.compile(r"(?<!\$)\$\{?\w*(PASSWORD|AUTH|SECRET|TOKEN)", re.IGNORECASE)
+SECRET_FLAG = re.compile(r"--(basic-auth|requirepass|password|pass)\b")
+
+
+def test_no_secret_is_on_a_command_line(compose: dict[str, Any]) -> None:
+    """``ps`` shows every process's argv to every user of the host: secrets go in the env."""
+    for name, service in compose["services"].items():
+        argv = [*command(service)] if "command" in service else []
+        argv += service.get("healthcheck", {}).get("test", [])
+        for arg in map(str, argv):
+            assert not SECRET_VARIABLE.search(arg), (name, arg)
+            assert not SECRET_FLAG.search(arg), (name, arg)
+
+
+def test_the_docs_put_no_secret_on_a_command_line() -> None:
+    given = re.compile(SECRET_FLAG.pattern + r"[= ]+[^\s`]")  # the flag with a value
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        assert not given.search(page.read_text()), page.name
 
 
 def test_monitoring_mounts_files_that_exist(compose: dict[str, Any]) -> None:

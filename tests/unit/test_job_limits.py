@@ -28,7 +28,7 @@ def test_limits_go_into_the_job_hash_and_come_back() -> None:
     fields = limit_fields({"pages": 3, "seconds": 2.5})
     assert fields == {"limit/pages": "3", "limit/seconds": "2.5"}
     raw = {k.encode(): v.encode() for k, v in {**fields, "state": "running"}.items()}
-    assert parse_status("j", "paths", raw).limits == {"pages": 3.0, "seconds": 2.5}
+    assert parse_status("j", "paths", raw, 0.0).limits == {"pages": 3.0, "seconds": 2.5}
     with pytest.raises(ValueError, match="unknown job limits \\['width'\\]"):
         limit_fields({"width": 2})
 

@@ -163,3 +163,65 @@ def test_a_request_the_codec_cannot_rebuild_is_dead_lettered_with_its_ack(
     scheduler.flush()
     (record,) = records(client, keys)
     assert record["stage"] == "dequeue" and client.zcard(keys.inflight) == 0
+
+
+REFUSED = {
+    "file:///etc/passwd": "refused_scheme",
+    "data:,secret": "refused_scheme",
+    "ftp://127.0.0.1/pub/x": "refused_scheme",
+    "s3://bucket/key": "refused_scheme",
+}
+
+
+def test_entries_of_a_refused_scheme_or_method_are_dead_lettered_never_handed_out(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """What a Redis writer can push: file://, data:, ftp://, s3:// and a PUT. Default policy."""
+    scheduler = open_scheduler(make_crawler())
+    keys = scheduler.queue.keys
+    assert scheduler.spider is not None
+    put = Request("http://127.0.0.1/admin", method="PUT", body=b"{}")
+    written = [encode(scheduler, url) for url in REFUSED]
+    written.append(bytes(scheduler.codec.encode(put, scheduler.spider)))
+    good = [encode(scheduler, "http://127.0.0.1/post/1"), encode(scheduler, "https://a.test/")]
+    good.append(
+        bytes(scheduler.codec.encode(Request("http://a.test/f", method="POST"), scheduler.spider))
+    )
+    push_raw(client, keys, [bytes([0]) + entry for entry in written + good], priority=0)
+
+    handed_out = drain(scheduler, limit=20)
+    scheduler.flush()
+    assert sorted(r.url for r in handed_out) == [
+        "http://127.0.0.1/post/1",
+        "http://a.test/f",
+        "https://a.test/",
+    ]
+    dead = records(client, keys)
+    assert sorted(r["reason"] for r in dead) == ["refused_method"] + ["refused_scheme"] * 4
+    assert {r["stage"] for r in dead} == {"dequeue"}
+    assert any("'file'" in r["error"] for r in dead) and any("'PUT'" in r["error"] for r in dead)
+    assert scheduler.stats is not None  # the crawler's stats: shared by the stats collector
+    assert scheduler.stats.get_value("celery_crawl/dead_letter/refused_scheme") == 4
+    assert scheduler.stats.get_value("celery_crawl/dead_letter/refused_method") == 1
+    assert client.zcard(keys.inflight) == 3 and len(scheduler.queue) == 0  # only the good ones
+
+
+def test_the_allowed_schemes_and_methods_are_settings(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    crawler = make_crawler(
+        SCHEDULER_ALLOWED_SCHEMES=["HTTP", "data"], SCHEDULER_ALLOWED_METHODS=["get"]
+    )
+    scheduler = open_scheduler(crawler)
+    keys = scheduler.queue.keys
+    assert scheduler.spider is not None
+    post = Request("http://a.test/form", method="POST")
+    entries = [encode(scheduler, "data:,ok"), encode(scheduler, "https://a.test/")]
+    entries.append(bytes(scheduler.codec.encode(post, scheduler.spider)))
+    push_raw(client, keys, [bytes([0]) + entry for entry in entries], priority=0)
+    assert [r.url for r in drain(scheduler, limit=10)] == ["data:,ok"]
+    scheduler.flush()
+    assert sorted(r["reason"] for r in records(client, keys)) == [
+        "refused_method",
+        "refused_scheme",
+    ]
