@@ -3,15 +3,18 @@
     python -m benchmarks.e2e_spiders redis SITE_URL ITEMS REDIS_URL KEY_PREFIX
     python -m benchmarks.e2e_spiders plain SITE_URL ITEMS FORUM_ID...
     python -m benchmarks.e2e_spiders plain-frozen SITE_URL ITEMS FORUM_ID...
+    python -m benchmarks.e2e_spiders redis-idle SITE_URL ITEMS REDIS_URL KEY_PREFIX COUNT
 
 ITEMS is a feed path, or ``redis`` for scrapy-redis's RedisPipeline (items
 pushed to a Redis list, as in scrapy-redis's example project).
 
 They reuse ``tasks.spiders.forum.ForumSpider``'s parsing, so all the
-systems do the same work per page. ``plain-frozen`` freezes the startup heap
-out of the garbage collector once the spider is open, and raises the
-collector's thresholds, as a celery_crawl worker does once its crawlers are
-open (``CELERY_CRAWL_GC_FREEZE``, ``CELERY_CRAWL_GC_THRESHOLD``).
+systems do the same work per page. ``redis-idle`` runs COUNT copies of the
+scrapy-redis spider, under other names, in one process: the anchor of
+``benchmarks.idle``. ``plain-frozen`` freezes the startup heap out of the
+garbage collector once the spider is open, and raises the collector's
+thresholds, as a celery_crawl worker does once its crawlers are open
+(``CELERY_CRAWL_GC_FREEZE``, ``CELERY_CRAWL_GC_THRESHOLD``).
 """
 
 from __future__ import annotations
@@ -72,8 +75,8 @@ def main(argv: list[str]) -> None:
     settings = {**COMMON, "FORUM_BASE_URL": site, "FORUM_FEED": None}
     if items != "redis":
         settings["FEEDS"] = {items: {"format": "jsonlines"}}
-    if system == "redis":
-        redis_url, prefix = rest
+    if system in ("redis", "redis-idle"):
+        redis_url, prefix, *count = rest
         if items == "redis":
             settings["ITEM_PIPELINES"] = {"scrapy_redis.pipelines.RedisPipeline": 300}
             settings["REDIS_ITEMS_KEY"] = prefix + ":%(spider)s:items"
@@ -87,7 +90,8 @@ def main(argv: list[str]) -> None:
             "REDIS_START_URLS_KEY": prefix + ":%(name)s:start_urls",
         }
         process = CrawlerProcess(settings)
-        process.crawl(RedisForumSpider)
+        for spider in redis_spiders(int(count[0]) if count else 1):
+            process.crawl(spider)
     else:
         process = CrawlerProcess(settings)
         crawler = process.create_crawler(PlainForumSpider)
@@ -95,6 +99,14 @@ def main(argv: list[str]) -> None:
             crawler.signals.connect(freeze, signal=signals.spider_opened)
         process.crawl(crawler, forums=",".join(rest))
     process.start()
+
+
+def redis_spiders(count: int) -> list[type[RedisForumSpider]]:
+    """The forum's RedisSpider, and ``count - 1`` copies of it under other names."""
+    copies = [
+        type(f"Idle{n}", (RedisForumSpider,), {"name": f"idle_{n:02d}"}) for n in range(1, count)
+    ]
+    return [RedisForumSpider, *copies]
 
 
 def freeze(spider: Any) -> None:
