@@ -111,10 +111,10 @@ def site_rows(
 
 
 def minute_counts(
-    client: redis.Redis, readings: Sequence[Reading], now: float, bad: BadValues
+    client: redis.Redis, readings: Sequence[Reading], now: float, bad: BadValues | None = None
 ) -> list[tuple[dict[str, float], list[str]]]:
     """Per spider, in one round trip: its rates, and the ids of the running jobs it reports."""
-    minute = int(now // 60)
+    bad, minute = BadValues() if bad is None else bad, int(now // 60)
     with client.pipeline(transaction=False) as pipe:
         for reading in readings:
             pipe.hgetall(reading.keys.stats_rate(minute - 1))
@@ -134,9 +134,12 @@ def minute_counts(
 
 
 def running_jobs(
-    client: redis.Redis, spiders: Sequence[tuple[SpiderKeys, list[str]]], bad: BadValues
+    client: redis.Redis,
+    spiders: Sequence[tuple[SpiderKeys, list[str]]],
+    bad: BadValues | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Per spider, in one round trip: the progress of each job id given (gone ones left out)."""
+    bad = BadValues() if bad is None else bad
     with client.pipeline(transaction=False) as pipe:
         for keys, ids in spiders:
             for job in ids:
