@@ -20,7 +20,8 @@ from celery.exceptions import Reject
 from celery_crawl import connection
 from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
 from celery_crawl.defaults import setting
-from celery_crawl.errors import JobFailed, JobIncomplete, JobTimeout
+from celery_crawl.errors import BadInput, ConfigError, JobFailed, JobIncomplete, JobTimeout, quote
+from celery_crawl.inputs import check_args, check_job, check_limits, check_seeds
 from celery_crawl.jobs import Job, JobStatus
 from celery_crawl.keys import job_spider, stopping_worker
 from celery_crawl.project import parse_seed, project_of
@@ -38,12 +39,24 @@ def run_job(
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The body of ``celery_crawl.crawl``: start or join the job, report, return stats."""
+    """The body of ``celery_crawl.crawl``: start or join the job, report, return stats.
+
+    Its arguments come from a message, which anyone may send: they are checked
+    as ``crawl()`` checks them (:mod:`celery_crawl.inputs`) before anything is written.
+    """
+    given = check_job(
+        spider, seeds, priority=priority, job_id=task.request.id, limits=limits, args=args
+    )
     project = project_of(task.app)
-    job_id = task.request.id
-    job, created = start_job(project, spider, seeds, priority, job_id, limits=limits, args=args)
+    job, created = start_job(
+        project, spider, given.seeds, priority, given.job_id, limits=given.limits, args=given.args
+    )
     logger.info(
-        "job %s %s: spider=%s seeds=%s", job.id, "started" if created else "joined", spider, seeds
+        "job %s %s: spider=%s seeds=%s",
+        job.id,
+        "started" if created else "joined",
+        spider,
+        quote(given.seeds),
     )
     interval = setting(project.settings, "CELERY_CRAWL_PROGRESS_INTERVAL")
     stopping = stopping_worker(project.prefix, task.request.hostname or "")
@@ -89,7 +102,7 @@ def finished(job: Job, result: dict[str, Any]) -> dict[str, Any]:
         " duration=%ss",
         job.id,
         job.spider,
-        result["seeds"],
+        quote(result["seeds"]),
         result["state"],
         result["pages"],
         result["items"],
@@ -143,12 +156,34 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
         group=project.job_spans(spider),
     )
 
-    limits = setting(settings, "PRODUCER_LIMITS") or None
-    args = setting(settings, "PRODUCER_ARGS") or None
+    limits, args = producer_job_settings(settings)
 
     def start(source: str, job_id: str) -> None:
         seeds = [parse_seed(spidercls, source)]
         crawl(spider, seeds, app=task.app, job_id=job_id, limits=limits, args=args)
 
-    tick = producer.tick(producer.sources(setting(settings, "PRODUCER_SOURCES")), start)
+    sources = producible(spidercls, producer.sources(setting(settings, "PRODUCER_SOURCES")))
+    tick = producer.tick(sources, start)
     return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}
+
+
+def producer_job_settings(settings: Any) -> tuple[dict[str, float], dict[str, str]]:
+    """``PRODUCER_LIMITS`` and ``PRODUCER_ARGS``, checked before any source is reserved."""
+    try:
+        limits = check_limits(setting(settings, "PRODUCER_LIMITS") or None)
+        return limits, check_args(setting(settings, "PRODUCER_ARGS") or None)
+    except BadInput as exc:
+        raise ConfigError(f"PRODUCER_LIMITS or PRODUCER_ARGS: {exc}") from None
+
+
+def producible(spidercls: Any, sources: list[str]) -> list[str]:
+    """The sources whose seed passes the input rules: the others, logged, are not reserved."""
+    kept = []
+    for source in sources:
+        try:
+            check_seeds([parse_seed(spidercls, source)])
+        except BadInput as exc:
+            logger.error("producer: source %s left out: %s", quote(source), exc)
+            continue
+        kept.append(source)
+    return kept

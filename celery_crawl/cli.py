@@ -23,16 +23,18 @@ import json
 import os
 import sys
 import time
+import uuid
 from importlib.metadata import EntryPoint, entry_points
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from typer.core import TyperGroup
 from typer.main import get_command as click_command_of
 
-from celery_crawl.errors import CeleryCrawlError
+from celery_crawl.errors import CeleryCrawlError, quote
 
 PLUGIN_GROUP = "celery_crawl.commands"
 APP_ENVVAR = "CELERY_CRAWL_APP"
@@ -176,22 +178,21 @@ def crawl(
     ] = None,
 ) -> None:
     """Start crawl jobs; with --wait, follow them until they are done."""
-    from celery_crawl import crawl as start
-    from celery_crawl.project import parse_seed, project_of
+    from celery_crawl.project import project_of
     from celery_crawl.registry import Registry
 
     celery_app = open_app(app)
     try:
-        spidercls = project_of(celery_app).spider_class(spider)
-        limits = parse_limits(limit or [])
-        args = parse_args(argument or [])
-        per_job = [[parse_seed(spidercls, s)] for s in seeds] if seeds else [[]]
-        jobs = [
-            start(spider, job_seeds, priority, app=celery_app, limits=limits, args=args)
-            for job_seeds in per_job
-        ]
+        jobs = start_jobs(
+            celery_app,
+            spider,
+            seeds or [],
+            priority=priority,
+            limit=limit or [],
+            arg=argument or [],
+        )
     except (CeleryCrawlError, ValueError) as exc:  # unknown spider, bad seed or limit, no Redis
-        err.print(f"[red]error:[/red] {exc}")
+        err.print(f"[red]error:[/red] {escape(str(exc))}")
         raise typer.Exit(2) from None
     if not wait:
         ids = [job.id for job in jobs]
@@ -204,6 +205,32 @@ def crawl(
     raise typer.Exit(0 if all(r["state"] == "done" for r in results) else 1)
 
 
+def start_jobs(
+    celery_app: Any,
+    spider: str,
+    seeds: list[str],
+    *,
+    priority: int,
+    limit: list[str],
+    arg: list[str],
+) -> list[Any]:
+    """A job per seed (none: one of the start requests), every job's input checked first."""
+    from celery_crawl import crawl as start
+    from celery_crawl.inputs import check_job
+    from celery_crawl.project import parse_seed, project_of
+
+    spidercls = project_of(celery_app).spider_class(spider)
+    limits, args = parse_limits(limit), parse_args(arg)
+    per_job = [[parse_seed(spidercls, s)] for s in seeds] if seeds else [[]]
+    planned = [(uuid.uuid4().hex, job_seeds) for job_seeds in per_job]
+    for job_id, job_seeds in planned:  # so that a bad seed starts no job at all
+        check_job(spider, job_seeds, priority=priority, job_id=job_id, limits=limits, args=args)
+    return [
+        start(spider, job_seeds, priority, app=celery_app, job_id=job_id, limits=limits, args=args)
+        for job_id, job_seeds in planned
+    ]
+
+
 def parse_limits(texts: list[str]) -> dict[str, float]:
     """``["pages=50", "seconds=600"]`` -> ``{"pages": 50.0, "seconds": 600.0}``."""
     from celery_crawl.jobs import LIMITS
@@ -212,11 +239,11 @@ def parse_limits(texts: list[str]) -> dict[str, float]:
     for text in texts:
         name, _, value = text.partition("=")
         if name not in LIMITS:
-            raise ValueError(f"--limit {text!r}: the limits are {', '.join(LIMITS)}")
+            raise ValueError(f"--limit {quote(text)}: the limits are {', '.join(LIMITS)}")
         try:
             limits[name] = float(value)
         except ValueError:
-            raise ValueError(f"--limit {text!r}: {value!r} is not a number") from None
+            raise ValueError(f"--limit {quote(text)}: {quote(value)} is not a number") from None
     return limits
 
 
@@ -226,7 +253,7 @@ def parse_args(texts: list[str]) -> dict[str, str]:
     for text in texts:
         name, sep, value = text.partition("=")
         if not sep:
-            raise ValueError(f"-a {text!r}: a spider argument is NAME=VALUE")
+            raise ValueError(f"-a {quote(text)}: a spider argument is NAME=VALUE")
         args[name] = value
     return args
 

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from celery_crawl import connection
-from celery_crawl.errors import BadSeed
+from celery_crawl.inputs import check_job, check_limits
 from celery_crawl.jobs import ARGS_FIELD, Job, limit_fields
 from celery_crawl.keys import job_spider
 from celery_crawl.project import Project, project_of
@@ -53,19 +53,24 @@ def crawl(
     the spider's ``CLOSESPIDER_PAGECOUNT``, ``_ITEMCOUNT``, ``_TIMEOUT`` and
     ``_ERRORCOUNT``. ``depth`` is the job's ``DEPTH_LIMIT``: deeper requests are
     not followed (by default the spider's ``DEPTH_LIMIT``).
+
+    Input that breaks the rules of :mod:`celery_crawl.inputs` (job id, seeds,
+    priority, limits, arguments) raises :class:`~celery_crawl.errors.BadInput`
+    before anything is written.
     """
     from celery import current_app
 
+    job_id = uuid.uuid4().hex if job_id is None else job_id
+    given = check_job(spider, seeds, priority=priority, job_id=job_id, limits=limits, args=args)
     app = app or current_app
     project = project_of(app)
     project.check_hostable(spider)
-    limits = project.job_limits(spider, limits)
-    job_id = job_id or uuid.uuid4().hex
-    args = check_args(args)
-    job, _ = start_job(project, spider, list(seeds), priority, job_id, limits=limits, args=args)
+    limits = check_limits(project.job_limits(spider, given.limits))  # the settings' too
+    seeds, args = given.seeds, given.args
+    job, _ = start_job(project, spider, seeds, priority, job_id, limits=limits, args=args)
     job.app = app
     kwargs = {"priority": priority, "limits": limits, "args": args}
-    app.send_task(JOB_TASK, args=(spider, list(seeds)), kwargs=kwargs, task_id=job.id)
+    app.send_task(JOB_TASK, args=(spider, seeds), kwargs=kwargs, task_id=job.id)
     return job
 
 
@@ -92,15 +97,6 @@ def start_job(
         queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
     spans = project.job_spans(spider)
     return Job(job_id, spider, queue.client, queue.keys, spans, dedup=queue.dedup), created
-
-
-def check_args(args: dict[str, str] | None) -> dict[str, str]:
-    """Spider arguments are strings, as on Scrapy's command line."""
-    args = dict(args or {})
-    for name, value in args.items():
-        if not (isinstance(name, str) and name.isidentifier() and isinstance(value, str)):
-            raise BadSeed(f"spider argument {name!r}={value!r}: names are identifiers, values str")
-    return args
 
 
 def find_job(app: Any, job_id: str) -> Job | None:

@@ -8,7 +8,8 @@ All derive from :class:`CeleryCrawlError`::
     ├── EncodeError       a request cannot become a queue entry
     ├── DecodeError       a queue entry cannot become a request
     ├── UnknownSpider     ``crawl()`` named a spider the project does not have
-    ├── BadSeed           a seed the spider cannot turn into requests
+    ├── BadInput          an argument of a job breaks the rules of celery_crawl.inputs
+    │   └── BadSeed       a seed the spider cannot turn into requests
     ├── UnknownJob        no job with this id exists
     ├── JobTimeout        ``Job.wait`` ran out of time (the job goes on)
     ├── JobFailed         the job fetched no page and counted errors
@@ -18,6 +19,22 @@ All derive from :class:`CeleryCrawlError`::
 """
 
 from __future__ import annotations
+
+from typing import Any
+
+QUOTED_CHARS = 200  # the most of an input any message quotes
+
+
+def quote(value: Any, limit: int = QUOTED_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters: messages quote input, never all of it."""
+    return cut(repr(value), limit)
+
+
+def cut(text: str, limit: int = QUOTED_CHARS) -> str:
+    """``text``, or its first ``limit`` characters and how long it was."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text):,} characters)"
 
 
 class CeleryCrawlError(Exception):
@@ -51,7 +68,14 @@ class UnknownSpider(CeleryCrawlError):
     """``crawl()`` named a spider the project does not have."""
 
 
-class BadSeed(CeleryCrawlError):
+class BadInput(CeleryCrawlError, ValueError):
+    """An argument of a job (id, seeds, priority, limits, spider arguments) is refused.
+
+    Raised by :mod:`celery_crawl.inputs` before anything is written to Redis.
+    """
+
+
+class BadSeed(BadInput):
     """A seed the spider cannot turn into requests."""
 
 

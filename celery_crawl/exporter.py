@@ -8,6 +8,12 @@ length (over its priority levels) and the dedup size (a counter, or the live
 time buckets' counters of an expiring filter); the stats and the job counts
 are one hash each. No ``KEYS``, no scans.
 
+A value that is not what its key holds (text where a count belongs, bytes
+that are not UTF-8, a key of the wrong type) never fails a scrape: its key
+is logged once, counted in ``celery_crawl_exporter_bad_values_total{key}``,
+and its series left out; every other series is served
+(:mod:`celery_crawl.bad_values`).
+
 Every metric is named ``celery_crawl_*`` and labelled with ``spider``.
 """
 
@@ -24,6 +30,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from celery_crawl import connection, scripts
+from celery_crawl.bad_values import BadValues
+from celery_crawl.errors import quote
 from celery_crawl.http_server import Answer, BoundedHTTPServer
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.middleware import LAST_RESPONSE
@@ -66,14 +74,14 @@ JOB_COUNTERS = ("done", "incomplete", "failed", "cancelled", "closed")  # only g
 
 @dataclass
 class Reading:
-    """What one scrape read for one spider."""
+    """What one scrape read for one spider; None where the value in Redis was bad."""
 
     keys: SpiderKeys
-    queued: int
-    in_flight: int
-    fingerprints: int
+    queued: int | None
+    in_flight: int | None
+    fingerprints: int | None
     stats: dict[str, str]
-    jobs: dict[str, int] | None  # None for a group member: its group's spider reports jobs
+    jobs: dict[str, int | None] | None  # None for a group member: its group's spider reports jobs
 
     @property
     def dropped(self) -> int:
@@ -82,17 +90,21 @@ class Reading:
         return int(sum(number(v) for v in fields))
 
 
-def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
+def read(
+    client: redis.Redis, spiders: Sequence[SpiderKeys], bad: BadValues | None = None
+) -> list[Reading]:
     """One pipelined round trip: three or four commands per spider, none of them O(queue).
 
     ``lua/spider_size.lua`` gives a spider's queue length and dedup size. A
     group's job counts are read once, with the spider named after the group.
     On a Redis Cluster, whose pipelines take no scripts, the sizes are read
-    first, one call per spider, each on the spider's node.
+    first, one call per spider, each on the spider's node. A value that is
+    not what its key holds is noted in ``bad`` and skipped.
     """
+    bad = BadValues() if bad is None else bad
     size = scripts.script(client, "spider_size")
     cluster = connection.is_cluster(client)
-    sizes = [size(keys=size_keys(keys)) for keys in spiders] if cluster else []
+    sizes = [cluster_size(size, keys) for keys in spiders] if cluster else []
     with client.pipeline(transaction=False) as pipe:
         for keys in spiders:
             if not cluster:
@@ -101,8 +113,16 @@ def read(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[Reading]:
             pipe.hgetall(keys.stats)
             if keys.group == keys.spider:
                 pipe.hgetall(keys.job_states)
-        replies = pipe.execute()
-    return parse_readings(spiders, iter(replies), iter(sizes) if cluster else None)
+        replies = pipe.execute(raise_on_error=False)
+    return parse_readings(spiders, iter(replies), iter(sizes) if cluster else None, bad)
+
+
+def cluster_size(size: Any, keys: SpiderKeys) -> Any:
+    """The script's reply on a cluster node, or its error, as a pipeline gives it."""
+    try:
+        return size(keys=size_keys(keys))
+    except redis.ResponseError as exc:
+        return exc
 
 
 def size_keys(keys: SpiderKeys) -> list[str]:
@@ -110,24 +130,39 @@ def size_keys(keys: SpiderKeys) -> list[str]:
 
 
 def parse_readings(
-    spiders: Sequence[SpiderKeys], replies: Iterator[Any], sizes: Iterator[Any] | None
+    spiders: Sequence[SpiderKeys],
+    replies: Iterator[Any],
+    sizes: Iterator[Any] | None,
+    bad: BadValues,
 ) -> list[Reading]:
     readings = []
     for keys in spiders:
-        queued, count = next(replies if sizes is None else sizes)
-        in_flight, stats = next(replies), next(replies)
+        queued, count = parse_sizes(keys, next(replies if sizes is None else sizes), bad)
+        in_flight, stats = bad.reply(keys.inflight, next(replies)), next(replies)
         jobs = next(replies) if keys.group == keys.spider else None
         readings.append(
             Reading(
                 keys,
-                int(queued),
-                int(in_flight),
-                int(count),
-                {k.decode(): v.decode() for k, v in stats.items()},
-                None if jobs is None else {k.decode(): int(v) for k, v in jobs.items()},
+                queued,
+                in_flight,
+                count,
+                bad.text_hash(keys.stats, stats),
+                None if jobs is None else bad.count_hash(keys.job_states, jobs),
             )
         )
     return readings
+
+
+def parse_sizes(keys: SpiderKeys, reply: Any, bad: BadValues) -> tuple[int | None, int | None]:
+    """The queue length and the dedup size; a count that is not a number ends the
+    script's reply early (a Lua nil ends a table), so that it holds the queue length only."""
+    found = bad.reply(f"{keys.queue} (or its levels, or {keys.dupefilter})", reply)
+    if found is None:
+        return None, None
+    if len(found) < 2:
+        bad.note(keys.dupefilter_count, "not a number")
+        return int(found[0]), None
+    return int(found[0]), int(found[1])
 
 
 class CrawlCollector(Collector):
@@ -142,19 +177,43 @@ class CrawlCollector(Collector):
         self.client = client
         self.spiders = list(spiders)
         self.registry = registry
+        self.bad = BadValues()  # over the exporter's life: each bad key is logged once
 
     def collect(self) -> Iterator[Metric]:
-        readings = read(self.client, self.spiders)
-        yield from gauges(readings)
+        readings = read(self.client, self.spiders, self.bad)
+        yield from gauges(readings, self.bad)
         yield from counters(readings)
         yield from job_metrics(readings)
         groups = [keys for keys in self.spiders if keys.group == keys.spider]
-        yield from site_metrics({keys.group: read_sites(self.client, keys) for keys in groups})
+        sites = {keys.group: read_sites(self.client, keys, self.bad) for keys in groups}
+        yield from site_metrics(sites)
         if self.registry is not None:
-            yield from worker_metrics(self.registry.read(self.client), self.spiders)
+            workers = read_registry(self.client, self.registry, self.bad)
+            yield from worker_metrics(workers, self.spiders)
+        yield bad_value_metric(self.bad)
 
 
-def gauges(readings: list[Reading]) -> Iterator[Metric]:
+def read_registry(client: redis.Redis, registry: Registry, bad: BadValues) -> list[WorkerInfo]:
+    """The worker registry; none, noted, when its key is of the wrong type."""
+    try:
+        return registry.read(client)
+    except redis.ResponseError as exc:
+        bad.note(registry.key, f"read failed: {exc}")
+        return []
+
+
+def bad_value_metric(bad: BadValues) -> Metric:
+    counter = CounterMetricFamily(
+        f"{NS}_exporter_bad_values",
+        "Values skipped because their Redis key did not hold what it should (per key).",
+        labels=["key"],
+    )
+    for key, count in sorted(bad.counts.items()):
+        counter.add_metric([key], count)
+    return counter
+
+
+def gauges(readings: list[Reading], bad: BadValues) -> Iterator[Metric]:
     queue = GaugeMetricFamily(f"{NS}_queue_length", "Requests queued.", labels=["spider"])
     flight = GaugeMetricFamily(f"{NS}_in_flight", "Requests leased by a worker.", labels=["spider"])
     dedup = GaugeMetricFamily(
@@ -168,12 +227,25 @@ def gauges(readings: list[Reading]) -> Iterator[Metric]:
     now = time.time()
     for r in readings:
         name = [r.keys.spider]
-        queue.add_metric(name, r.queued)
-        flight.add_metric(name, r.in_flight)
-        dedup.add_metric(name, r.fingerprints)
-        if LAST_RESPONSE in r.stats:
-            age.add_metric(name, max(now - float(r.stats[LAST_RESPONSE]), 0.0))
+        for family, value in ((queue, r.queued), (flight, r.in_flight), (dedup, r.fingerprints)):
+            if value is not None:
+                family.add_metric(name, value)
+        last = last_response(r, bad)
+        if last is not None:
+            age.add_metric(name, max(now - last, 0.0))
     yield from (queue, flight, dedup, age)
+
+
+def last_response(reading: Reading, bad: BadValues) -> float | None:
+    """When the spider last fetched a page; None if never, or if the field is not a time."""
+    if LAST_RESPONSE not in reading.stats:
+        return None
+    value = reading.stats[LAST_RESPONSE]
+    try:
+        return float(value)
+    except ValueError:
+        bad.note(reading.keys.stats, f"field {LAST_RESPONSE!r}: {quote(value)} is not a time")
+        return None
 
 
 def counters(readings: list[Reading]) -> Iterator[Metric]:
@@ -204,10 +276,11 @@ def job_metrics(readings: list[Reading]) -> Iterator[Metric]:
     for r in readings:
         if r.jobs is None:
             continue
-        for state in JOB_GAUGES:
-            jobs.add_metric([r.keys.spider, state], r.jobs.get(state, 0))
-        for state in JOB_COUNTERS:
-            finished.add_metric([r.keys.spider, state], r.jobs.get(state, 0))
+        for family, states in ((jobs, JOB_GAUGES), (finished, JOB_COUNTERS)):
+            for state in states:
+                value = r.jobs.get(state, 0)
+                if value is not None:  # None: not a number in Redis (noted), skipped
+                    family.add_metric([r.keys.spider, state], value)
     yield from (jobs, finished)
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from celery_crawl import connection, scripts
-from celery_crawl.errors import JobTimeout, UnknownJob
+from celery_crawl.errors import JobTimeout, UnknownJob, cut
 from celery_crawl.keys import SpiderKeys
 
 if TYPE_CHECKING:
@@ -61,6 +61,7 @@ TERMINAL_STATES = ("done", "incomplete", "failed", "cancelled", "closed")
 # Job.wait rides out a Redis failover or restart this long (a Cluster fails over
 # after its node timeout, 15 s by default, plus an election) before it gives up
 WAIT_OUTAGE_SECONDS = 60.0
+PROGRESS_CHARS = 1000  # of a job's progress in a JobTimeout message: its seeds may be long
 # a job's limits, with Scrapy's meaning: name -> (CloseSpider setting, reason when reached)
 LIMITS = {
     "pages": ("CLOSESPIDER_PAGECOUNT", "closespider_pagecount"),
@@ -412,7 +413,8 @@ class Job:
             if ended:
                 return status.as_dict()
             if _left(deadline, poll) <= 0:
-                raise JobTimeout(f"job {self.id} not done after {timeout} s: {status.as_dict()}")
+                progress = cut(str(status.as_dict()), PROGRESS_CHARS)
+                raise JobTimeout(f"job {self.id} not done after {timeout} s: {progress}")
 
     def _look(self, deadline: float | None, poll: float) -> tuple[JobStatus, bool]:
         """The job's status, and whether it has ended; if not, wait up to ``poll`` for its end."""

@@ -31,7 +31,7 @@ import redis
 
 from celery_crawl import scripts
 from celery_crawl.defaults import SETTINGS
-from celery_crawl.errors import ConfigError
+from celery_crawl.errors import ConfigError, quote
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.repair import repair
 
@@ -72,7 +72,18 @@ class Producer:
             raise ConfigError(
                 f"the producer's sources {self.keys.sources} must be a set of source ids: {exc}"
             ) from exc
-        return sorted(m.decode() for m in members) if members else list(configured)
+        return sorted(self._texts(members)) if members else list(configured)
+
+    def _texts(self, members: set[bytes]) -> list[str]:
+        """The members that are UTF-8 text; each other one is logged and left out."""
+        texts = []
+        for member in members:
+            try:
+                texts.append(member.decode())
+            except UnicodeDecodeError:
+                key = self.keys.sources
+                logger.error("producer: a source in %s is not UTF-8: %s", key, quote(member))
+        return texts
 
     def reserve(self, sources: Sequence[str]) -> Tick:
         """Reserve the sources to produce now, atomically, with fresh job ids.
@@ -111,7 +122,7 @@ class Producer:
             try:
                 start(source, job_id)
             except Exception:
-                logger.exception("producer: job for %s not started; released", source)
+                logger.exception("producer: job for %s not started; released", quote(source))
                 self.release(source)
         logger.info(
             "producer %s: produced %d of %d sources (queue %d, cap %d jobs / %d requests)",

@@ -26,7 +26,7 @@ from celery_crawl import connection
 from celery_crawl.components import dupefilter_class, queue_class
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.dupefilter import RFPDupeFilter
-from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider
+from celery_crawl.errors import BadSeed, ConfigError, EncodeError, UnknownSpider, cut, quote
 from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META, LIMITS
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.queue import Base, Entry
@@ -233,7 +233,8 @@ class Project:
             payload = self.codec.encode(request, spider)
             site = policy.site_of(request)
         except (EncodeError, ConfigError) as exc:
-            raise BadSeed(f"seed request {request} cannot be queued: {exc}") from exc
+            what = f"seed request {cut(str(request))}"
+            raise BadSeed(f"{what} cannot be queued: {cut(str(exc))}") from exc
         fingerprint = None if request.dont_filter else bytes(fingerprinter.fingerprint(request))
         return Entry(payload, request.priority, fingerprint, job, site)
 
@@ -254,7 +255,7 @@ def parse_seed(spidercls: type[Spider], text: str) -> Any:
         try:
             return json.loads(text)
         except ValueError as exc:
-            raise BadSeed(f"seed {text!r} is not valid JSON: {exc}") from exc
+            raise BadSeed(f"seed {quote(text)} is not valid JSON: {exc}") from exc
     key = getattr(spidercls, "seed_key", None)
     if key:
         return {key: text}
@@ -311,16 +312,18 @@ def seed_requests(spider: Spider, seed: Any) -> list[Request]:
     except BadSeed:
         raise
     except Exception as exc:
-        raise BadSeed(f"spider {spider.name!r} cannot use seed {seed!r}: {exc}") from exc
+        raise BadSeed(
+            f"spider {spider.name!r} cannot use seed {quote(seed)}: {cut(str(exc))}"
+        ) from exc
     if not requests or not all(isinstance(r, Request) for r in requests):
-        raise BadSeed(f"spider {spider.name!r} made no requests from seed {seed!r}")
+        raise BadSeed(f"spider {spider.name!r} made no requests from seed {quote(seed)}")
     return requests
 
 
 def default_seed_request(seed: Any) -> Request:
     url = seed.get("url") if isinstance(seed, dict) else seed
     if not isinstance(url, str):
-        raise BadSeed(f"seed {seed!r} is not a URL or {{'url': ...}}")
+        raise BadSeed(f"seed {quote(seed)} is not a URL or {{'url': ...}}")
     return Request(url, dont_filter=True)
 
 

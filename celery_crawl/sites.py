@@ -41,15 +41,16 @@ from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any, Self
 
+import redis
 import tldextract
 from scrapy.utils.httpobj import urlparse_cached
 
 from celery_crawl import scripts
+from celery_crawl.bad_values import BadValues
 from celery_crawl.defaults import setting
 from celery_crawl.errors import ConfigError
 
 if TYPE_CHECKING:
-    import redis
     from scrapy import Request
 
     from celery_crawl.keys import SpiderKeys
@@ -326,27 +327,34 @@ class SiteState:
         wait, strikes, slowed = (int(x) for x in found)
         return wait, strikes, slowed
 
-    def read(self) -> dict[str, dict[str, str]]:
+    def read(self, bad: BadValues | None = None) -> dict[str, dict[str, str]]:
         """Every known site's state fields and its leases held now (``inflight``).
 
-        Two round trips, two commands per site.
+        Two round trips, two commands per site. A site whose name, fields or
+        keys are not what they should be is noted in ``bad`` and left out.
         """
-        sites = sorted(map(text, self.client.smembers(self.keys.site_known)))
+        bad = BadValues() if bad is None else bad
+        known = self.keys.site_known
+        members = bad.reply(known, self._members(known)) or set()
+        sites = sorted(s for s in (bad.text(known, m, "site name") for m in members) if s)
         now_ms = int(time.time() * 1000)
         with self.client.pipeline(transaction=False) as pipe:
             for site in sites:
                 pipe.hgetall(self.keys.site(site))
                 pipe.zcount(self.keys.site_leases(site), now_ms, "+inf")
-            found = pipe.execute()
+            found = pipe.execute(raise_on_error=False)
         states = {}
         for site, values, inflight in zip(sites, found[::2], found[1::2], strict=True):
-            states[site] = {text(k): text(v) for k, v in values.items()}
-            states[site]["inflight"] = str(inflight)
+            fields = bad.text_hash(self.keys.site(site), values)
+            if bad.reply(self.keys.site_leases(site), inflight) is not None:
+                states[site] = {**fields, "inflight": str(inflight)}
         return states
 
-
-def text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    def _members(self, key: str) -> Any:
+        try:
+            return self.client.smembers(key)
+        except redis.ResponseError as exc:
+            return exc
 
 
 @dataclass(frozen=True)
@@ -384,8 +392,11 @@ class SiteReading:
         )
 
 
-def read_sites(client: redis.Redis, keys: SpiderKeys) -> list[SiteReading]:
+def read_sites(
+    client: redis.Redis, keys: SpiderKeys, bad: BadValues | None = None
+) -> list[SiteReading]:
     """The group's sites, busiest first (in flight, then paused, then leased)."""
     now = time.time()
-    found = [SiteReading.parse(s, f, now) for s, f in SiteState(client, keys).read().items()]
+    states = SiteState(client, keys).read(bad)
+    found = [SiteReading.parse(s, f, now) for s, f in states.items()]
     return sorted(found, key=lambda r: (-r.in_flight, -r.paused_for, -r.leased, r.site))

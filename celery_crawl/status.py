@@ -18,9 +18,11 @@ from typing import Any
 
 import redis
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
-from celery_crawl.exporter import Reading, read
+from celery_crawl.bad_values import BadValues
+from celery_crawl.exporter import Reading, read, read_registry
 from celery_crawl.jobs import parse_status, server_time
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.project import project_of
@@ -30,13 +32,18 @@ from celery_crawl.sites import read_sites
 Raw = dict[bytes, bytes]
 
 
-def rates(previous: Raw, current: Raw, now: float) -> dict[str, float]:
+def rates(
+    previous: dict[str, int | None], current: dict[str, int | None], now: float
+) -> dict[str, float]:
     """Pages and items per second over the last full minute plus the current one."""
     seconds = 60 + now % 60
-    total = {k: int(previous.get(k, 0)) + int(current.get(k, 0)) for k in {*previous, *current}}
+
+    def total(field: str) -> int:
+        return (previous.get(field) or 0) + (current.get(field) or 0)
+
     return {
-        "pages_per_s": round(total.get(b"response_received_count", 0) / seconds, 2),
-        "items_per_s": round(total.get(b"item_scraped_count", 0) / seconds, 2),
+        "pages_per_s": round(total("response_received_count") / seconds, 2),
+        "items_per_s": round(total("item_scraped_count") / seconds, 2),
     }
 
 
@@ -59,15 +66,17 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
     Four pipelined round trips, whatever the number of spiders: the
     exporter's reading (on a cluster, with a script call per spider before
     it), then the per-minute counts and running job ids, then the running
-    jobs' hashes, then the worker registry.
+    jobs' hashes, then the worker registry. A value that is not what its key
+    holds is skipped, and its key listed in ``bad_values``
+    (:mod:`celery_crawl.bad_values`).
     """
-    now = time.time()
-    readings = read(client, spiders)
-    counts = minute_counts(client, readings, now)
+    now, bad = time.time(), BadValues()
+    readings = read(client, spiders, bad)
+    counts = minute_counts(client, readings, now, bad)
     jobs = running_jobs(
-        client, [(r.keys, ids) for r, (_, ids) in zip(readings, counts, strict=True)]
+        client, [(r.keys, ids) for r, (_, ids) in zip(readings, counts, strict=True)], bad
     )
-    processes = Registry.from_settings(project_of(app).settings).read(client)
+    processes = read_registry(client, Registry.from_settings(project_of(app).settings), bad)
     for job in (job for spider_jobs in jobs for job in spider_jobs):
         job["waiting"] = waiting_reason(processes, job["spider"])
     per_spider = [
@@ -84,59 +93,77 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
     ]
     return {
         "spiders": per_spider,
-        "sites": site_rows(client, spiders),
+        "sites": site_rows(client, spiders, bad),
         "workers": workers(app),
         "processes": [p.as_dict() for p in processes],
+        "bad_values": bad.as_list(),
     }
 
 
-def site_rows(client: redis.Redis, spiders: Sequence[SpiderKeys]) -> list[dict[str, Any]]:
+def site_rows(
+    client: redis.Redis, spiders: Sequence[SpiderKeys], bad: BadValues
+) -> list[dict[str, Any]]:
     """Every site of each spider group, busiest first (docs/politeness.md)."""
     rows = []
     for keys in (k for k in spiders if k.group == k.spider):
-        rows += [{"group": keys.group, **asdict(r)} for r in read_sites(client, keys)]
+        rows += [{"group": keys.group, **asdict(r)} for r in read_sites(client, keys, bad)]
     return rows
 
 
 def minute_counts(
-    client: redis.Redis, readings: Sequence[Reading], now: float
+    client: redis.Redis, readings: Sequence[Reading], now: float, bad: BadValues | None = None
 ) -> list[tuple[dict[str, float], list[str]]]:
     """Per spider, in one round trip: its rates, and the ids of the running jobs it reports."""
-    minute = int(now // 60)
+    bad, minute = BadValues() if bad is None else bad, int(now // 60)
     with client.pipeline(transaction=False) as pipe:
         for reading in readings:
             pipe.hgetall(reading.keys.stats_rate(minute - 1))
             pipe.hgetall(reading.keys.stats_rate(minute))
             pipe.smembers(reading.keys.active_jobs)
-        replies = iter(pipe.execute())
+        replies = iter(pipe.execute(raise_on_error=False))
     counts = []
     for reading in readings:
-        previous, current, active = next(replies), next(replies), next(replies)
-        ids = sorted(m.decode() for m in active) if reading.jobs is not None else []  # group's own
-        counts.append((rates(previous, current, now), ids))
+        keys = reading.keys
+        previous = bad.count_hash(keys.stats_rate(minute - 1), next(replies))
+        current = bad.count_hash(keys.stats_rate(minute), next(replies))
+        active = bad.reply(keys.active_jobs, next(replies)) or set()
+        ids = [bad.text(keys.active_jobs, m, "job id") for m in active]
+        own = reading.jobs is not None  # the group's own spider lists the group's jobs
+        counts.append((rates(previous, current, now), sorted(i for i in ids if i and own)))
     return counts
 
 
 def running_jobs(
-    client: redis.Redis, spiders: Sequence[tuple[SpiderKeys, list[str]]]
+    client: redis.Redis,
+    spiders: Sequence[tuple[SpiderKeys, list[str]]],
+    bad: BadValues | None = None,
 ) -> list[list[dict[str, Any]]]:
     """Per spider, in one round trip: the progress of each job id given (gone ones left out)."""
+    bad = BadValues() if bad is None else bad
     with client.pipeline(transaction=False) as pipe:
         for keys, ids in spiders:
             for job in ids:
                 pipe.hgetall(keys.job(job))
         pipe.time()
-        *replies, now = pipe.execute()
+        *replies, now = pipe.execute(raise_on_error=False)
     read_at, raws = server_time(now), iter(replies)
     jobs = []
     for keys, ids in spiders:
-        found = [(job, raw) for job, raw in ((job, next(raws)) for job in ids) if raw]
-        jobs.append([progress(job, keys, raw, read_at) for job, raw in found])
+        found = [(job, bad.reply(keys.job(job), next(raws))) for job in ids]
+        shown = (progress(job, keys, raw, bad, read_at) for job, raw in found if raw)
+        jobs.append([job for job in shown if job is not None])
     return jobs
 
 
-def progress(job: str, keys: SpiderKeys, raw: Raw, read_at: float) -> dict[str, Any]:
-    status = parse_status(job, keys.spider, raw, read_at).as_dict()
+def progress(
+    job: str, keys: SpiderKeys, raw: Raw, bad: BadValues, read_at: float
+) -> dict[str, Any] | None:
+    """The job's progress; None, noted, when its hash cannot be read as a job's."""
+    try:
+        status = parse_status(job, keys.spider, raw, read_at).as_dict()
+    except (ValueError, TypeError) as exc:
+        bad.note(keys.job(job), f"not a job's hash: {exc}")
+        return None
     return {k: v for k, v in status.items() if k in PROGRESS}
 
 
@@ -154,9 +181,9 @@ def render(data: dict[str, Any]) -> Group:
     for s in data["spiders"]:
         spiders.add_row(
             s["spider"],
-            f"{s['queue']:,}",
-            f"{s['in_flight']:,}",
-            f"{s['dedup']:,}",
+            amount(s["queue"]),
+            amount(s["in_flight"]),
+            amount(s["dedup"]),
             f"{s['dropped']:,}",
             f"{s['pages_per_s']:.1f}",
             f"{s['items_per_s']:.1f}",
@@ -168,11 +195,29 @@ def render(data: dict[str, Any]) -> Group:
     jobs.add_column("waiting")
     for s in data["spiders"]:
         for job in s["jobs"]:
-            jobs.add_row(*(str(job[c]) for c in PROGRESS), job.get("waiting", ""))
+            jobs.add_row(*(escape(str(job[c])) for c in PROGRESS), escape(job.get("waiting", "")))
     online = Table(title=f"workers online: {len(data['workers'])}", show_header=False)
     for name in data["workers"]:
-        online.add_row(name)
-    return Group(spiders, jobs, site_table(data["sites"]), online, process_table(data["processes"]))
+        online.add_row(escape(name))
+    tables = [spiders, jobs, site_table(data["sites"]), online, process_table(data["processes"])]
+    if data["bad_values"]:
+        tables.append(bad_value_table(data["bad_values"]))
+    return Group(*tables)
+
+
+def amount(value: int | None) -> str:
+    """A count; ``?`` when its key did not hold a number (listed under bad values)."""
+    return "?" if value is None else f"{value:,}"
+
+
+def bad_value_table(bad: list[dict[str, Any]]) -> Table:
+    """The keys whose values were skipped: not what the key holds (docs/monitoring.md)."""
+    table = Table(title=f"[red]bad values skipped: {len(bad)} keys[/red]")
+    for column in ("key", "reason"):
+        table.add_column(column)
+    for row in bad:
+        table.add_row(escape(row["key"]), escape(row["reason"]))
+    return table
 
 
 SHOWN_SITES = 10  # the busiest; --json lists every site
@@ -188,8 +233,8 @@ def site_table(sites: list[dict[str, Any]]) -> Table:
     for s in sites[:SHOWN_SITES]:
         paused = f"[red]{s['paused_for']:.0f} s[/red]" if s["paused_for"] > 0 else "-"
         table.add_row(
-            s["group"],
-            s["site"],
+            escape(s["group"]),
+            escape(s["site"]),
             f"{s['in_flight']:,}",
             f"{s['leased']:,}",
             f"{s['parked']:,}",
@@ -207,5 +252,6 @@ def process_table(processes: list[dict[str, Any]]) -> Table:
         table.add_column(column)
     for p in processes:
         state = "live" if p["live"] else "[red]lost[/red]"
-        table.add_row(p["id"], ", ".join(p["spiders"]), f"{p['heartbeat_age']:.1f} s ago", state)
+        spiders = escape(", ".join(p["spiders"]))
+        table.add_row(escape(p["id"]), spiders, f"{p['heartbeat_age']:.1f} s ago", state)
     return table

@@ -171,7 +171,7 @@ class Progress:
         rate = (pages - self.last_pages) / max(now - self.last_time, 1e-6)
         self.last_pages, self.last_time = pages, now
         done = sum(s in FINISHED for s in states)
-        queued = sum(reading.queued for reading in readings)
+        queued = sum(reading.queued or 0 for reading in readings)  # None: not readable
         return {
             "phase": self.phase(len(self.jobs) - done, queued),
             "jobs": len(self.jobs),

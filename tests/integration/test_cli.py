@@ -328,3 +328,34 @@ def test_a_demo_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
     assert not left
+
+
+def test_bad_crawl_input_on_the_command_line_starts_no_job(db_url: str) -> None:
+    """Every job's input is checked before the first starts; each refusal is short, exit 2."""
+    import os
+
+    import redis
+
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "REDIS_URL": db_url, "PYTHONPATH": str(root)}
+    cases = [
+        (["00001", "1" * 100_000], "at most 16,384"),  # the second job's seed: neither starts
+        (["00001", "--priority", "99999999999"], "priority 99999999999: at most"),
+        (["00001", "--limit", "pages=nan"], "pages=nan: a finite number"),
+        (["00001", "--limit", "depth=-1"], "depth=-1.0: a finite number"),
+        (["[bold]"], "seed '[bold]' is not valid JSON"),  # quoted as typed, not as markup
+    ]
+    for args, message in cases:
+        done = subprocess.run(
+            [sys.executable, "-m", "celery_crawl.cli", "crawl", "-A", "tasks", "forum", *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        stderr = " ".join(done.stderr.split())
+        assert done.returncode == 2 and message in stderr, stderr[:2000]
+        assert len(stderr) < 1_000 and "Traceback" not in stderr
+    assert redis.Redis.from_url(db_url).dbsize() == 0

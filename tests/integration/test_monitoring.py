@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 import yaml
 from celery import Celery
@@ -333,3 +334,116 @@ def test_a_job_that_fetches_no_page_fails(
     metrics = scrape(redis.Redis.from_url(db_url), [project_of(app).keys("paths")])
     assert total(metrics, "celery_crawl_jobs_finished_total", state="failed") == 1
     assert total(metrics, "celery_crawl_jobs_finished_total", state="done") == 1
+
+
+def damage_job_states(client: redis.Redis, keys: SpiderKeys) -> str:
+    client.hset(keys.job_states, "done", "abc")
+    return keys.job_states
+
+
+def damage_stats_field(client: redis.Redis, keys: SpiderKeys) -> str:
+    client.hset(keys.stats, b"downloader/response_status_count/\xff\xfe", "3")
+    return keys.stats
+
+
+def damage_dedup_count(client: redis.Redis, keys: SpiderKeys) -> str:
+    client.set(keys.dupefilter_count, "abc")
+    return keys.dupefilter_count
+
+
+def damage_site_name(client: redis.Redis, keys: SpiderKeys) -> str:
+    client.sadd(keys.site_known, b"\xffbad.example")
+    return keys.site_known
+
+
+def damage_last_response(client: redis.Redis, keys: SpiderKeys) -> str:
+    client.hset(keys.stats, "celery_crawl/last_response_time", "yesterday")
+    return keys.stats
+
+
+def damage_inflight_type(client: redis.Redis, keys: SpiderKeys) -> str:
+    client.set(keys.inflight, "not a sorted set")
+    return keys.inflight
+
+
+def damage_job_hash(client: redis.Redis, keys: SpiderKeys) -> str:
+    job = client.smembers(keys.active_jobs).pop().decode()
+    client.hset(keys.job(job), "created_at", "\xff")
+    return keys.job(job)
+
+
+def damage_rate(client: redis.Redis, keys: SpiderKeys) -> str:
+    minute = int(time.time() // 60)
+    client.hset(keys.stats_rate(minute), "item_scraped_count", "many")
+    return keys.stats_rate(minute)
+
+
+DAMAGE = {
+    "job-state index": damage_job_states,
+    "stats field": damage_stats_field,
+    "dedup count": damage_dedup_count,
+    "site name": damage_site_name,
+    "last response": damage_last_response,
+    "in-flight type": damage_inflight_type,
+    "job hash": damage_job_hash,  # status only: the exporter reads no job hash
+    "rate hash": damage_rate,  # status only
+}
+
+
+def healthy_crawl_state(app: Celery, client: redis.Redis) -> tuple[SpiderKeys, list[SpiderKeys]]:
+    """A running job (no worker), stats, a site: series for every spider to serve."""
+    from celery_crawl.cli import spider_keys
+
+    crawl("forum", [{"forum_id": "00001"}], app=app)
+    _, spiders = spider_keys(app)
+    forum = next(keys for keys in spiders if keys.spider == "forum")
+    client.hset(forum.stats, mapping={"item_scraped_count": 5, "downloader/request_count": 9})
+    client.sadd(forum.site_known, "forum.example")
+    client.hset(forum.site("forum.example"), mapping={"leased": 4})
+    return forum, spiders
+
+
+def run_status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "celery_crawl.cli", "status", *args, "-A", WORKER_APP]
+    wide = {**env, "COLUMNS": "400"}  # rich wraps no key in a table cell
+    return subprocess.run(
+        command, env=wide, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+@pytest.mark.parametrize("kind", list(DAMAGE))
+def test_a_bad_value_is_named_and_skipped_and_the_rest_is_served(
+    app: Celery, env: dict[str, str], state_client: redis.Redis, kind: str
+) -> None:
+    forum, spiders = healthy_crawl_state(app, state_client)
+    bad_key = DAMAGE[kind](state_client, forum)
+    metrics = scrape(state_client, spiders)  # a 500 would raise here
+    for spider in ("forum", "forum_detail", "paths"):
+        assert ("celery_crawl_requests_total", (("spider", spider),)) in metrics
+    assert total(metrics, "celery_crawl_items_total", spider="forum") == 5
+    assert total(metrics, "celery_crawl_site_leased_total", site="forum.example") == 4
+    exporter_reads = kind not in ("job hash", "rate hash")
+    bad_count = total(metrics, "celery_crawl_exporter_bad_values_total", key=bad_key)
+    assert bad_count == (1 if exporter_reads else 0), sorted(k for k in metrics if "bad" in k[0])
+    if kind != "job-state index":
+        assert total(metrics, "celery_crawl_jobs", spider="forum") == 1  # queued or running
+    done = run_status(env, "--json")
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)
+    status_reads = kind != "last response"  # status shows no time of last response
+    assert [row["key"] for row in data["bad_values"]] == ([bad_key] if status_reads else [])
+    by_spider = {s["spider"]: s for s in data["spiders"]}
+    assert set(by_spider) >= {"forum", "forum_detail", "paths"}
+    assert len(by_spider["forum"]["jobs"]) == (0 if kind == "job hash" else 1)
+
+
+def test_status_names_every_bad_key_on_screen(
+    app: Celery, env: dict[str, str], state_client: redis.Redis
+) -> None:
+    forum, _ = healthy_crawl_state(app, state_client)
+    bad_keys = {damage(state_client, forum) for damage in DAMAGE.values()}
+    done = run_status(env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"bad values skipped: {len(bad_keys)} keys" in done.stdout  # stats: two damages
+    for key in bad_keys:
+        assert key in done.stdout
