@@ -290,10 +290,10 @@ def _count(value: str) -> int:
         return 0
 
 
-def server_time(reply: tuple[int, int]) -> float:
-    """Seconds since the epoch from the reply of Redis's ``TIME``."""
+def server_time(reply: Sequence[int | bytes | str]) -> float:
+    """Seconds since the epoch from the reply of Redis's ``TIME`` (as a script returns it, too)."""
     seconds, micros = reply
-    return seconds + micros / 1_000_000
+    return int(seconds) + int(micros) / 1_000_000
 
 
 def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes], read_at: float) -> JobStatus:
@@ -372,16 +372,14 @@ class Job:
         """The job's progress, and the server's clock, in one round trip."""
         key = self.keys.job(self.id)
         try:
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.hgetall(key)
-                pipe.time()
-                raw, now = pipe.execute()
+            flat, now = scripts.script(self.client, "job_read")(keys=[key])
         except redis.ResponseError as exc:
             if "WRONGTYPE" not in str(exc):
                 raise
             raise UnknownJob(f"job {self.id!r}: its key {key} is damaged (not a hash)") from exc
-        if not raw:
+        if not flat:
             raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}")
+        raw = dict(zip(flat[::2], flat[1::2], strict=True))
         return parse_status(self.id, self.spider, raw, server_time(now))
 
     def wait(self, timeout: float | None = None, poll: float = 1.0) -> dict[str, Any]:

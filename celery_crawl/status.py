@@ -144,9 +144,8 @@ def running_jobs(
         for keys, ids in spiders:
             for job in ids:
                 pipe.hgetall(keys.job(job))
-        pipe.time()
-        *replies, now = pipe.execute(raise_on_error=False)
-    read_at, raws = server_time(now), iter(replies)
+        replies = pipe.execute(raise_on_error=False)
+    read_at, raws = server_time(client.time()), iter(replies)  # TIME: not in a cluster pipeline
     jobs = []
     for keys, ids in spiders:
         found = [(job, bad.reply(keys.job(job), next(raws))) for job in ids]
