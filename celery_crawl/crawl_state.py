@@ -87,9 +87,16 @@ class Crawl:
         return int(self.client.hincrby(self.keys.crawl, field, amount))
 
     def counts(self) -> dict[str, int]:
-        """The crawl-wide counts, 0 where none was counted yet."""
+        """The crawl-wide counts, 0 where none was counted yet (or the value is damaged:
+        the next count is refused, and the key repaired)."""
         values = self.client.hmget(self.keys.crawl, list(COUNTS))
-        return {field: int(value or 0) for field, value in zip(COUNTS, values, strict=True)}
+        return {field: whole(value) for field, value in zip(COUNTS, values, strict=True)}
+
+
+def whole(value: bytes | str | None) -> int:
+    """A count read back; 0 for none, or for a value that is no integer."""
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value or "0").strip()
+    return int(text) if text.lstrip("-").isdigit() else 0
 
 
 async def start_once(

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.1  # the longest a new subscription waits to be sent
 RETRY_SECONDS = 1.0  # between tries while Redis is unreachable
+REFUSED_RETRY_SECONDS = 30.0  # between tries when Redis refuses (an ACL user with no channel)
 
 Handler = Callable[[], None]
 
@@ -88,8 +89,12 @@ class Notices:
                 logger.warning("Redis unreachable, listening again in %s s: %s", RETRY_SECONDS, exc)
                 self._stopped.wait(RETRY_SECONDS)
             except Exception:
-                logger.exception("listening for notices failed; listening again")
-                self._stopped.wait(RETRY_SECONDS)
+                logger.exception(
+                    "listening for notices failed; idle crawlers wake at Scrapy's engine"
+                    " heartbeat until it works, tried again in %s s",
+                    REFUSED_RETRY_SECONDS,
+                )
+                self._stopped.wait(REFUSED_RETRY_SECONDS)
 
     def _serve(self) -> None:
         """One subscriber connection, until it fails or :meth:`stop`; every channel anew."""
@@ -117,7 +122,10 @@ class Notices:
             wanted.add(self._changes.get_nowait())
         with self._lock:
             listened = {channel for channel in wanted if channel in self._handlers}
-        if new := listened - subscribed:
+        new = listened - subscribed
+        for channel in sorted(listened - new):  # a listener added to a subscribed channel
+            self._run_handlers(channel)  # gets its first call now, not at a confirmation
+        if new:
             pubsub.subscribe(*sorted(new))
             subscribed |= new
         if gone := (wanted - listened) & subscribed:
@@ -129,7 +137,9 @@ class Notices:
         if message.get("type") not in ("message", "subscribe"):
             return
         channel = message["channel"]
-        channel = channel.decode() if isinstance(channel, bytes) else str(channel)
+        self._run_handlers(channel.decode() if isinstance(channel, bytes) else str(channel))
+
+    def _run_handlers(self, channel: str) -> None:
         with self._lock:
             handlers = list(self._handlers.get(channel, {}).values())
         for handler in handlers:

@@ -13,6 +13,8 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Self
 
+import redis
+
 from celery_crawl import connection
 from celery_crawl.defaults import setting
 from celery_crawl.errors import ConfigError
@@ -95,6 +97,10 @@ class SiteLimitsMiddleware:
             self._report(site, request, response)
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, site %s not updated: %s", site, exc)
+        except redis.ResponseError as exc:  # a damaged site key: the response still counts
+            logger.warning(
+                "site %s not updated, Redis refused (%s): the response goes on", site, exc
+            )
         return response
 
     def _report(self, site: str, request: Request, response: Any) -> None:

@@ -2,6 +2,7 @@
 -- which a Redis Cluster pipeline cannot do (TIME names no key, so it is refused there).
 --
 -- KEYS[1]  the job's hash
+-- ARGV     none
 -- Returns  {the hash's fields and values, flat; TIME's reply}
 -- A key of another type makes HGETALL fail with WRONGTYPE, which the caller reports.
 

@@ -82,5 +82,5 @@ for _ = 1, math.min(requeued, 64) do
     redis.call('RPUSH', KEYS[3], 1)
 end
 redis.call('LTRIM', KEYS[3], -64, -1)
-if requeued > 0 then redis.call('PUBLISH', KEYS[3], requeued) end
+if requeued > 0 then redis.pcall('PUBLISH', KEYS[3], requeued) end
 return requeued

@@ -44,8 +44,9 @@ local recovery = tonumber(ARGV[3])
 
 -- The site's leases ever taken, and those that ended: its responses.
 local function counted()
-    local leased = tonumber(redis.call('HGET', key, 'leased') or '0')
-    return leased, leased - redis.call('ZCOUNT', KEYS[3], now, '+inf')
+    local leased = tonumber(redis.call('HGET', key, 'leased') or '0') or 0  -- text: none
+    local held = redis.pcall('ZCOUNT', KEYS[3], now, '+inf')
+    return leased, leased - (type(held) == 'number' and held or 0)
 end
 
 -- The lease's interval: the slowdown's or AutoThrottle's, the longer; written if it moved.

@@ -164,7 +164,7 @@ local function job_notify(job)
         local ended = JOB_PREFIX .. '~ended:' .. participant
         redis.call('RPUSH', ended, job)
         redis.call('EXPIRE', ended, ENDED_TTL)
-        redis.call('PUBLISH', ended, job)  -- its process drains the list when it hears this
+        redis.pcall('PUBLISH', ended, job)  -- its process drains the list; pcall: never fails
     end
 end
 

@@ -21,7 +21,7 @@ local SIGNAL_CAP = 64
 local function wake(signal, added)
     for _ = 1, math.min(added, SIGNAL_CAP) do redis.call('RPUSH', signal, 1) end
     redis.call('LTRIM', signal, -SIGNAL_CAP, -1)
-    redis.call('PUBLISH', signal, added)  -- processes that wait without a blocked pop
+    redis.pcall('PUBLISH', signal, added)  -- a notice (never fails the script) to waiting processes
 end
 
 local function push_guard(spec, lanes, args, first, n)

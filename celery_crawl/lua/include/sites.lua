@@ -94,7 +94,7 @@ local function site_release(sites, levels, member)
         if redis.call('ZADD', queue .. ':parked', 'XX', 'LT', 'CH', now, site) == 1 then
             redis.call('RPUSH', queue .. ':signal', 1)
             redis.call('LTRIM', queue .. ':signal', -64, -1)
-            redis.call('PUBLISH', queue .. ':signal', 1)
+            redis.pcall('PUBLISH', queue .. ':signal', 1)  -- a notice; never fails the script
         end
     end
 end
