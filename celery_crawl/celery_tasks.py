@@ -14,6 +14,7 @@ import logging
 import time
 from typing import Any
 
+import redis
 from celery import Task
 from celery.exceptions import Reject
 
@@ -91,7 +92,14 @@ def close_if_out_of_time(job: Job, status: JobStatus) -> None:
     whose clock is off closes it neither early nor late.
     """
     limit = (status.limits or {}).get("seconds")
-    if limit and not status.finished and job.close_if_out_of_time():
+    if not limit or status.finished:
+        return
+    try:
+        closed = job.close_if_out_of_time()
+    except redis.ResponseError as exc:  # a damaged key of the job: checked again next report
+        logger.warning("job %s: its time limit not checked, Redis refused: %s", job.id, exc)
+        return
+    if closed:
         logger.info("job %s closed: its time limit of %s s was reached", job.id, limit)
 
 

@@ -90,7 +90,11 @@ class Beats:
     def _run(self) -> None:
         while True:
             heartbeat = self._next_due()
+            started = time.monotonic()
             heartbeat.run_once()
+            took = time.monotonic() - started
+            if took > heartbeat.interval:  # the process's other beats waited that long
+                logger.warning("%s took %.1f s, longer than its interval", heartbeat.name, took)
             if heartbeat.running:
                 with self._changed:
                     self._push(heartbeat, time.monotonic() + heartbeat.interval)

@@ -85,6 +85,8 @@ NEXT_STEPS = {
     " (see the error: a meta or cb_kwargs value, a callback that is not a method of the"
     " spider, a request class)",
     "unroutable": "route requests only to spiders of the same group (CELERY_CRAWL_SPIDER_GROUPS)",
+    "refused_scheme": "queue http and https URLs only, or widen SCHEDULER_ALLOWED_SCHEMES",
+    "refused_method": "use the methods SCHEDULER_ALLOWED_METHODS lists, or widen it",
 }
 DUE_MARGIN_SECONDS = 0.001  # a parked site's due time is in whole ms of the server's clock
 MIN_REGISTRATION_SECONDS = 10.0  # outlives missed renewals; lapsed, a job stops waiting on it
@@ -360,7 +362,10 @@ class Scheduler(BaseScheduler):
             self.queue.join(self.id, self.registration_seconds)
             requeued = self.queue.requeue_expired()
         except redis.ResponseError as exc:  # a damaged key: repaired, renewed next beat
-            self.repairer.after(exc)
+            from twisted.internet import reactor
+
+            # in the reactor: a repair here would hold up every other scheduler's beat
+            reactor.callFromThread(self._refused, exc)
             return
         if requeued:
             logger.info("requeued %d requests whose lease expired", requeued)
@@ -374,6 +379,10 @@ class Scheduler(BaseScheduler):
 
     def enqueue_request(self, request: Request) -> bool:
         assert self.spider is not None, "scheduler not open"
+        try:  # refused when yielded, as it would be when read back (the codec's policy)
+            self.codec.policy.check(request)
+        except DecodeError as exc:
+            return self.drop(request, exc.kind, exc)
         try:
             payload = self.codec.encode(request, self.spider)
             site = self.queue.sites.site_of(request)

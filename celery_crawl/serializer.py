@@ -119,6 +119,7 @@ DEFAULT_POLICY = RequestPolicy()
 
 class Codec(Protocol):
     name: str
+    policy: RequestPolicy
 
     def encode(self, request: Request, spider: Spider) -> bytes: ...
 

@@ -12,6 +12,10 @@ local JOB_PREFIX = KEYS[1]
 
 local job = ARGV[1]
 if not job_exists(job) then return 0 end
+local spec = {}  -- every key job_close writes checked first (include/keytypes.lua)
+job_guard(spec, job)
+local refused = refuse_damaged(spec)
+if refused then return refused end
 local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/seconds', 'created_at')
 local limit, created = tonumber(values[1] or ''), tonumber(values[2] or '')
 if not (limit and created) or limit <= 0 then return 0 end

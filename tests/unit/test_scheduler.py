@@ -237,6 +237,25 @@ def test_a_job_whose_requests_were_dropped_ends_incomplete(
     assert record["reason"] == "unroutable" and "CELERY_CRAWL_SPIDER_GROUPS" in record["error"]
 
 
+def test_a_url_scheme_or_method_not_allowed_is_dropped_when_yielded(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """Refused at enqueue, with the reason, as it would be when read back from Redis."""
+    crawler = make_crawler()
+    scheduler = open_scheduler(crawler)
+    parent = start_job_with_a_leased_parent(scheduler, "j3")
+    for url in ("file:///etc/passwd", "ftp://127.0.0.1/x", "data:text/plain,x"):
+        assert scheduler.enqueue_request(Request(url, meta={JOB_META: "j3"})) is False
+    put = Request("http://127.0.0.1/x", method="PUT", meta={JOB_META: "j3"})
+    assert scheduler.enqueue_request(put) is False
+    scheduler.ack(parent)
+    scheduler.flush()
+    result = Job("j3", "forum", client, scheduler.queue.keys).wait(timeout=5)
+    assert result["errors"] == {"dropped/refused_scheme": 3, "dropped/refused_method": 1}
+    assert crawler.stats.get_value("scheduler/dropped/refused_scheme") == 3
+    assert len(scheduler.queue) == 0  # none queued
+
+
 def test_a_job_without_drops_still_ends_done(make_crawler: Any, client: redis.Redis) -> None:
     scheduler = open_scheduler(make_crawler())
     parent = start_job_with_a_leased_parent(scheduler, "j3")

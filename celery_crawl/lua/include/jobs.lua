@@ -251,6 +251,13 @@ local function job_guard(spec, job)
     if job == '' then return end
     spec_add(spec, JOB_PREFIX .. job .. ':participants', 'hash')
     spec_add(spec, JOB_PREFIX .. job .. ':done', 'list')
+    -- job_notify pushes onto each participant's list of ended jobs
+    local participants = redis.pcall('HKEYS', JOB_PREFIX .. job .. ':participants')
+    if type(participants) == 'table' and not participants.err then
+        for _, participant in ipairs(participants) do
+            spec_add(spec, JOB_PREFIX .. '~ended:' .. participant, 'list')
+        end
+    end
 end
 
 -- The keys ack_leases(inflight, args, first, last) may write, added to a guard spec.
