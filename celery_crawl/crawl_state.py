@@ -34,6 +34,7 @@ import redis
 
 from celery_crawl import connection, scripts
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.repair import Repairer
 
 logger = logging.getLogger(__name__)
 
@@ -140,7 +141,11 @@ async def _runs_here(crawl: Crawl) -> bool:
         logger.info("this process runs the start requests of the crawl")
         return True
     if state == "running":
-        logger.info("start requests run in another process of the crawl: waiting until they are in")
+        logger.warning(
+            "this process's own start requests are not run: those of the crawl run in another"
+            " process (SCHEDULER_START_REQUESTS = 'once'; 'every' runs each process's own);"
+            " waiting until they are in"
+        )
     while state == "running":
         await sleep(START_POLL_SECONDS)
         state = _start_state(crawl)
@@ -152,9 +157,12 @@ async def _runs_here(crawl: Crawl) -> bool:
 def _start_state(crawl: Crawl) -> str:
     try:
         return crawl.start_state()
-    except connection.REFUSED_OR_TRANSIENT as exc:  # asked again after a pause
+    except connection.TRANSIENT_ERRORS as exc:  # asked again after a pause
         logger.warning("Redis unreachable, start requests not checked: %s", exc)
-        return "running"
+    except redis.ResponseError as exc:  # a damaged crawl hash: repaired, asked again
+        logger.warning("start requests not checked, Redis refused: %s", exc)
+        Repairer(crawl.client, crawl.keys).after(exc)
+    return "running"
 
 
 def _end_start(crawl: Crawl, queued: Callable[[], None]) -> None:
