@@ -101,9 +101,9 @@ def test_redis_is_not_published_and_is_persistent_with_a_password(
     assert re.fullmatch(r"redis://:\$\{REDIS_PASSWORD[^}]*\}@redis:6379/0", url)
 
 
-def test_redis_starts_with_its_password_from_a_file_not_from_argv(
-    compose: dict[str, Any], tmp_path: Path
-) -> None:
+def run_redis_command(
+    compose: dict[str, Any], tmp_path: Path, password: str
+) -> subprocess.CompletedProcess[str]:
     """The service's shell line, run with stand-ins for the image's entrypoint and chown."""
     shell, flag, script = command(compose["services"]["redis"])
     assert (shell, flag) == ("sh", "-c")
@@ -113,16 +113,42 @@ def test_redis_starts_with_its_password_from_a_file_not_from_argv(
     }.items():
         (tmp_path / stub).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / stub).chmod(0o755)
-    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REDIS_PASSWORD": "s3cr3t-pw"}
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "REDIS_PASSWORD": password}
     script = script.replace("$$", "$")  # what compose hands the shell
     script = script.replace("/tmp/auth.conf", str(tmp_path / "auth.conf"))  # the test's own
-    subprocess.run([shell, flag, script], cwd=tmp_path, env=env, check=True, timeout=30)
+    return subprocess.run(
+        [shell, flag, script],
+        check=False,
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_redis_starts_with_its_password_from_a_file_not_from_argv(
+    compose: dict[str, Any], tmp_path: Path
+) -> None:
+    assert run_redis_command(compose, tmp_path, "s3cr3t-pw").returncode == 0
     argv = (tmp_path / "argv").read_text().split()
     assert argv == [
         *("valkey-server", str(tmp_path / "auth.conf")),
         *("--appendonly", "yes", "--appendfsync", "everysec"),
     ]
     assert (tmp_path / "conf").read_text() == 'requirepass "s3cr3t-pw"\n'
+
+
+@pytest.mark.parametrize("password", ['pa"ss', "pa\\ss", "p@ss", "pa ss", "pa/ss", "pa:ss"])
+def test_a_password_that_would_break_the_config_or_the_url_is_refused_by_name(
+    compose: dict[str, Any], tmp_path: Path, password: str
+) -> None:
+    """A quote or backslash breaks valkey's config line; ``@ / :`` break REDIS_URL."""
+    done = run_redis_command(compose, tmp_path, password)
+    assert done.returncode == 78
+    assert "REDIS_PASSWORD may hold only" in done.stderr
+    assert not (tmp_path / "argv").exists()  # valkey never started
+    assert not (tmp_path / "auth.conf").exists()
 
 
 def test_flower_asks_for_a_password_and_listens_on_loopback_only(compose: dict[str, Any]) -> None:
