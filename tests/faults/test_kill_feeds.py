@@ -35,11 +35,30 @@ def feeds(tmp_path: Path) -> Path:
     return folder
 
 
+@pytest.fixture(params=["file", "folder"])
+def scheme(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def spool(tmp_path: Path) -> Path:
+    """FEED_TEMPDIR: where remote feeds are spooled."""
+    folder = tmp_path / "feed-tmp"
+    folder.mkdir()
+    return folder
+
+
 @pytest.fixture
 def workers(
-    env: dict[str, str], feeds: Path, tmp_path: Path, paths_site: PathsSite
+    env: dict[str, str], feeds: Path, spool: Path, scheme: str, paths_site: PathsSite
 ) -> Iterator[Callable[..., Worker]]:
-    with started_workers({**env, "JOB_FEED_DIR": str(feeds)}, tmp_path) as start:
+    values = {
+        **env,
+        "JOB_FEED_DIR": str(feeds),
+        "JOB_FEED_SCHEME": scheme,
+        "FEED_TEMPDIR": str(spool),
+    }
+    with started_workers(values, spool.parent) as start:
         yield start
 
 
@@ -63,7 +82,7 @@ def feed_items(parts: list[Path]) -> Counter[str]:
 
 
 def test_a_killed_workers_acked_pages_have_their_items_in_its_feed(
-    app: Celery, workers: Callable[..., Worker], feeds: Path
+    app: Celery, workers: Callable[..., Worker], feeds: Path, spool: Path
 ) -> None:
     victim = workers("victim", pool="solo", concurrency=1)
     workers("survivor", pool="solo", concurrency=1)
@@ -77,11 +96,12 @@ def test_a_killed_workers_acked_pages_have_their_items_in_its_feed(
     result = job.wait(timeout=180)
     expected = set().union(*(tree_paths(name) for name in names))
     assert result["state"] == "done", result
-    (victim_part,) = feeds.glob(f"{job.id}-*-{victim.proc.pid}.jsonl")
     items = feed_items(sorted(feeds.glob(f"{job.id}-*.jsonl")))
     missing = expected - set(items)
     assert not missing, f"{len(missing)} of {len(expected)} items in no feed file"
     assert set(items) == expected
+    (victim_part,) = feeds.glob(f"{job.id}-*-{victim.proc.pid}.jsonl")
+    assert not list(spool.rglob("*.part")), "spool files left behind"
     print(
         f"{len(expected)} items, {sum(items.values()) - len(expected)} more than once;"
         f" the killed worker's part held {len(feed_items([victim_part]))}"
