@@ -106,3 +106,31 @@ def test_a_killed_workers_acked_pages_have_their_items_in_its_feed(
         f"{len(expected)} items, {sum(items.values()) - len(expected)} more than once;"
         f" the killed worker's part held {len(feed_items([victim_part]))}"
     )
+
+
+def test_a_worker_that_starts_stores_the_spool_files_dead_processes_left(
+    env: dict[str, str], tmp_path: Path, paths_site: PathsSite
+) -> None:
+    """A spool file whose job ended elsewhere (no process here finishes it) is stored by the
+    next worker of the host whose crawler opens, to the URI its record names."""
+    feeds, spool = tmp_path / "job-feeds", tmp_path / "feed-tmp" / "celery_crawl-feeds"
+    feeds.mkdir()
+    spool.mkdir(parents=True, mode=0o700)
+    template = f"folder://{feeds}/%(job)s-%(worker)s.jsonl"  # paths_jobs' remote feed
+    left = feeds / "ended-job-host-1.jsonl"
+    (spool / "left.part").write_bytes(b'{"path": "/tree/x/r"}\n{"path": "/tree/x/ra"}\n{"pa')
+    record = {"uri": f"folder://{left}", "template": template, "job": "ended-job"}
+    (spool / "left.json").write_text(json.dumps(record))
+    values = {
+        **env,
+        "JOB_FEED_DIR": str(feeds),
+        "JOB_FEED_SCHEME": "folder",
+        "FEED_TEMPDIR": str(spool.parent),
+    }
+    with started_workers(values, tmp_path) as start:
+        start("restarted", pool="solo", concurrency=1)
+        deadline = time.monotonic() + 30
+        while (spool / "left.part").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert left.read_bytes() == b'{"path": "/tree/x/r"}\n{"path": "/tree/x/ra"}\n{"pa'
+    assert not list(spool.iterdir()), "spool files left behind"
