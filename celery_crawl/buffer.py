@@ -6,7 +6,11 @@ could not be queued) of the same moment reach Redis in one script call
 (:meth:`celery_crawl.queue.Base.push_many`), ``delay`` seconds after the
 first of them was buffered, or at once when ``batch_size`` requests wait.
 The children always go in before, or with, their parent's ack, so a crash
-never leaves a finished parent whose children are missing.
+never leaves a finished parent whose children are missing. Before a call
+with acks is made, ``before_acks()`` runs once for all of them: the
+scheduler has the items of those pages handed to the OS there
+(:mod:`celery_crawl.feeds`). If it raises, those acks are not sent: their
+leases expire and the pages are crawled again.
 
 If Redis is away, or refuses the script (a damaged key: ``on_error`` is
 told, see :mod:`celery_crawl.repair`), the buffer keeps the call and sends it
@@ -76,6 +80,7 @@ class WriteBehind:
         router: Router | None = None,
         call_later: CallLater | None = None,
         on_error: Callable[[Exception], None] | None = None,
+        before_acks: Callable[[], None] | None = None,
         delay: float,
         batch_size: int,
     ) -> None:
@@ -84,6 +89,7 @@ class WriteBehind:
         self.router = router
         self.call_later = call_later
         self.on_error = on_error
+        self.before_acks = before_acks  # makes the acked pages' items durable, or raises
         self.delay = delay
         self.batch_size = max(1, batch_size)
         self.pending: list[Pending] = []
@@ -136,9 +142,24 @@ class WriteBehind:
             return None
         pending = sorted(self.pending, key=lambda p: p.target or "")  # own first, then by target
         self._calls += 1
-        call = Call(self._calls, pending, self.acks, job_stats, self.dead_letters)
+        call = Call(self._calls, pending, self._settled(), job_stats, self.dead_letters)
         self.pending, self.acks, self.dead_letters = [], [], []
         return call
+
+    def _settled(self) -> list[bytes]:
+        """The acks to send: none if their pages' items could not be made durable."""
+        if not self.acks or self.before_acks is None:
+            return self.acks
+        try:
+            self.before_acks()
+        except Exception:
+            logger.exception(
+                "the items of %d pages could not be made durable: their leases are not acked,"
+                " so they expire and the pages are crawled again",
+                len(self.acks),
+            )
+            return []
+        return self.acks
 
     def _send(self, call: Call) -> bool:
         """Write ``call`` in one round trip; False if Redis did not take it (kept, retried)."""

@@ -13,6 +13,15 @@ crawlers (``celery_crawl.project.HOSTED_MIDDLEWARES``):
   unless one process writes all of it;
 - other feeds behave as in Scrapy.
 
+Items are durable before their page is acked: the scheduler sends
+``acks_due`` before each write of acks, and :meth:`JobFeedExporter.settle`
+flushes every open feed file then, so a killed process's file holds the
+items of every page it acked. A job's feed on a remote storage (S3, GCS, FTP:
+any ``BlockingFeedStorage``) is written to a spool file of its own instead
+of an anonymous temporary file (:class:`Spool`), locked by its process; the
+next process on the host that finishes the job, or starts, stores the spool
+file of a process that died, to the URI it names.
+
 Everything else is Scrapy's: formats, storages, filters, batches,
 ``uri_params``. It builds on ``FeedExporter``'s private slot methods
 (:data:`PRIVATE`, checked against Scrapy 2.19, like :mod:`celery_crawl.engine`);
@@ -21,24 +30,49 @@ if an upgrade removes one, the crawler refuses to open, naming it.
 
 from __future__ import annotations
 
+import fcntl
+import itertools
+import json
+import logging
 import os
 import socket
-from typing import TYPE_CHECKING, Any, Self
+import tempfile
+import uuid
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any, Self
+from urllib.parse import urlparse
 
 from scrapy import signals
-from scrapy.extensions.feedexport import FeedExporter, FeedSlot, apply_uri_params
+from scrapy.extensions.feedexport import (
+    BlockingFeedStorage,
+    FeedExporter,
+    FeedSlot,
+    apply_uri_params,
+)
+from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 
 from celery_crawl.errors import ConfigError
-from celery_crawl.jobs import job_finished, job_of
+from celery_crawl.jobs import acks_due, job_finished, job_of
 
 if TYPE_CHECKING:
     from scrapy import Spider
     from scrapy.crawler import Crawler
+    from twisted.internet.defer import Deferred
+
+logger = logging.getLogger(__name__)
 
 JOB_PLACEHOLDER = "%(job)s"
 CHECKED_SCRAPY = "2.19"
 # FeedExporter's private methods this module builds on
-PRIVATE = ("_start_new_batch", "_get_uri_params", "_close_slot", "_schedule_slot_close")
+PRIVATE = (
+    "_start_new_batch",
+    "_get_uri_params",
+    "_close_slot",
+    "_schedule_slot_close",
+    "_get_storage",
+)
+SPOOL_FOLDER = "celery_crawl-feeds"  # in FEED_TEMPDIR, or the system's temporary folder
+RECORD = ("uri", "template", "job")  # a spool file's record: where it goes
 
 
 def check_feed_exporter() -> None:
@@ -55,9 +89,112 @@ def check_feed_exporter() -> None:
         )
 
 
+def is_remote(uri: str) -> bool:
+    """Whether Scrapy stores this feed when it closes, from a temporary file (S3, GCS, FTP...)."""
+    scheme = urlparse(uri).scheme
+    return len(scheme) > 1 and scheme not in ("file", "stdout")
+
+
 def worker_name() -> str:
     """``%(worker)s``: this process, as ``<host>-<pid>``."""
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+class SpooledStorage:
+    """A remote storage of a job's feed whose file is a :class:`Spool` file, removed once stored."""
+
+    def __init__(self, storage: BlockingFeedStorage, data: Path, record: dict[str, str]) -> None:
+        self.storage = storage
+        self.data = data
+        self.record = record
+
+    def open(self, spider: Spider) -> IO[bytes]:
+        """The spool file, locked while this process has it open; then its record, whole."""
+        file = self.data.open("w+b")
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        written = self.data.with_suffix(".tmp")
+        written.write_text(json.dumps(self.record))
+        os.replace(written, self.data.with_suffix(".json"))
+        return file
+
+    def store(self, file: IO[bytes]) -> Deferred[None]:
+        stored = self.storage.store(file)
+        stored.addCallback(lambda _: remove_spooled(self.data))
+        return stored
+
+
+class Spool:
+    """The spool files of a host's job feeds on remote storages, in one folder.
+
+    ``<id>.part`` holds a feed's bytes, locked (``flock``) by the process that
+    writes it; ``<id>.json`` says where it goes: ``{"uri", "template", "job"}``,
+    written after the lock is taken. A ``.part`` that another process can lock
+    belongs to a process that died (or one that has just stored it): it is
+    stored to its URI by whoever locks it, then both files are removed.
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Self:
+        return cls(Path(settings.get("FEED_TEMPDIR") or tempfile.gettempdir()) / SPOOL_FOLDER)
+
+    def prepare(self) -> None:
+        """Create the folder, this user's only: what is in it is uploaded with this process's
+        credentials."""
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        status = self.folder.stat()
+        if status.st_uid != os.getuid() or status.st_mode & 0o077:
+            raise ConfigError(
+                f"the feed spool folder {self.folder} must belong to this user alone (mode 700):"
+                " another user could have feed files uploaded with this process's credentials;"
+                " set FEED_TEMPDIR to a folder of this user's"
+            )
+
+    def wrap(self, storage: BlockingFeedStorage, **record: str) -> SpooledStorage:
+        return SpooledStorage(storage, self.folder / f"{uuid.uuid4().hex}.part", record)
+
+    def orphans(self, job: str | None) -> list[tuple[dict[str, str], IO[bytes]]]:
+        """The spool files of dead processes (of ``job``, or of every job): locked, open."""
+        found = []
+        for record in sorted(self.folder.glob("*.json")):
+            claimed = claim(record)
+            if claimed is not None and job in (None, claimed[0]["job"]):
+                found.append(claimed)
+            elif claimed is not None:
+                claimed[1].close()
+        return found
+
+
+def claim(record: Path) -> tuple[dict[str, str], IO[bytes]] | None:
+    """The spool file of ``record`` and where it goes, if no living process holds it."""
+    try:
+        where = json.loads(record.read_text())
+        file = record.with_suffix(".part").open("r+b")
+    except FileNotFoundError:  # stored meanwhile by another process
+        return None
+    except (OSError, ValueError) as exc:
+        logger.warning("feed spool record %s left alone: %s", record, exc)
+        return None
+    try:
+        fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # its process lives, or another one is storing it
+        file.close()
+        return None
+    if not (record.exists() and is_record(where)):
+        file.close()  # stored and removed since it was read, or not a record of ours
+        return None
+    return where, file
+
+
+def is_record(where: Any) -> bool:
+    return isinstance(where, dict) and all(isinstance(where.get(f), str) for f in RECORD)
+
+
+def remove_spooled(data: Path) -> None:
+    data.unlink(missing_ok=True)
+    data.with_suffix(".json").unlink(missing_ok=True)
 
 
 class JobFeedExporter(FeedExporter):
@@ -70,6 +207,7 @@ class JobFeedExporter(FeedExporter):
         crawler.signals.connect(exporter.close_spider, signals.spider_closed)
         crawler.signals.connect(exporter.route_item, signals.item_scraped)
         crawler.signals.connect(exporter.close_job, job_finished)
+        crawler.signals.connect(exporter.settle, acks_due)
         return exporter
 
     def __init__(self, crawler: Crawler) -> None:
@@ -79,12 +217,18 @@ class JobFeedExporter(FeedExporter):
         self.job_slots: dict[str, list[FeedSlot]] = {}
         self.worker = worker_name()
         self._job = ""  # the job whose URIs are being filled in
+        self.spool = Spool.from_settings(crawler.settings)
+        if any(is_remote(uri) for uri in self.job_feeds):
+            self.spool.prepare()
 
     def open_spider(self, spider: Spider) -> None:
         """The feeds without ``%(job)s`` open now, as in Scrapy."""
         for uri, feed_options in self.feeds.items():
             if uri not in self.job_feeds:
                 self.slots.append(self._new_slot(uri, feed_options, spider))
+        if any(is_remote(uri) for uri in self.job_feeds):  # of processes that died before
+            stored = deferred_from_coro(self.store_orphans(spider, None))
+            stored.addErrback(lambda f: logger.error("feed spool not read: %s", f.value))
 
     def route_item(self, item: Any, response: Any, spider: Spider) -> None:
         """An item goes to the feeds of the spider, and to those of its job."""
@@ -104,6 +248,36 @@ class JobFeedExporter(FeedExporter):
         """On ``job_finished``: store the job's files."""
         for slot in self.job_slots.pop(job_id, []):
             await self._close_slot(slot, spider)
+        await self.store_orphans(spider, job_id)
+
+    async def store_orphans(self, spider: Spider, job: str | None) -> None:
+        """Store the spool files that processes which died left (of ``job``, or of any job)."""
+        if not self.spool.folder.is_dir():
+            return
+        for where, file in self.spool.orphans(job):
+            options = self.feeds.get(where["template"])
+            if options is None or not is_remote(where["template"]):  # not a feed of this crawler
+                file.close()
+                continue
+            await self._store_orphan(where["uri"], options, file, spider)
+
+    async def _store_orphan(
+        self, uri: str, options: dict[str, Any], file: IO[bytes], spider: Spider
+    ) -> None:
+        data = Path(file.name)
+        try:
+            file.seek(0)
+            stored = self._get_storage(uri, options).store(file)
+            if stored is not None:
+                await maybe_deferred_to_future(stored)
+        except Exception:
+            file.close()
+            logger.exception("the feed part of a process that died was not stored in %s", uri)
+            self.crawler.stats.inc_value("feedexport/spool/failed", spider=spider)
+            return
+        remove_spooled(data)
+        logger.info("stored the feed part of a process that died in %s", uri)
+        self.crawler.stats.inc_value("feedexport/spool/stored", spider=spider)
 
     async def close_spider(self, spider: Spider) -> None:
         """The worker stops: the files of jobs still open are stored as they are."""
@@ -113,6 +287,17 @@ class JobFeedExporter(FeedExporter):
         self.job_slots.clear()
         await super().close_spider(spider)
 
+    def settle(self) -> None:
+        """``acks_due``: what the exporters wrote is handed to the OS before its pages are acked.
+
+        Once per write of acks, not per item. A local file then holds the items
+        of every acked page even if the process is killed; so does the spool
+        file of a job's feed on a remote storage, which another process stores.
+        """
+        for slot in itertools.chain(self.slots, *self.job_slots.values()):
+            if slot.file is not None and not slot.file.closed:
+                slot.file.flush()
+
     def item_scraped(self, item: Any, spider: Spider) -> None:
         """Scrapy's, over ``self.slots``: the spider's feeds, or one job's."""
         if self.slots:
@@ -120,6 +305,22 @@ class JobFeedExporter(FeedExporter):
 
     def _open_job(self, job: str, spider: Spider) -> list[FeedSlot]:
         return [self._new_slot(uri, self.feeds[uri], spider) for uri in self.job_feeds]
+
+    def _start_new_batch(
+        self,
+        batch_id: int,
+        uri: str,
+        feed_options: dict[str, Any],
+        spider: Spider,
+        uri_template: str,
+    ) -> FeedSlot:
+        """Scrapy's; a job's file on a remote storage is a spool file, which others may store."""
+        slot = super()._start_new_batch(batch_id, uri, feed_options, spider, uri_template)
+        if self._job and isinstance(slot.storage, BlockingFeedStorage):
+            slot.storage = self.spool.wrap(
+                slot.storage, uri=uri, template=uri_template, job=self._job
+            )
+        return slot
 
     def _new_slot(self, uri: str, feed_options: dict[str, Any], spider: Spider) -> FeedSlot:
         params = self._get_uri_params(spider, feed_options["uri_params"])

@@ -47,6 +47,11 @@ job_items = object()
 # sent by the spider middleware: a callback of a job's response raised CloseSpider
 job_close = object()
 
+# sent by the scheduler just before it acks the leases of finished pages (once per
+# write, not per page): a handler holding their items in memory hands them to the OS
+# (celery_crawl.feeds); one that raises keeps those acks from being sent
+acks_due = object()
+
 # Public signals, sent in each worker process that worked on a job
 # (celery_crawl.participation), with the job id and spider as arguments:
 # job_opened(job_id, spider), before the process's first request of the job;

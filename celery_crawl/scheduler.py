@@ -16,7 +16,8 @@ A request's path through it:
 4. When the engine is done with a request (response parsed and every child
    handed to ``enqueue_request``, or the request failed for good:
    :mod:`celery_crawl.engine`), its lease is acked by the next flush, after
-   the children.
+   the children, and after the handlers of ``acks_due`` made the items its
+   callback yielded durable (the feeds' files flushed: :mod:`celery_crawl.feeds`).
 5. A process renews the leases it holds from a heartbeat thread
    (:mod:`celery_crawl.heartbeat`); leases whose process stopped beating
    expire (``SCHEDULER_LEASE_SECONDS``, 10 s) and are put back by any running
@@ -50,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Self
 import redis
 from scrapy import Request, Spider, signals
 from scrapy.core.scheduler import BaseScheduler
+from twisted.python.failure import Failure
 
 from celery_crawl import compat, connection, politeness
 from celery_crawl.buffer import Pending, WriteBehind, reactor_call_later
@@ -62,7 +64,14 @@ from celery_crawl.dupefilter import RFPDupeFilter
 from celery_crawl.engine import EngineHooks
 from celery_crawl.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.heartbeat import Heartbeat
-from celery_crawl.jobs import JOB_ARGS_META, JOB_DEPTH_META, end_lost_jobs, job_close, job_of
+from celery_crawl.jobs import (
+    JOB_ARGS_META,
+    JOB_DEPTH_META,
+    acks_due,
+    end_lost_jobs,
+    job_close,
+    job_of,
+)
 from celery_crawl.keys import SpiderKeys, group_members
 from celery_crawl.notices import notices_of
 from celery_crawl.participation import JobInfo, Participation
@@ -138,6 +147,7 @@ class Scheduler(BaseScheduler):
             router=router,
             call_later=reactor_call_later,
             on_error=self._refused,
+            before_acks=self._settle_items,
             delay=flush_delay,
             batch_size=batch_size,
         )
@@ -465,6 +475,18 @@ class Scheduler(BaseScheduler):
     def flush(self) -> None:
         """Write buffered requests, job stats and acks to Redis in one round trip."""
         self.buffer.flush()
+
+    def _settle_items(self) -> None:
+        """Before acks: the handlers of ``acks_due`` make the acked pages' items durable.
+
+        The engine is done with a page only after its items went through the
+        pipelines and ``item_scraped``, so what those handlers hold covers them.
+        """
+        if self.crawler is None:
+            return
+        for _, result in self.crawler.signals.send_catch_log(acks_due):
+            if isinstance(result, Failure):
+                result.raiseException()
 
     def _written(self, pushed: list[Pending], flags: list[bool]) -> None:
         for item, accepted in zip(pushed, flags, strict=True):

@@ -195,7 +195,7 @@ def test_bad_input_fails_at_crawl_time(app: Celery, monkeypatch: pytest.MonkeyPa
 
 
 def test_kill_9_of_one_of_two_workers_loses_nothing(
-    app: Celery, start_worker: Callable[..., Worker], forum_site: Any
+    app: Celery, start_worker: Callable[..., Worker], forum_site: Any, tmp_path: Path
 ) -> None:
     victim, survivor = start_worker("victim"), start_worker("survivor")
     job = crawl("forum", forum_seeds(), app=app)
@@ -206,6 +206,21 @@ def test_kill_9_of_one_of_two_workers_loses_nothing(
     result = job.wait(timeout=180)
     assert_complete_forum_crawl_pages(result, forum_site)
     assert survivor.proc.poll() is None
+    assert survivor.stop() == 0  # its feed files are stored as it stops; the victim's are not
+    expected = FORUM.expected()
+    found = feed_item_ids(sorted(tmp_path.glob("forum*.jsonl")))  # FORUM_FEED: one per process
+    items = expected.posts + expected.comments
+    assert len(found) == items, f"{items - len(found)} of {items} items in no feed file"
+
+
+def feed_item_ids(parts: list[Path]) -> set[str]:
+    """The posts and comments in the feed files; a killed worker's cut last line is skipped."""
+    ids = set()
+    for part in parts:
+        *complete, _cut = part.read_text().split("\n")
+        for item in map(json.loads, complete):
+            ids.add(item["comment_id"] if item["type"] == "comment" else item["post_id"])
+    return ids
 
 
 def assert_complete_forum_crawl_pages(result: dict[str, Any], site: Any) -> None:

@@ -4,6 +4,9 @@
 share one filter) and, when ``JOB_FEED_DIR`` is set:
 
 - ``FEEDS``: ``JOB_FEED_DIR/<job>-<worker>.jsonl``, one file per job and process;
+  with ``JOB_FEED_SCHEME = "folder"``, the same files through
+  :class:`FolderFeedStorage`, a remote storage (stored when the job ends, from a
+  file of its own) whose remote side is a folder;
 - :class:`JobHooksPipeline`, which records in ``JOB_FEED_DIR/events-<pid>.jsonl``
   each ``open_job``, ``close_job`` (with the items it saw of the job) and
   ``job_finished`` (with the job's stats), in the order they happen.
@@ -15,9 +18,11 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Self
+from typing import IO, Any, Self
+from urllib.parse import urlparse
 
 from scrapy.crawler import Crawler
+from scrapy.extensions.feedexport import BlockingFeedStorage
 from scrapy.settings import BaseSettings
 
 from celery_crawl import item_job, job_finished
@@ -35,9 +40,25 @@ class PathsJobsSpider(PathsSpider):
         if not folder:
             return
         feed = f"{folder}/%(job)s-%(worker)s.jsonl"
+        if settings.get("JOB_FEED_SCHEME") == "folder":
+            feed = f"folder://{feed}"
+            storages = {**settings.getdict("FEED_STORAGES"), "folder": FolderFeedStorage}
+            settings.set("FEED_STORAGES", storages, priority="spider")
         settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
         pipelines = {**settings.getdict("ITEM_PIPELINES"), f"{__name__}.JobHooksPipeline": 300}
         settings.set("ITEM_PIPELINES", pipelines, priority="spider")
+
+
+class FolderFeedStorage(BlockingFeedStorage):
+    """``folder:///path``: stored as S3, GCS and FTP are, by copying the whole file to the path."""
+
+    def __init__(self, uri: str, *, feed_options: dict[str, Any] | None = None) -> None:
+        self.path = Path(urlparse(uri).path)
+
+    def _store_in_thread(self, file: IO[bytes]) -> None:
+        file.seek(0)
+        self.path.write_bytes(file.read())
+        file.close()
 
 
 class JobHooksPipeline:

@@ -32,6 +32,8 @@ LOG_LEVEL = "INFO"
 TEST_ENV = [
     "PATHS_BASE_URL",
     "JOB_FEED_DIR",
+    "JOB_FEED_SCHEME",
+    "FEED_TEMPDIR",
     "PRODUCER_PERIOD",
     "CELERY_CRAWL_GC_FREEZE",
     "CELERY_CRAWL_GC_THRESHOLD",
@@ -54,4 +56,5 @@ TEST_ENV = [
 CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, *TEST_ENV]  # noqa: F405
 PATHS_BASE_URL = ""
 JOB_FEED_DIR = ""  # paths_jobs: where its per-job feeds and hook records go
+JOB_FEED_SCHEME = ""  # paths_jobs: "folder" stores its feeds as a remote storage does
 FAULT_STEP = FAULT_TRIGGER = FAULT_MARKER = ""  # fault_tree: none by default

@@ -129,6 +129,35 @@ def test_acks_go_with_the_children_in_the_same_call(queue: Base) -> None:
     assert job[b"pages"] == b"1" and job[b"done"] == b"1"
 
 
+def test_acks_wait_for_their_items_and_stay_unsent_when_those_cannot_be_kept(
+    queue: Base,
+) -> None:
+    """``before_acks`` runs once before each write with acks (the feeds flush there); when
+    it raises (a full disk), that write's acks are not sent: the leases expire and the
+    pages are crawled again. The children still go in."""
+    queue.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {"spider": "buffered"})
+    first, second = queue.lease(2)
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    in_flight_when_settled: list[int] = []
+
+    def settle() -> None:
+        in_flight_when_settled.append(queue.in_flight())
+        if len(in_flight_when_settled) == 2:
+            raise OSError(28, "No space left on device")
+
+    buffer.before_acks = settle
+    buffer.ack(first.member)
+    clock.advance(0.01)
+    assert in_flight_when_settled == [2] and queue.in_flight() == 1  # settled, then acked
+    for item in pending(2, job="j"):
+        buffer.add(item)
+    buffer.ack(second.member)
+    clock.advance(0.01)
+    assert in_flight_when_settled == [2, 1]
+    assert queue.in_flight() == 1 and len(queue) == 2  # not acked; the children are in
+
+
 def test_redis_away_keeps_everything_and_retries_a_second_later(queue: Base) -> None:
     clock, written = FakeClock(), Written()
     buffer = make_buffer(queue, clock, written)
