@@ -196,8 +196,19 @@ class Base:
         keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
         keys += [key for queue, _ in routed for key in queue._lane_keys()]
         script = self._script("enqueue", dupefilter=self.dedup.lua)
-        flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
-        return [bool(flag) for flag in flags]
+        reply = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
+        self._log_late(reply[count:])
+        return [bool(flag) for flag in reply[:count]]
+
+    def _log_late(self, jobs: Sequence[bytes | str]) -> None:
+        """Jobs whose stats in a call came after they ended: Redis kept them apart (late/*)."""
+        for job in jobs:
+            job_id = job.decode() if isinstance(job, bytes) else job
+            logger.warning(
+                "job %s had ended: this process's stats of it came late, "
+                "kept apart in its late/* fields",
+                job_id,
+            )
 
     def start_job(
         self, job: str, seeds: Sequence[Entry], fields: dict[str, str]
