@@ -161,6 +161,7 @@ class Base:
         dead_letters: Sequence[str] = (),
         *,
         call: tuple[str, int] | None = None,
+        participant: str = "",
     ) -> list[bool]:
         """Enqueue ``entries``, add ``job_stats``, keep ``dead_letters``, then ack ``acks``.
 
@@ -179,6 +180,10 @@ class Base:
         Redis already applied (its reply lost, the call sent again, by redis-py's
         retry or the writer's) changes nothing the second time and returns the
         flags of the first: counters and dead letters are added once.
+
+        ``participant`` is the writer's scheduler id: ``job_stats`` of a job that
+        has ended, when it is not among the job's participants (cut off, back
+        late), are kept apart in the job's ``late/*`` fields, and logged.
         """
         batches = [entries, *(batch for _, batch in routed)]
         count = sum(len(batch) for batch in batches)
@@ -186,7 +191,7 @@ class Base:
             return []
         args: list[Any] = [count, len(job_stats), len(acks), len(dead_letters)]
         writer, number = call if call else ("", "")
-        args += [self.deadletter_max, self.dedup_scope, number, WRITTEN_KEPT_MS]
+        args += [self.deadletter_max, self.dedup_scope, number, WRITTEN_KEPT_MS, participant]
         for lane, batch in enumerate(batches):
             for entry in batch:
                 args += entry.args(self.uses_priority, lane)

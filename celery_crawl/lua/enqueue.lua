@@ -32,11 +32,16 @@
 --          own set) or 'spider' (against the spider's filter)
 -- ARGV[7]  the writer's number for this call ('' = none: the call is not recorded)
 -- ARGV[8]  milliseconds the writer's record is kept
+-- ARGV[9]  the writer's participant id (its scheduler's id, lua/job_join.lua); '' = none:
+--          its job stats are never judged late
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
 --          payload, lane (0 = this spider's queue), site ('' = none: no site limits)
 -- then s groups: job id, field, delta; a job that has ended (or is gone) takes them as
---          late: added to its fields late/<field>, its counters untouched (purged, the
---          count of its requests discarded after its end, is its own)
+--          late when the writer is not (or no longer) among its participants: a process
+--          cut off whose registration lapsed, dropped by lua/job_settle.lua, so Job.wait()
+--          may have returned. They go to its fields late/<field>, its counters untouched
+--          (purged, the count of its requests discarded after its end, is its own). A
+--          participant closing its part of the job still adds to its counters.
 -- then m lease members to ack
 -- then d dead-letter records (JSON text), pushed in order
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
@@ -55,7 +60,7 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local SCOPE, CALL, FIRST = ARGV[6], ARGV[7], 9
+local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 10
 local DEDUP_ARGV = FIRST + 6 * n + 3 * s + m + d
 --!slot dupefilter
 --!include jobs
@@ -87,14 +92,14 @@ push_guard(spec, lanes, ARGV, FIRST, n)
 local refused = refuse_damaged(spec)
 if refused then return refused end
 
--- a job's stats that reach it after it ended (a worker cut off, back late) are kept
--- apart: decided per job before any write, so a limit this call reaches keeps its own
--- call's changes on the job
+-- a job's stats that reach it after it ended from a process no longer among its
+-- participants (cut off, back late) are kept apart: decided per job before any write,
+-- so a limit this call reaches keeps its own call's changes on the job
 local late, late_jobs = {}, {}
 for i = 0, s - 1 do
     local job = ARGV[base + 3 * i]
     if late[job] == nil then
-        late[job] = job_ended(job)
+        late[job] = PARTICIPANT ~= '' and job_late(job, PARTICIPANT)
         if late[job] then late_jobs[#late_jobs + 1] = job end
     end
 end
