@@ -97,6 +97,7 @@ class WriteBehind:
         self.dead_letters: list[str] = []
         self.job_stats = JobStats()
         self.writer = uuid.uuid4().hex  # numbers this buffer's calls (``Base.push_many``)
+        self.participant = ""  # its scheduler's id once it joins jobs: judges late stats
         self.unconfirmed: Call | None = None  # sent, not known to be applied: sent again first
         self._calls = 0
         self._timer: Timer | None = None
@@ -172,6 +173,7 @@ class WriteBehind:
                 routed,
                 call.dead_letters,
                 call=(self.writer, call.number),
+                participant=self.participant,
             )
         except connection.REFUSED_OR_TRANSIENT as exc:
             # Redis is away (restarting?) or a key is damaged: keep the call, send it again

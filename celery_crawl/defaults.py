@@ -421,6 +421,14 @@ _ENTRIES = (
         HOSTING,
     ),
     Setting(
+        "CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS",
+        60.0,
+        "seconds a worker process whose crawlers are about to open waits for an unreachable"
+        " Redis, trying again with a backoff (1 s doubling to 10 s) and a WARNING per try, before"
+        " the worker stops; 0 stops it at once. A configuration error stops it at once",
+        HOSTING,
+    ),
+    Setting(
         "CELERY_CRAWL_GC_FREEZE",
         True,
         "freeze the process's startup heap out of the cyclic GC once the crawlers are open."

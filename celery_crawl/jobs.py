@@ -242,6 +242,8 @@ class JobStatus:
     reason: str = ""  # why a closed job was closed
     limits: dict[str, float] | None = None  # pages, items, seconds
     args: dict[str, str] | None = None  # spider arguments
+    # stats that came after the job ended (a worker cut off, back late): kept apart
+    late: dict[str, int] | None = None
 
     @property
     def finished(self) -> bool:
@@ -272,6 +274,7 @@ class JobStatus:
             "reason": self.reason,
             "limits": self.limits or {},
             "args": self.args or {},
+            "late": self.late or {},
         }
 
 
@@ -330,6 +333,7 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes], read_at: flo
         reason=fields.get("reason", ""),
         limits={k[6:]: float(v) for k, v in fields.items() if k.startswith("limit/")},
         args=json.loads(fields.get(ARGS_FIELD, "{}")),
+        late={k[5:]: _count(v) for k, v in fields.items() if k.startswith("late/")},
     )
 
 

@@ -161,6 +161,7 @@ class Base:
         dead_letters: Sequence[str] = (),
         *,
         call: tuple[str, int] | None = None,
+        participant: str = "",
     ) -> list[bool]:
         """Enqueue ``entries``, add ``job_stats``, keep ``dead_letters``, then ack ``acks``.
 
@@ -179,6 +180,10 @@ class Base:
         Redis already applied (its reply lost, the call sent again, by redis-py's
         retry or the writer's) changes nothing the second time and returns the
         flags of the first: counters and dead letters are added once.
+
+        ``participant`` is the writer's scheduler id: ``job_stats`` of a job that
+        has ended, when it is not among the job's participants (cut off, back
+        late), are kept apart in the job's ``late/*`` fields, and logged.
         """
         batches = [entries, *(batch for _, batch in routed)]
         count = sum(len(batch) for batch in batches)
@@ -186,7 +191,7 @@ class Base:
             return []
         args: list[Any] = [count, len(job_stats), len(acks), len(dead_letters)]
         writer, number = call if call else ("", "")
-        args += [self.deadletter_max, self.dedup_scope, number, WRITTEN_KEPT_MS]
+        args += [self.deadletter_max, self.dedup_scope, number, WRITTEN_KEPT_MS, participant]
         for lane, batch in enumerate(batches):
             for entry in batch:
                 args += entry.args(self.uses_priority, lane)
@@ -196,8 +201,19 @@ class Base:
         keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
         keys += [key for queue, _ in routed for key in queue._lane_keys()]
         script = self._script("enqueue", dupefilter=self.dedup.lua)
-        flags = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
-        return [bool(flag) for flag in flags]
+        reply = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
+        self._log_late(reply[count:])
+        return [bool(flag) for flag in reply[:count]]
+
+    def _log_late(self, jobs: Sequence[bytes | str]) -> None:
+        """Jobs whose stats in a call came after they ended: Redis kept them apart (late/*)."""
+        for job in jobs:
+            job_id = job.decode() if isinstance(job, bytes) else job
+            logger.warning(
+                "job %s had ended: this process's stats of it came late, "
+                "kept apart in its late/* fields",
+                job_id,
+            )
 
     def start_job(
         self, job: str, seeds: Sequence[Entry], fields: dict[str, str]

@@ -234,6 +234,7 @@ class Scheduler(BaseScheduler):
                 self.queue.keys.signal, self._on_push
             )
             self.jobs.start()
+            self.buffer.participant = self.id  # joins jobs now: late stats are judged by it
             self._share_start()
             self._hold_limits(opened)
         if self.crawler is not None:

@@ -22,20 +22,27 @@ is about this step's worker (by hostname or sender) before acting.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import signal
+import time
 from typing import Any, ClassVar
 
 from celery import bootsteps, signals
 
-from celery_crawl import broker, logcontext
+from celery_crawl import broker, connection, logcontext
 from celery_crawl.client import find_job
+from celery_crawl.defaults import setting
+from celery_crawl.errors import RedisUnavailable
 from celery_crawl.hosting import CrawlerHost
 from celery_crawl.keys import stopping_worker
 from celery_crawl.project import Project, project_of
 
 logger = logging.getLogger(__name__)
+# the waits between tries to reach Redis before the crawlers open: doubling from the first
+OPEN_RETRY_FIRST = 1.0
+OPEN_RETRY_MOST = 10.0
 
 
 class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -109,15 +116,42 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         The solo and threads pools exit with ``EX_CONFIG`` (78). A prefork child
         asks its parent for a warm shutdown and exits, so that the pool does not
         respawn children that fail the same way; the parent exits 0, or 1 when it
-        finds first that its pool could not start.
+        finds first that its pool could not start. An unreachable Redis is waited
+        for first (:meth:`wait_for_redis`); a configuration error stops it at once.
         """
         try:
+            self.wait_for_redis()
             self.start_hosting()
         except Exception as exc:
             logger.critical("the crawlers could not open, so this worker stops: %s", exc)
             if child:
                 os.kill(os.getppid(), signal.SIGTERM)
             raise SystemExit(os.EX_CONFIG) from exc
+
+    def wait_for_redis(self) -> None:
+        """Return once Redis answers; raise ``RedisUnavailable`` after
+        ``CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS`` (a worker started before its Redis,
+        or a child forked while Redis restarts). One WARNING per try."""
+        project = self.project
+        patience = setting(project.settings, "CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS")
+        deadline = time.monotonic() + patience
+        for attempt in itertools.count(1):
+            try:
+                connection.check(project.client)
+                return
+            except RedisUnavailable as exc:
+                delay = min(OPEN_RETRY_FIRST * 2 ** (attempt - 1), OPEN_RETRY_MOST)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                logger.warning(
+                    "the crawlers could not open yet (try %d, %.0f s left of %g s): %s",
+                    attempt,
+                    left,
+                    patience,
+                    exc,
+                )
+                time.sleep(min(delay, left))
 
     def start_hosting(self) -> None:
         if self.host is not None:

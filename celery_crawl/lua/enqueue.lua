@@ -32,14 +32,23 @@
 --          own set) or 'spider' (against the spider's filter)
 -- ARGV[7]  the writer's number for this call ('' = none: the call is not recorded)
 -- ARGV[8]  milliseconds the writer's record is kept
+-- ARGV[9]  the writer's participant id (its scheduler's id, lua/job_join.lua); '' = none:
+--          its job stats are never judged late
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
 --          payload, lane (0 = this spider's queue), site ('' = none: no site limits)
--- then s groups: job id, field, delta
+-- then s groups: job id, field, delta; a job that has ended (or is gone) takes them as
+--          late when the writer is not (or no longer) among its participants: a process
+--          cut off whose registration lapsed, dropped by lua/job_settle.lua, so Job.wait()
+--          may have returned. They go to its fields late/<field>, its counters untouched
+--          (purged, the count of its requests discarded after its end, is its own). A
+--          participant closing its part of the job still adds to its counters.
 -- then m lease members to ack
 -- then d dead-letter records (JSON text), pushed in order
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
---          (for a call already applied: the flags it returned then); or, when a key
+--          (for a call already applied: the flags it returned then), followed by the
+--          ids of the jobs whose stats in this call came late (none for a call
+--          applied before); or, when a key
 --          it would write, of any lane, is damaged, an error that names it
 --          (include/keytypes.lua), and nothing written
 -- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
@@ -51,7 +60,7 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local SCOPE, CALL, FIRST = ARGV[6], ARGV[7], 9
+local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 10
 local DEDUP_ARGV = FIRST + 6 * n + 3 * s + m + d
 --!slot dupefilter
 --!include jobs
@@ -83,11 +92,26 @@ push_guard(spec, lanes, ARGV, FIRST, n)
 local refused = refuse_damaged(spec)
 if refused then return refused end
 
+-- a job's stats that reach it after it ended from a process no longer among its
+-- participants (cut off, back late) are kept apart: decided per job before any write,
+-- so a limit this call reaches keeps its own call's changes on the job
+local late, late_jobs = {}, {}
+for i = 0, s - 1 do
+    local job = ARGV[base + 3 * i]
+    if late[job] == nil then
+        late[job] = PARTICIPANT ~= '' and job_late(job, PARTICIPANT)
+        if late[job] then late_jobs[#late_jobs + 1] = job end
+    end
+end
 local accepted = push_requests(lanes, ARGV, FIRST, n)
 for i = 0, s - 1 do
     local job, field = ARGV[base + 3 * i], ARGV[base + 3 * i + 1]
-    job_add(job, field, ARGV[base + 3 * i + 2])
-    job_check_limits(job, field)
+    if late[job] and field ~= 'purged' then
+        job_add(job, 'late/' .. field, ARGV[base + 3 * i + 2])
+    else
+        job_add(job, field, ARGV[base + 3 * i + 2])
+        job_check_limits(job, field)
+    end
 end
 local letters = base + 3 * s + m
 for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
@@ -97,4 +121,5 @@ ack_leases(KEYS[5], ARGV, base, base + m - 1)
 if CALL ~= '' then
     redis.call('SET', KEYS[8], CALL .. ':' .. table.concat(accepted), 'PX', ARGV[8])
 end
+for _, job in ipairs(late_jobs) do accepted[#accepted + 1] = job end
 return accepted

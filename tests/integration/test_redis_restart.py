@@ -190,3 +190,34 @@ def wait_for_result(app: Any, task_id: str, seconds: float) -> dict[str, Any]:
         assert time.monotonic() < deadline, f"no result for task {task_id}: {meta}"
         time.sleep(0.2)
     return dict(meta)
+
+
+def test_a_prefork_worker_started_while_redis_is_down_waits_for_it(
+    persistent_redis: ValkeyServer, restart_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """Its child's crawlers cannot open yet: it tries again until Redis is up, then crawls."""
+    app = create_app("worker_app", WORKER_SETTINGS)
+    persistent_redis.stop()
+    worker = Worker("early", restart_env, tmp_path / "worker.log", concurrency=1)
+    try:
+        deadline = time.monotonic() + 180  # the old code took over a minute to stop
+        while not opening_failed(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert opening_failed(worker), worker.output()[-3000:]  # the child met the outage
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        assert "so this worker stops" not in worker.output()
+        persistent_redis.start()
+        worker.wait_ready(90)
+        result = crawl("paths", [{"chain": "early", "length": 3}], app=app).wait(timeout=120)
+        assert result["state"] == "done" and result["pages"] == 3, result
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
+
+
+def opening_failed(worker: Worker) -> bool:
+    """The worker's child tried to open its crawlers and failed (or the worker ended)."""
+    text = worker.output()
+    return worker.proc.poll() is not None or any(
+        line in text for line in ("so this worker stops", "the crawlers could not open yet")
+    )

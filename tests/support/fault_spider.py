@@ -12,6 +12,9 @@ finds the marker and passes. The steps:
 - ``after_parse``: the callback yielded its item and children, which wait in
   the write-behind buffer: the reactor stops before the flush;
 - ``after_flush``: the children are in Redis, the parent not acked yet;
+- ``pause_after_parse``: as ``after_parse``, but the process goes on once the
+  test deletes ``FAULT_MARKER`` (the test stops it meanwhile, SIGSTOP, so
+  that its leases lapse: a worker cut off, back late);
 - ``warm_shutdown``: the worker was told to stop; a pipeline's
   ``close_spider`` stops it before the scheduler hands its leases back.
 """
@@ -52,6 +55,13 @@ def stop_here() -> None:
     time.sleep(STOPPED_FOR)
 
 
+def hold_while(marker: str) -> None:
+    """Hold the process (the reactor too) while ``marker`` exists, at most STOPPED_FOR s."""
+    deadline = time.monotonic() + STOPPED_FOR
+    while os.path.exists(marker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 class FaultTreeSpider(PathsSpider):
     name = "fault_tree"
 
@@ -70,6 +80,8 @@ class FaultTreeSpider(PathsSpider):
             yield output
         if reached(self.settings, "after_parse", response.url):
             stop_here()  # the children wait in the buffer: no reactor turn flushes them
+        if reached(self.settings, "pause_after_parse", response.url):
+            hold_while(self.settings["FAULT_MARKER"])  # then the buffer flushes, late
         if self.settings.get("FAULT_STEP") == "after_flush" and response.url.endswith(
             str(self.settings.get("FAULT_TRIGGER"))
         ):

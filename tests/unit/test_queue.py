@@ -248,3 +248,52 @@ def test_a_registration_not_renewed_stops_counting(queue: Base) -> None:
     queue.join("short", 0.05)
     time.sleep(0.1)
     assert not queue.client.exists(queue.keys.open_schedulers)  # the key expires too
+
+
+def job_counts(client: redis.Redis, queue: Base, job: str) -> dict[str, str]:
+    raw = client.hgetall(queue.keys.job(job))
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def test_stats_of_an_ended_job_are_kept_apart_as_late(queue: Base, client: redis.Redis) -> None:
+    queue.start_job("j", [Entry(b"seed", job="j")], {"spider": "forum"})
+    (lease,) = queue.pop()
+    # the worker that finishes the job: its stats, then its ack, in one call
+    stats = [("j", "pages", 1), ("j", "items", 3)]
+    queue.push_many([], acks=[lease.member], job_stats=stats, participant="finisher")
+    ended = job_counts(client, queue, "j")
+    assert ended["state"] == "done"
+    # a worker cut off while it held the same page comes back, no longer a participant
+    # (its registration lapsed): its stats, its old ack and a child, of a job that has ended
+    late_stats = [("j", "pages", 4), ("j", "items", 120), ("j", "status/200", 4)]
+    flags = queue.push_many(
+        [Entry(b"child", job="j")], acks=[lease.member], job_stats=late_stats, participant="cut"
+    )
+    assert flags == [False]
+    after = job_counts(client, queue, "j")
+    late = {k: after.pop(k) for k in list(after) if k.startswith("late/")}
+    assert after == ended
+    assert late == {"late/pages": "4", "late/items": "120", "late/status/200": "4"}
+
+
+def test_a_participant_closing_its_part_of_an_ended_job_still_counts(
+    queue: Base, client: redis.Redis
+) -> None:
+    """What a process's in-flight pages give once the job closed counts: wait() waits for it."""
+    queue.start_job("j", [Entry(b"seed", job="j")], {"spider": "forum"})
+    queue.join_job("j", "worker")
+    assert queue.close_job("j", "enough")
+    queue.push_many([], job_stats=[("j", "pages", 1), ("j", "items", 2)], participant="worker")
+    counts = job_counts(client, queue, "j")
+    assert (counts["state"], counts["pages"], counts["items"]) == ("closed", "1", "2")
+    assert not [k for k in counts if k.startswith("late/")]
+
+
+def test_a_call_that_closes_a_job_by_its_limit_keeps_its_own_stats(
+    queue: Base, client: redis.Redis
+) -> None:
+    queue.start_job("j", [Entry(b"seed", job="j")], {"spider": "forum", "limit/pages": "1"})
+    queue.push_many([], job_stats=[("j", "pages", 1), ("j", "items", 2)], participant="w")
+    counts = job_counts(client, queue, "j")
+    assert (counts["state"], counts["pages"], counts["items"]) == ("closed", "1", "2")
+    assert not [k for k in counts if k.startswith("late/")]

@@ -18,6 +18,11 @@
 -- or were lost from Redis (field lost: lua/job_reconcile.lua): the crawl did
 -- not cover what the spider asked for.
 --
+-- Stats of a job that reach it once it has ended, from a process no longer among its
+-- participants (a worker cut off for longer than its leases, back after another finished
+-- the job) are kept apart, in fields late/<field> (lua/enqueue.lua): the counters
+-- Job.wait() returned do not move.
+--
 -- A job's phase (field phase) is queued (no request leased yet), running,
 -- done, incomplete, failed or cancelled. The hash JOB_PREFIX .. '~states' counts
 -- jobs per phase, so the exporter reads them in one command: queued and running
@@ -48,7 +53,7 @@
 -- ack_guard, for a script's check before its first write (include/keytypes.lua).
 --
 -- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries).
--- Defines: job_seen_add, job_running, job_add, job_phase,
+-- Defines: job_seen_add, job_running, job_late, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
 -- job_notify, job_guard(spec, job), ack_guard(spec, inflight, args, first, last).
 
@@ -74,6 +79,18 @@ end
 
 local function job_running(job)  -- pcall: a damaged job hash is not running
     return job == '' or redis.pcall('HGET', JOB_PREFIX .. job, 'state') == 'running'
+end
+
+-- A job's stats that come after it ended from a process that is not among its
+-- participants (cut off, its registration lapsed and dropped by lua/job_settle.lua, so
+-- Job.wait() may have returned) are late: kept apart, in its fields late/<field>.
+-- True when the job is gone, or its state is final and participant is not in it.
+local function job_late(job, participant)
+    if job == '' then return false end
+    if not job_exists(job) then return true end
+    local key = JOB_PREFIX .. job
+    if not FINAL[redis.call('HGET', key, 'state')] then return false end
+    return redis.pcall('HEXISTS', key .. ':participants', participant) ~= 1
 end
 
 local job_close  -- defined below; a damaged counter closes its job
