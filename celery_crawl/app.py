@@ -10,7 +10,9 @@
   spider's Celery queue (``CELERY_CRAWL_QUEUES``), and a beat entry per
   ``PRODUCER_SPIDERS``;
 - adds the :class:`~celery_crawl.worker.CrawlerHosting` bootstep to its
-  workers, which hosts the crawlers and makes ``revoke`` cooperative.
+  workers, which hosts the crawlers and makes ``revoke`` cooperative, and the
+  :class:`~celery_crawl.trackers.JobTrackers` bootstep, which runs job tasks
+  beside the pool, so that a job holds no pool slot from other work.
 
 Creating an app changes nothing outside it: no signal is connected and no
 Celery internals are patched until one of its workers is built.
@@ -30,6 +32,7 @@ from celery_crawl.client import JOB_TASK, PRODUCE_TASK
 from celery_crawl.defaults import setting
 from celery_crawl.errors import ConfigError
 from celery_crawl.project import Project
+from celery_crawl.trackers import JobTrackers
 from celery_crawl.worker import CrawlerHosting
 
 
@@ -67,6 +70,7 @@ def create_app(
     app.task(bind=True, name=PRODUCE_TASK, shared=False)(run_producer)
     app.conf.beat_schedule = producer_schedule(project) | dict(app.conf.beat_schedule or {})
     app.steps["worker"].add(CrawlerHosting)
+    app.steps["worker"].add(JobTrackers)
     # kept out of app.conf: `celery inspect conf` (which Flower shows) would list a REDIS_URL
     # given here with its password; Celery masks only the keys it knows to be secret
     app.celery_crawl_overrides = dict(settings or {})

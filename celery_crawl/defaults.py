@@ -407,6 +407,13 @@ _ENTRIES = (
         HOSTING,
     ),
     Setting(
+        "CELERY_CRAWL_JOB_TRACKERS",
+        100,
+        "job tasks a worker runs at once in threads beside its pool, so that no job holds a pool"
+        " slot; a job task beyond them waits for one, holding a prefetch slot",
+        HOSTING,
+    ),
+    Setting(
         "CELERY_CRAWL_JOB_KEEP_SECONDS",
         7 * 24 * 3600.0,
         "seconds a finished job stays readable: its hash (state, counters, stats), its entry in"

@@ -1,0 +1,64 @@
+"""TrackerPool: at most its limit of tasks at once, the others in order, the prefetch raised."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from kombu.common import QoS
+
+from celery_crawl.trackers import TrackerPool
+
+
+def settle(check: Any, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "not within the timeout"
+        time.sleep(0.01)
+
+
+def test_at_most_the_limit_runs_at_once_each_raising_the_prefetch_by_one() -> None:
+    qos = QoS(lambda prefetch_count: None, 4)  # type: ignore[no-untyped-call]
+    trackers = TrackerPool(2, lambda: qos)
+    release = threading.Event()
+    started: queue.Queue[int] = queue.Queue()
+    accepted: list[int] = []
+    ended: queue.Queue[int] = queue.Queue()
+
+    def task(number: int) -> int:
+        started.put(number)
+        release.wait(10)
+        return number
+
+    for number in range(3):
+        trackers.apply_async(
+            task,
+            args=(number,),
+            callback=ended.put,
+            accept_callback=lambda pid, when: accepted.append(pid),
+        )
+    assert sorted([started.get(timeout=10), started.get(timeout=10)]) == [0, 1]
+    assert qos.value == 6  # two running job tasks: two more messages may come in
+    assert started.empty()  # the third waits for a thread
+    release.set()
+    assert sorted(ended.get(timeout=10) for _ in range(3)) == [0, 1, 2]
+    assert started.get(timeout=10) == 2 and len(accepted) == 3
+    settle(lambda: qos.value == 4)
+
+
+def test_a_closed_pool_forgets_its_waiting_tasks_and_returns_its_running_threads() -> None:
+    qos = QoS(lambda prefetch_count: None, 4)  # type: ignore[no-untyped-call]
+    trackers = TrackerPool(1, lambda: qos)
+    release, ran = threading.Event(), list[str]()
+    trackers.apply_async(lambda: release.wait(10) and "running", callback=ran.append)
+    trackers.apply_async(lambda: "waiting", callback=ran.append)
+    running = trackers.close()
+    trackers.apply_async(lambda: "after close", callback=ran.append)
+    release.set()
+    for thread in running:
+        thread.join(10)
+    assert len(running) == 1 and not running[0].is_alive()
+    assert ran == ["running"]
+    assert qos.value == 4
