@@ -108,8 +108,9 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
 
 def redis_memory(memory: connection.Memory | None) -> dict[str, Any]:
     """Redis's memory as the status shows it; ``problem`` says what it does to the crawl."""
-    if memory is None:
-        return {"problem": "", "unknown": "INFO refused (an ACL?)"}
+    if memory is None:  # INFO refused (an ACL): not known
+        fields = ("used_memory", "maxmemory", "policy", "evicted_keys", "out_of_memory")
+        return {**dict.fromkeys(fields), "problem": ""}
     problem = memory.describe() if memory.out_of_memory else ""
     if memory.evicted_keys and memory.policy != connection.SAFE_POLICY:
         problem = problem or (
