@@ -300,13 +300,17 @@ class Memory:
 
 
 def memory(client: redis.Redis) -> Memory | None:
-    """The server's memory use and evictions: one ``INFO`` round trip (two commands);
-    None where ``INFO`` is refused (an ACL)."""
+    """The server's memory use and evictions: one ``INFO`` round trip (two commands; on a
+    cluster, two, to every node: no INFO in a cluster pipeline); None where ``INFO`` is
+    refused (an ACL)."""
     try:
-        with client.pipeline(transaction=False) as pipe:
-            pipe.info("memory")
-            pipe.info("stats")
-            mem, stats = pipe.execute()
+        if is_cluster(client):
+            mem, stats = client.info("memory"), client.info("stats")
+        else:
+            with client.pipeline(transaction=False) as pipe:
+                pipe.info("memory")
+                pipe.info("stats")
+                mem, stats = pipe.execute()
     except redis.ResponseError:
         return None
     readings = [
