@@ -21,7 +21,15 @@ from celery.exceptions import Reject
 from celery_crawl import connection
 from celery_crawl.client import JOB_INDEX_TTL, crawl, start_job
 from celery_crawl.defaults import setting
-from celery_crawl.errors import BadInput, ConfigError, JobFailed, JobIncomplete, JobTimeout, quote
+from celery_crawl.errors import (
+    BadInput,
+    ConfigError,
+    JobFailed,
+    JobIncomplete,
+    JobTimeout,
+    RedisOutOfMemory,
+    quote,
+)
 from celery_crawl.inputs import check_args, check_job, check_limits, check_seeds
 from celery_crawl.jobs import Job, JobStatus
 from celery_crawl.keys import job_spider, stopping_worker
@@ -69,9 +77,9 @@ def run_job(
             logger.warning("job %s: Redis unreachable (%s); still watching", job.id, exc)
             time.sleep(interval)
             continue
-        except JobTimeout:
+        except JobTimeout as exc:
             status = job.status()
-            now_waiting = report_progress(task, status, registry.read(job.client))
+            now_waiting = report_progress(task, status, registry.read(job.client), exc)
             if now_waiting != waiting:  # logged when it starts, and when it ends
                 logger.warning("job %s: %s", job.id, now_waiting or "a live worker hosts it now")
                 waiting = now_waiting
@@ -121,27 +129,57 @@ def finished(job: Job, result: dict[str, Any]) -> dict[str, Any]:
     if result["state"] == "failed":
         raise JobFailed(f"job {job.id} fetched no page: errors {result['errors']}")
     if result["state"] == "incomplete":
-        raise JobIncomplete(incomplete_message(job, result))
+        raise JobIncomplete(incomplete_message(job, result, lost_cause(job, result)))
     return result
 
 
-def incomplete_message(job: Job, result: dict[str, Any]) -> str:
+def lost_cause(job: Job, result: dict[str, Any]) -> str:
+    """Why requests of the job were lost from Redis, as far as Redis can tell."""
+    if not result["errors"].get("lost"):
+        return ""
+    try:
+        memory = connection.memory(job.client)
+    except redis.RedisError:
+        return ""
+    if memory is None or not memory.evicted_keys:
+        return ""
+    return f"Redis evicted {memory.evicted_keys} keys (maxmemory-policy {memory.policy})"
+
+
+def incomplete_message(job: Job, result: dict[str, Any], cause: str = "") -> str:
+    """What made the job incomplete: requests dropped (not queued), or lost from Redis."""
     kinds = {k[8:]: v for k, v in result["errors"].items() if k.startswith("dropped/")}
-    return (
-        f"job {job.id} ended incomplete: {result['pages']} pages, but {result['dropped']}"
-        f" requests could not be queued ({kinds}); they are in the dead-letter list"
-        f" {job.keys.deadletter}, with the reason"
+    reasons = []
+    if result["dropped"]:
+        reasons.append(
+            f"{result['dropped']} requests could not be queued ({kinds}); they are in the"
+            f" dead-letter list {job.keys.deadletter}, with the reason"
+        )
+    lost = result["errors"].get("lost", 0)
+    if lost:
+        why = cause or "a key deleted, or writes Redis lost in a crash"
+        reasons.append(f"{lost} requests were lost from Redis ({why})")
+    return f"job {job.id} ended incomplete: {result['pages']} pages, but " + "; and ".join(
+        reasons or ["requests of it were not done"]
     )
 
 
-def report_progress(task: Task, status: JobStatus, workers: list[WorkerInfo]) -> str:
+def report_progress(
+    task: Task, status: JobStatus, workers: list[WorkerInfo], timeout: Exception | None = None
+) -> str:
     """The job's progress as the task's state and as an event; returns what it waits for.
 
-    ``waiting`` says so while none of ``workers`` (the registry) hosts the job's spider.
+    ``waiting`` says so while none of ``workers`` (the registry) hosts the job's spider,
+    or while Redis is out of memory (``timeout``: a :class:`RedisOutOfMemory`).
     """
     progress = status.as_dict()
     progress["waiting"] = waiting_reason(workers, status.spider)
-    task.update_state(state="PROGRESS", meta=progress)
+    if isinstance(timeout, RedisOutOfMemory):
+        progress["waiting"] = str(timeout).partition(": ")[2]
+    try:  # the result backend may be the Redis that is out of memory
+        task.update_state(state="PROGRESS", meta=progress)
+    except redis.exceptions.OutOfMemoryError as exc:
+        logger.debug("progress not stored: %s", exc)
     try:
         task.send_event("task-progress", progress=progress)
     except Exception:  # monitoring only: never fail the job over an event

@@ -22,6 +22,7 @@ what still fails surfaces as :class:`~celery_crawl.errors.RedisUnavailable`.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConn
 from celery_crawl.defaults import FALLBACK_REDIS_URL, SETTINGS, setting
 from celery_crawl.errors import ConfigError, RedisUnavailable
 
+logger = logging.getLogger(__name__)
 DEFAULT_URL = FALLBACK_REDIS_URL
 # what a restart, a failover or a cluster resharding raise after the client's
 # own retries: the callers keep their buffers and try again later
@@ -52,6 +54,16 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 # and with them, what a damaged key makes a script raise (WRONGTYPE, a counter
 # that is not a number): the buffers are kept, and the keys repaired (repair.py)
 REFUSED_OR_TRANSIENT: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, redis.ResponseError)
+# what Redis answers a write (a script's first write) while over its ``maxmemory``
+# with the policy ``noeviction``: nothing damaged, so no repair; kept and sent again
+OUT_OF_MEMORY = redis.exceptions.OutOfMemoryError
+# what a write on the request path waits out (kept, tried again later): Redis away or full
+AWAY_OR_FULL: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, OUT_OF_MEMORY)
+# the only policy under which Redis never drops a key of the crawl to make room
+SAFE_POLICY = "noeviction"
+# used within this share of maxmemory counts as out of memory: Redis compares without
+# its replication and AOF buffers, and INFO is a moment's reading
+MEMORY_MARGIN = 0.01
 DEFAULT_PARAMS: dict[str, Any] = dict(SETTINGS["REDIS_PARAMS"].default)
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")
 SENTINEL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
@@ -258,3 +270,99 @@ def describe(client: redis.Redis | RedisCluster) -> str:
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
     return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What ``INFO memory`` and ``INFO stats`` say of the server's memory (the fullest node
+    of a cluster). ``maxmemory`` 0: no limit."""
+
+    used: int
+    maxmemory: int
+    policy: str
+    evicted_keys: int
+
+    @property
+    def out_of_memory(self) -> bool:
+        """Whether Redis refuses writes for memory now (or is within ``MEMORY_MARGIN`` of it)."""
+        limit = self.maxmemory
+        refuses = self.policy == SAFE_POLICY or self.policy.startswith("volatile-")
+        return limit > 0 and refuses and self.used >= limit * (1 - MEMORY_MARGIN)
+
+    def describe(self) -> str:
+        mib = 1024 * 1024
+        return (
+            f"Redis is out of memory: {self.used / mib:.1f} MiB used of maxmemory"
+            f" {self.maxmemory / mib:.1f} MiB (policy {self.policy}); it refuses writes, so"
+            " workers keep the requests they hold and lease no more until it has room"
+            " (free memory, or raise maxmemory)"
+        )
+
+
+def memory(client: redis.Redis) -> Memory | None:
+    """The server's memory use and evictions: one ``INFO`` round trip (two commands; on a
+    cluster, two, to every node: no INFO in a cluster pipeline); None where ``INFO`` is
+    refused (an ACL)."""
+    try:
+        if is_cluster(client):
+            mem, stats = client.info("memory"), client.info("stats")
+        else:
+            with client.pipeline(transaction=False) as pipe:
+                pipe.info("memory")
+                pipe.info("stats")
+                mem, stats = pipe.execute()
+    except redis.ResponseError:
+        return None
+    readings = [
+        Memory(
+            int(m.get("used_memory", 0)),
+            int(m.get("maxmemory", 0)),
+            str(m.get("maxmemory_policy", SAFE_POLICY)),
+            int(s.get("evicted_keys", 0)),
+        )
+        for m, s in zip(_per_node(mem), _per_node(stats), strict=True)
+    ]
+    fullest = max(readings, key=lambda r: r.used / r.maxmemory if r.maxmemory else 0.0)
+    return Memory(
+        fullest.used, fullest.maxmemory, fullest.policy, sum(r.evicted_keys for r in readings)
+    )
+
+
+def _per_node(reply: dict[str, Any]) -> list[dict[str, Any]]:
+    """A server's INFO section, or each node's (a cluster client answers per node)."""
+    if reply and all(isinstance(v, dict) for v in reply.values()):
+        return [reply[node] for node in sorted(reply)]
+    return [reply]
+
+
+def check_eviction(client: redis.Redis, allow: bool) -> str | None:
+    """Refuse a server whose ``maxmemory-policy`` evicts keys, unless ``allow``; the policy.
+
+    An evicting policy drops keys of the crawl when memory runs short: a job's
+    hash, a level list of queued requests, dedup keys. ``CONFIG GET`` may be
+    refused (an ACL, a managed service): then a warning, and the crawl goes on.
+    """
+    try:
+        reply: Any = client.config_get("maxmemory-policy")
+    except redis.ResponseError as exc:
+        logger.warning(
+            "maxmemory-policy not checked (%s): if it is not noeviction, Redis may drop crawl"
+            " keys (jobs, queued requests) when memory runs short",
+            exc,
+        )
+        return None
+    values = _per_node(reply) if isinstance(reply, dict) else [{}]
+    policies = {str(v.get("maxmemory-policy", SAFE_POLICY)) for v in values}
+    policy = next((p for p in sorted(policies) if p != SAFE_POLICY), SAFE_POLICY)
+    if policy == SAFE_POLICY:
+        return policy
+    text = (
+        f"Redis at {describe(client)} has maxmemory-policy {policy}: when memory runs short it"
+        " evicts keys of the crawl (a job's hash, queued requests, dedup keys), which are lost"
+        " for good. Set maxmemory-policy noeviction (Redis then refuses writes and the crawl"
+        " waits for room), or set CELERY_CRAWL_ALLOW_EVICTION to accept the loss"
+    )
+    if not allow:
+        raise ConfigError(text)
+    logger.warning("%s (CELERY_CRAWL_ALLOW_EVICTION is set: going on)", text)
+    return policy

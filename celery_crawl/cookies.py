@@ -317,7 +317,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         delete = [k for k, v in local.pending.items() if v is None]
         try:
             version, previous = self.store.write(local.key, store, delete)
-        except connection.TRANSIENT_ERRORS as exc:
+        except connection.AWAY_OR_FULL as exc:
             logger.warning("shared cookies not stored, will retry: %s", exc)
             self._inc("cookies_shared/write_errors")
             return

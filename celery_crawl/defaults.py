@@ -157,6 +157,14 @@ _ENTRIES = (
         " `ssl_certfile`, `ssl_keyfile`...); scrapy-redis's `redis_cls` is ignored",
         REDIS,
     ),
+    Setting(
+        "CELERY_CRAWL_ALLOW_EVICTION",
+        False,
+        "accept a Redis whose `maxmemory-policy` evicts keys (anything but `noeviction`): a"
+        " scheduler then opens with a warning instead of refusing. Evicted crawl keys are lost"
+        " for good (a job's hash, queued requests)",
+        REDIS,
+    ),
     # -- Redis keys ----------------------------------------------------------
     Setting(
         "CELERY_CRAWL_KEY_PREFIX",

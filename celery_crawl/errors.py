@@ -12,6 +12,7 @@ All derive from :class:`CeleryCrawlError`::
     │   └── BadSeed       a seed the spider cannot turn into requests
     ├── UnknownJob        no job with this id exists
     ├── JobTimeout        ``Job.wait`` ran out of time (the job goes on)
+    │   └── RedisOutOfMemory  ... while Redis refused writes for memory
     ├── JobFailed         the job fetched no page and counted errors
     ├── JobIncomplete     the job ended, but some of its requests could not be queued
     ├── ScriptError       a Lua script cannot be assembled from its files
@@ -85,6 +86,13 @@ class UnknownJob(CeleryCrawlError):
 
 class JobTimeout(CeleryCrawlError):
     """``Job.wait`` ran out of time; the job goes on."""
+
+
+class RedisOutOfMemory(JobTimeout):
+    """``Job.wait`` ran out of time while Redis was out of memory (at its ``maxmemory``).
+
+    The job goes on once Redis has room again: workers keep the requests they hold.
+    """
 
 
 class JobFailed(CeleryCrawlError):

@@ -6,7 +6,8 @@ handful of commands per spider in one pipelined round trip, whatever the
 number of queued requests or fingerprints: one short script gives the queue
 length (over its priority levels) and the dedup size (a counter, or the live
 time buckets' counters of an expiring filter); the stats and the job counts
-are one hash each. No ``KEYS``, no scans.
+are one hash each. No ``KEYS``, no scans. Once a scrape, ``INFO memory`` and
+``INFO stats`` give Redis's memory and evictions.
 
 A value that is not what its key holds (text where a count belongs, bytes
 that are not UTF-8, a key of the wrong type) never fails a scrape: its key
@@ -190,7 +191,30 @@ class CrawlCollector(Collector):
         if self.registry is not None:
             workers = read_registry(self.client, self.registry, self.bad)
             yield from worker_metrics(workers, self.spiders)
+        yield from memory_metrics(connection.memory(self.client))
         yield bad_value_metric(self.bad)
+
+
+def memory_metrics(memory: connection.Memory | None) -> Iterator[Metric]:
+    """Redis's memory (INFO): at its ``maxmemory`` it refuses writes and the crawl waits;
+    under an evicting policy it drops keys, crawl keys among them. None: INFO refused."""
+    if memory is None:
+        return
+    full = GaugeMetricFamily(
+        f"{NS}_redis_out_of_memory",
+        "1 while Redis is at its maxmemory and refuses writes: the crawl waits for room.",
+    )
+    full.add_metric([], float(memory.out_of_memory))
+    used = GaugeMetricFamily(f"{NS}_redis_used_memory_bytes", "Memory Redis uses.")
+    used.add_metric([], memory.used)
+    limit = GaugeMetricFamily(f"{NS}_redis_maxmemory_bytes", "Redis's maxmemory (0: no limit).")
+    limit.add_metric([], memory.maxmemory)
+    evicted = CounterMetricFamily(
+        f"{NS}_redis_evicted_keys",
+        "Keys Redis evicted for memory (an evicting maxmemory-policy): crawl keys are lost so.",
+    )
+    evicted.add_metric([], memory.evicted_keys)
+    yield from (full, used, limit, evicted)
 
 
 def read_registry(client: redis.Redis, registry: Registry, bad: BadValues) -> list[WorkerInfo]:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from celery_crawl import connection, scripts
-from celery_crawl.errors import JobTimeout, UnknownJob, cut
+from celery_crawl.errors import JobTimeout, RedisOutOfMemory, UnknownJob, cut
 from celery_crawl.keys import SpiderKeys
 
 if TYPE_CHECKING:
@@ -387,7 +387,7 @@ class Job:
                 raise
             raise UnknownJob(f"job {self.id!r}: its key {key} is damaged (not a hash)") from exc
         if not flat:
-            raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}")
+            raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}{self._evicted()}")
         raw = dict(zip(flat[::2], flat[1::2], strict=True))
         return parse_status(self.id, self.spider, raw, server_time(now))
 
@@ -421,7 +421,27 @@ class Job:
                 return status.as_dict()
             if _left(deadline, poll) <= 0:
                 progress = cut(str(status.as_dict()), PROGRESS_CHARS)
+                self._raise_if_full(f"job {self.id} not done after {timeout} s")
                 raise JobTimeout(f"job {self.id} not done after {timeout} s: {progress}")
+
+    def _raise_if_full(self, text: str) -> None:
+        """Raise :class:`RedisOutOfMemory` if Redis is at its ``maxmemory`` now."""
+        memory = connection.memory(self.client)
+        if memory is not None and memory.out_of_memory:
+            raise RedisOutOfMemory(f"{text}: {memory.describe()}")
+
+    def _evicted(self) -> str:
+        """Why a job's hash may be gone: Redis evicted keys (an evicting ``maxmemory-policy``)."""
+        try:
+            memory = connection.memory(self.client)
+        except redis.RedisError:
+            return ""
+        if memory is None or not memory.evicted_keys:
+            return ""
+        return (
+            f": Redis evicted {memory.evicted_keys} keys (maxmemory-policy {memory.policy}),"
+            " its hash may be among them"
+        )
 
     def _look(self, deadline: float | None, poll: float) -> tuple[JobStatus, bool]:
         """The job's status, and whether it has ended; if not, wait up to ``poll`` for its end."""

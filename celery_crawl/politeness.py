@@ -68,8 +68,8 @@ class SiteLimitsMiddleware:
                 return
             try:
                 wait, strikes = self.state.gate(site)
-            except connection.TRANSIENT_ERRORS:
-                return  # Redis away: the lease already held the site to its limits
+            except connection.AWAY_OR_FULL:
+                return  # Redis away or full: the lease already held the site to its limits
             if strikes:
                 self._mark_struck(site)
             if wait <= 0:

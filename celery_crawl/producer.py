@@ -114,6 +114,8 @@ class Producer:
         """
         try:
             tick = self.reserve(sources)
+        except redis.exceptions.OutOfMemoryError:
+            raise  # Redis is full, nothing is damaged: this tick produces no job
         except redis.ResponseError as exc:
             logger.error("producer %s: tick refused (%s); repairing", self.keys.spider, exc)
             repair(self.client, self.keys)

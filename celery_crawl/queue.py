@@ -358,8 +358,16 @@ class Base:
 
     def _requeue(self, args: list[Any]) -> int:
         keys = [self.keys.queue, self.keys.inflight, self.keys.signal, self.keys.job_prefix]
-        keys += [self.keys.deadletter, self.keys.stats]
+        keys += [self.keys.deadletter, self.keys.stats, self.keys.seq]
         return int(self._script("requeue")(keys=keys, args=args))
+
+    def check_room(self) -> None:
+        """Raise ``OutOfMemoryError`` while Redis refuses writes for memory; change nothing.
+
+        ``SETRANGE`` of an empty range is a write that may grow memory, so Redis
+        refuses it then; otherwise it writes nothing (``lua/include/room.lua``).
+        """
+        self.client.setrange(self.keys.seq, 0, "")
 
     def __len__(self) -> int:
         return int(self._script("queue_size")(keys=[self.keys.queue]))

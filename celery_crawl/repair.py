@@ -180,6 +180,21 @@ def owner(group: Sequence[SpiderKeys], key: str) -> SpiderKeys:
     return group[0]
 
 
+_full_warned = [float("-inf")]  # when this process last said Redis is out of memory
+
+
+def warn_full(error: Exception) -> None:
+    """Redis refused a write for memory: said once per ``REPAIR_SECONDS`` a process, for
+    every component that meets it (each spider's scheduler, stats, crawl state)."""
+    now = time.monotonic()
+    if now - _full_warned[0] >= REPAIR_SECONDS:
+        _full_warned[0] = now
+        logger.warning(
+            "Redis is out of memory: nothing repaired, what was refused is kept and sent again: %s",
+            error,
+        )
+
+
 class Repairer:
     """Calls :func:`repair` after a Redis error, at most once per ``REPAIR_SECONDS`` a spider.
 
@@ -200,6 +215,9 @@ class Repairer:
         """``error`` came back from a script of this spider: repair, unless just done."""
         if isinstance(error, redis.ReadOnlyError):  # a failover under way: nothing damaged
             logger.warning("Redis is read-only (a failover?); kept, will retry: %s", error)
+            return None
+        if isinstance(error, redis.exceptions.OutOfMemoryError):  # full, not damaged
+            warn_full(error)
             return None
         named = refused_key(error)
         spiders = [owner(self.group, next(iter(named)))] if named else self.group

@@ -121,6 +121,7 @@ class Scheduler(BaseScheduler):
         flush_delay: float = SETTINGS["SCHEDULER_FLUSH_DELAY"].default,
         router: Router | None = None,
         group: list[SpiderKeys] | None = None,
+        allow_eviction: bool = SETTINGS["CELERY_CRAWL_ALLOW_EVICTION"].default,
     ) -> None:
         self.queue = queue
         self.router = router
@@ -131,6 +132,9 @@ class Scheduler(BaseScheduler):
         self.crawler = crawler
         self.stats = crawler.stats if crawler is not None else None
         self.persist = persist
+        self.allow_eviction = allow_eviction
+        self.out_of_memory_since: float | None = None  # Redis refused a write for memory
+        self._room_since = float("-inf")  # when writes went through again after that
         self.flush_on_start = flush_on_start
         if start_requests not in START_MODES:
             raise ConfigError(
@@ -211,6 +215,7 @@ class Scheduler(BaseScheduler):
             batch_size=setting(settings, "SCHEDULER_BATCH_SIZE"),
             requeue_interval=setting(settings, "SCHEDULER_REQUEUE_INTERVAL"),
             flush_delay=setting(settings, "SCHEDULER_FLUSH_DELAY"),
+            allow_eviction=setting(settings, "CELERY_CRAWL_ALLOW_EVICTION"),
         )
 
     # -- lifecycle ---------------------------------------------------------
@@ -219,6 +224,7 @@ class Scheduler(BaseScheduler):
         self.spider = spider
         self._open = True
         connection.check(self.queue.client)
+        connection.check_eviction(self.queue.client, self.allow_eviction)
         if self.flush_on_start:
             self.clear()
         opened = self.crawl.open(self.registration_seconds, fresh_stats=not self.persist)
@@ -357,9 +363,45 @@ class Scheduler(BaseScheduler):
             logger.error("job %s ended incomplete: requests of it were lost from Redis", job)
 
     def _refused(self, error: Exception) -> None:
-        """Redis refused a script (a damaged key): counted, and the keys repaired."""
+        """Redis refused a script (a damaged key): counted, and the keys repaired.
+
+        Out of memory is no damage: no repair, and no new lease until a write
+        goes through again (:meth:`renew` tries one each beat)."""
         self._inc("celery_crawl/redis_errors")
+        if isinstance(error, connection.OUT_OF_MEMORY):
+            self._full(error)
         self.repairer.after(error)
+
+    def _full(self, error: Exception) -> None:
+        """Redis refused a write for memory: this process leases nothing more, keeps its leases."""
+        if self.out_of_memory_since is None:
+            self.out_of_memory_since = time.monotonic()
+            self._inc("celery_crawl/redis_out_of_memory")
+            logger.error(
+                "Redis is out of memory (%s): %s keeps the %d requests it holds and leases no"
+                " more until Redis takes writes again; free memory in Redis or raise maxmemory",
+                error,
+                self.queue.keys.spider,
+                len(self.prefetch.held()),
+            )
+
+    def _room_again(self) -> None:
+        """A write went through after Redis ran out of memory: leasing goes on."""
+        if self.out_of_memory_since is not None:
+            gone = time.monotonic() - self.out_of_memory_since
+            spider = self.queue.keys.spider
+            logger.warning("Redis takes writes again after %.0f s out of memory (%s)", gone, spider)
+            self.out_of_memory_since = None
+            self._room_since = time.monotonic()
+            self._on_push()  # the engine asks for requests again now, not at its next heartbeat
+
+    @property
+    def requeue_due(self) -> bool:
+        """No expired lease is requeued for a lease time after Redis was out of memory:
+        their holders, who could not renew them meanwhile, renew them first."""
+        if self.out_of_memory_since is not None:
+            return False
+        return time.monotonic() - self._room_since >= self.queue.lease_seconds
 
     def renew(self) -> None:
         """The heartbeat, in its own thread: renew this process's leases and registration,
@@ -367,11 +409,17 @@ class Scheduler(BaseScheduler):
 
         A thread, not the reactor: a callback that holds the reactor longer than
         a lease must not let another process take the requests this one works on.
+        While Redis is out of memory the renewals are refused (their leases are
+        kept, see :attr:`requeue_due`), and a write that changes nothing
+        (:meth:`~celery_crawl.queue.Base.check_room`) tells when it takes writes again.
         """
         try:
             self.queue.extend(self.prefetch.held())
+            if self.out_of_memory_since is not None:
+                self.queue.check_room()
             self.queue.join(self.id, self.registration_seconds)
-            requeued = self.queue.requeue_expired()
+            self._room_again()
+            requeued = self.queue.requeue_expired() if self.requeue_due else 0
         except redis.ResponseError as exc:  # a damaged key: repaired, renewed next beat
             from twisted.internet import reactor
 
@@ -541,6 +589,8 @@ class Scheduler(BaseScheduler):
         return None
 
     def _next_lease(self) -> Lease | None:
+        if self.out_of_memory_since is not None and not self.prefetch.waiting:
+            return None  # Redis would refuse it (lua/include/room.lua); renew() sees room first
         try:
             return self.prefetch.next()
         except connection.TRANSIENT_ERRORS as exc:

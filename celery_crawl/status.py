@@ -7,6 +7,7 @@ running jobs with their progress (and "waiting: no live worker hosts ..."
 while that is so); the Celery workers online; and the worker processes of the
 registry, with the age of their last heartbeat; and per spider group, its
 busiest sites: in flight, leased, waits for the limits, back-offs, pauses.
+First, in red, when Redis is out of memory or has evicted keys (``INFO``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
+from celery_crawl import connection
 from celery_crawl.bad_values import BadValues
 from celery_crawl.exporter import Reading, read, read_registry
 from celery_crawl.jobs import parse_status, server_time
@@ -63,12 +65,12 @@ PROGRESS = (
 def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> dict[str, Any]:
     """Everything the status screen shows, as plain data (``--json``).
 
-    Four pipelined round trips, whatever the number of spiders: the
+    Five pipelined round trips, whatever the number of spiders: the
     exporter's reading (on a cluster, with a script call per spider before
     it), then the per-minute counts and running job ids, then the running
-    jobs' hashes, then the worker registry. A value that is not what its key
-    holds is skipped, and its key listed in ``bad_values``
-    (:mod:`celery_crawl.bad_values`).
+    jobs' hashes, then the worker registry, then Redis's memory (INFO). A
+    value that is not what its key holds is skipped, and its key listed in
+    ``bad_values`` (:mod:`celery_crawl.bad_values`).
     """
     now, bad = time.time(), BadValues()
     readings = read(client, spiders, bad)
@@ -77,8 +79,11 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
         client, [(r.keys, ids) for r, (_, ids) in zip(readings, counts, strict=True)], bad
     )
     processes = read_registry(client, Registry.from_settings(project_of(app).settings), bad)
+    memory = connection.memory(client)
     for job in (job for spider_jobs in jobs for job in spider_jobs):
         job["waiting"] = waiting_reason(processes, job["spider"])
+        if memory is not None and memory.out_of_memory:
+            job["waiting"] = memory.describe()
     per_spider = [
         {
             "spider": reading.keys.spider,
@@ -96,7 +101,29 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
         "sites": site_rows(client, spiders, bad),
         "workers": workers(app),
         "processes": [p.as_dict() for p in processes],
+        "redis": redis_memory(memory),
         "bad_values": bad.as_list(),
+    }
+
+
+def redis_memory(memory: connection.Memory | None) -> dict[str, Any]:
+    """Redis's memory as the status shows it; ``problem`` says what it does to the crawl."""
+    if memory is None:  # INFO refused (an ACL): not known
+        fields = ("used_memory", "maxmemory", "policy", "evicted_keys", "out_of_memory")
+        return {**dict.fromkeys(fields), "problem": ""}
+    problem = memory.describe() if memory.out_of_memory else ""
+    if memory.evicted_keys and memory.policy != connection.SAFE_POLICY:
+        problem = problem or (
+            f"Redis evicted {memory.evicted_keys} keys (maxmemory-policy {memory.policy}):"
+            " crawl keys among them are lost (jobs, queued requests)"
+        )
+    return {
+        "used_memory": memory.used,
+        "maxmemory": memory.maxmemory,
+        "policy": memory.policy,
+        "evicted_keys": memory.evicted_keys,
+        "out_of_memory": memory.out_of_memory,
+        "problem": problem,
     }
 
 
@@ -167,8 +194,12 @@ def progress(
 
 
 def workers(app: Any, timeout: float = 1.0) -> list[str]:
-    """Celery workers that answer a ping within ``timeout``."""
-    replies = app.control.inspect(timeout=timeout).ping() or {}
+    """Celery workers that answer a ping within ``timeout``; none while the broker, a full
+    Redis, refuses the ping (the status names that)."""
+    try:
+        replies = app.control.inspect(timeout=timeout).ping() or {}
+    except redis.exceptions.OutOfMemoryError:
+        return []
     return sorted(replies)
 
 
@@ -199,9 +230,19 @@ def render(data: dict[str, Any]) -> Group:
     for name in data["workers"]:
         online.add_row(escape(name))
     tables = [spiders, jobs, site_table(data["sites"]), online, process_table(data["processes"])]
+    tables[:0] = problem_tables(data["redis"]["problem"])
     if data["bad_values"]:
         tables.append(bad_value_table(data["bad_values"]))
     return Group(*tables)
+
+
+def problem_tables(problem: str) -> list[Table]:
+    """Redis out of memory, or evicting keys: shown first, in red; nothing when all is well."""
+    if not problem:
+        return []
+    table = Table(title="[red]Redis[/red]", show_header=False)
+    table.add_row(f"[red]{escape(problem)}[/red]")
+    return [table]
 
 
 def amount(value: int | None) -> str:

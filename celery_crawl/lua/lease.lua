@@ -31,6 +31,9 @@
 -- back the others. Parked entries of the sites whose time has come go first, when
 -- their priority is not below the queue's top; within a site, priority and order hold.
 --
+-- Out of memory (maxmemory, noeviction), the call is refused before its first pop
+-- (include/room.lua): Redis would let the pops through, and the leases after them.
+--
 -- The keys it writes are checked first (include/keytypes.lua): while one of them has
 -- the wrong type the call is refused before it pops anything, and the caller repairs.
 -- A list met later is checked before its pop, and the pop stops there. A job hash of the
@@ -42,6 +45,7 @@ local QUEUE, DEADLETTER, STATS, DEADLETTER_MAX = KEYS[1], KEYS[5], KEYS[6], tonu
 --!include jobs
 --!include poison
 --!include keytypes
+--!include room
 
 local levels, inflight = KEYS[1], KEYS[2]
 local clock = redis.call('TIME')
@@ -75,6 +79,7 @@ for _, level in ipairs(redis.call('ZRANGE', levels, 0, want - 1)) do
 end
 local refused = refuse_damaged(guard)
 if refused then return refused end
+refuse_when_full(KEYS[3])
 
 -- A list not checked above (the loop went past them): stop before it if damaged;
 -- a later call checks it first, and refuses.

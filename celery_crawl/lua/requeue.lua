@@ -5,6 +5,8 @@
 -- KEYS[3]  signal list, woken once per requeued request (capped)
 -- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
 -- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
+-- KEYS[7]  lease counter: out of memory, the call is refused before its first write
+--          (include/room.lua), and the leases stay in flight for their holders to renew
 -- ARGV[1]  'head' or 'tail': the end of a level list that pops read from
 -- ARGV[2]  the most expired leases to requeue in this call (expiry uses the server's clock)
 -- ARGV[3]  the most records the dead-letter list keeps
@@ -28,6 +30,7 @@ local QUEUE, DEADLETTER, STATS, DEADLETTER_MAX = KEYS[1], KEYS[5], KEYS[6], tonu
 --!include jobs
 --!include poison
 --!include keytypes
+--!include room
 
 local levels, inflight = KEYS[1], KEYS[2]
 local push = ARGV[1] == 'tail' and 'RPUSH' or 'LPUSH'
@@ -42,7 +45,8 @@ end
 if #members == 0 then return 0 end  -- the common case: a heartbeat that finds none expired
 
 local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'list', DEADLETTER, 'list',
-    STATS, 'hash', JOB_PREFIX .. '~states', 'hash', JOB_PREFIX .. '~active', 'set'}
+    STATS, 'hash', JOB_PREFIX .. '~states', 'hash', JOB_PREFIX .. '~active', 'set',
+    KEYS[7], 'counter'}
 for _, member in ipairs(members) do
     if #member >= 13 and not entry_problem(string.sub(member, 13)) then
         local into = site_front(levels, member)
@@ -54,6 +58,7 @@ for _, member in ipairs(members) do
 end
 local refused = refuse_damaged(guard)
 if refused then return refused end
+refuse_when_full(KEYS[7])
 
 local requeued = 0
 for _, member in ipairs(members) do

@@ -121,6 +121,15 @@ def test_dedup_stats_producer_and_exporter_on_the_cluster(
     assert len(dupefilter) == 0
 
 
+def test_redis_memory_and_its_policy_are_read_from_every_node(cluster_client: RedisCluster) -> None:
+    """No INFO in a cluster pipeline: the exporter's and the status's memory line, and the
+    start-time policy check, ask every node (docs/failure-semantics.md)."""
+    memory = connection.memory(cluster_client)
+    assert memory is not None and memory.used > 0 and memory.policy == "noeviction"
+    assert not memory.out_of_memory
+    assert connection.check_eviction(cluster_client, allow=False) == "noeviction"
+
+
 def test_status_pipelines_span_the_nodes_of_the_cluster(
     cluster_client: RedisCluster, prefix: str
 ) -> None:

@@ -38,6 +38,7 @@ TEST_ENV = [
     "CELERY_CRAWL_GC_FREEZE",
     "CELERY_CRAWL_GC_THRESHOLD",
     "REDIS_PARAMS",
+    "CELERY_CRAWL_ALLOW_EVICTION",  # tests/faults/test_out_of_memory.py
     # the live-worker tests run with the default lease and heartbeat times
     "SCHEDULER_LEASE_SECONDS",
     "SCHEDULER_REQUEUE_INTERVAL",

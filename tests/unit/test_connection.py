@@ -50,3 +50,24 @@ def test_key_templates_carry_the_spider_hash_tag() -> None:
     assert migrated.queue == "{forum}:requests"
     with pytest.raises(ConfigError, match="hash tag"):
         SpiderKeys.build("forum", queue="requests")
+
+
+def test_a_refused_config_get_warns_and_goes_on(
+    client: redis.Redis, redis_url: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A managed Redis, or an ACL, may refuse CONFIG: the policy is not known, the crawl opens."""
+    user = f"{prefix}-no-config"
+    client.acl_setuser(
+        user, enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all", "-config"]
+    )
+    try:
+        limited = redis.Redis.from_url(redis_url, username=user, password="pw")
+        assert connection.check_eviction(client, allow=False) == "noeviction"
+        with caplog.at_level("WARNING", logger="celery_crawl.connection"):
+            assert connection.check_eviction(limited, allow=False) is None
+        assert "maxmemory-policy not checked" in caplog.text
+        assert connection.memory(limited) is not None  # INFO is still allowed
+        client.acl_setuser(user, commands=["-info"])
+        assert connection.memory(limited) is None  # not known: the tools show no memory line
+    finally:
+        client.acl_deluser(user)

