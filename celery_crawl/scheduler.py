@@ -45,6 +45,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 import redis
@@ -68,7 +69,7 @@ from celery_crawl.notices import notices_of
 from celery_crawl.participation import JobInfo, Participation
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
-from celery_crawl.repair import Repairer
+from celery_crawl.repair import Repairer, retried
 from celery_crawl.routing import Router, target_of
 from celery_crawl.serializer import Codec, codec_from_settings
 from celery_crawl.sites import SitePolicy, SiteState
@@ -279,7 +280,8 @@ class Scheduler(BaseScheduler):
         self.release_held()
         self.prefetch.clear()
         self.jobs.stop()
-        still_open, _ = self.queue.leave(self.id, clear=not self.persist)
+        leave = partial(self.queue.leave, self.id, clear=not self.persist)
+        still_open, _ = retried(self.repairer, leave)  # a damaged key: repaired, left once more
         if still_open and not self.persist:
             logger.info(
                 "queue and dedup filter kept: %d other process(es) still have them open; "
@@ -308,7 +310,7 @@ class Scheduler(BaseScheduler):
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
-        self.queue.clear()
+        retried(self.repairer, self.queue.clear)  # a damaged key: repaired, cleared once more
         self.df.clear()
 
     @property

@@ -512,3 +512,39 @@ def test_routed_dedup_count_damaged_before_the_job(
     fetched = Counter(arrival.path for arrival in forum_site.arrivals())
     routed_count_repaired(Crawl(result, 1, state_client, spiders, fetched, worker.output()))
     assert worker.proc.poll() is None, "the worker died"
+
+
+def test_a_routed_job_cancelled_past_a_damaged_routed_count_is_purged_whole(
+    env: dict[str, str],
+    app: Celery,
+    start_worker: Callable[..., Worker],
+    state_client: redis.Redis,
+    forum_site: Any,
+    prefix: str,
+) -> None:
+    """Issue 28, item 1: job_cancel.lua met the detail spider's count of text (taking the
+    purged posts' fingerprints out of its filter) after it had marked the job cancelled
+    and purged the forum spider's lists: the cancel failed half-done. Now the count is
+    refused before the first write, moved aside with forum_detail, and the cancel sent
+    again purges both spiders' queues whole."""
+    env["SITE_RATE"] = "100"
+    worker = start_worker("damaged")
+    spiders = spiders_of(prefix)
+    job = crawl("forum", forum_seeds(), app=app)
+    deadline = time.monotonic() + 30
+    while state_client.zcard(spiders[1].queue) == 0 or job.status().pages < DAMAGE_AFTER_PAGES:
+        assert time.monotonic() < deadline, "no post was queued with forum_detail"
+        time.sleep(0.02)
+    text_dedup_count(state_client, spiders[1], job.id)
+    assert job.cancel() > 0
+    assert job.status().state == "cancelled"
+    crawled = Crawl(None, 1, state_client, spiders, Counter(), "")
+    routed_moved_aside(crawled, spiders[1].dupefilter_count)
+    deadline = time.monotonic() + 30  # leased requests finish; nothing of the job stays queued
+    while any(state_client.zcard(k.queue) or state_client.zcard(k.inflight) for k in spiders):
+        assert time.monotonic() < deadline, "the cancelled job's requests stayed"
+        time.sleep(0.2)
+    assert forum_site.wait_idle(10)
+    assert worker.proc.poll() is None, "the worker died"
+    log = worker.output()
+    assert not [line for line in log.splitlines() if any(e in line for e in ENGINE_ERRORS)]
