@@ -576,6 +576,18 @@ def case_job_reconcile_participants(client: redis.Redis, prefix: str) -> Any:
     return raw, lambda: end_lost_jobs(client, group, grace_seconds=0) == ["j"], participants
 
 
+def case_worker_beat_registry(client: redis.Redis, prefix: str) -> Any:
+    from celery_crawl.keys import workers_key
+    from celery_crawl.registry import WorkerBeat
+
+    forum, _ = _forum_group(client, prefix)
+    key = workers_key(prefix)
+    _wrong_type(client, key)
+    plain = WorkerBeat(client, key, ["forum"])  # no repairer: the refusal reaches the caller
+    hosted = WorkerBeat(client, key, ["forum"], repairer=Repairer(client, forum.keys))
+    return plain.beat, lambda: hosted.beat() is None and client.zcard(key) == 1, key
+
+
 AUDITED = {
     "job_cancel: routed spider's queue index": case_cancel_routed_index,
     "job_cancel: routed spider's dedup count": case_cancel_routed_dedup_count,
@@ -590,6 +602,7 @@ AUDITED = {
     "site_feedback: known sites": case_site_feedback_known,
     "cookies_write: jar": case_cookies_write_jar,
     "job_reconcile: participants": case_job_reconcile_participants,
+    "worker_beat: registry": case_worker_beat_registry,
 }
 
 
