@@ -668,3 +668,22 @@ def test_a_reserved_job_of_another_type_is_forgotten_by_the_producer(
         "a"
     ]
     assert client.hkeys(keys.producer_running) == [b"a"]
+
+
+def test_the_exporters_size_names_an_expiring_geometry_that_is_not_numbers(
+    client: redis.Redis, prefix: str
+) -> None:
+    """spider_size.lua takes no parameters: a width of text fell back on none, and threw."""
+    from celery_crawl import scripts
+
+    df = _filter(client, prefix, "expiring")
+    key = df.keys.dupefilter + ":expiring"
+    client.hset(key, "width_ms", "wide")
+    size = scripts.script(client, "spider_size")
+    keys = [df.keys.queue, df.keys.dupefilter, df.keys.dupefilter_count]
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {key}:"):
+        size(keys=keys)
+    assert repair(client, df.keys).moved == [key]
+    assert size(keys=keys) == [0, 0]  # no geometry until the next add: read as no filter
+    assert df.add_fingerprints([b"\x01" * 20]) == [True]
+    assert size(keys=keys) == [0, 2]  # the geometry again: both live fingerprints counted
