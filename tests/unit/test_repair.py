@@ -687,3 +687,24 @@ def test_the_exporters_size_names_an_expiring_geometry_that_is_not_numbers(
     assert size(keys=keys) == [0, 0]  # no geometry until the next add: read as no filter
     assert df.add_fingerprints([b"\x01" * 20]) == [True]
     assert size(keys=keys) == [0, 2]  # the geometry again: both live fingerprints counted
+
+
+def test_a_lease_stops_before_a_site_whose_keys_are_damaged_then_refuses_it_whole(
+    client: redis.Redis, prefix: str
+) -> None:
+    """The site of an entry below the top level was first met after its pop: its hash of
+    another type failed the lease, and every entry it had popped was lost."""
+    from celery_crawl.sites import SitePolicy
+
+    keys = SpiderKeys.build("r", prefix=prefix)
+    queue = PriorityQueue(client, keys, sites=SitePolicy())
+    entries = [Entry(b"plain", 9, job="j"), Entry(b"sited", 0, job="j", site="b.test")]
+    queue.start_job("j", entries, {})
+    client.set(keys.site("b.test"), "not a hash")
+    assert [lease.payload for lease in queue.lease(10)] == [b"plain"]  # stopped before it
+    before = _dump(client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"damaged key {keys.site('b.test')}:") as refused:
+        queue.lease(10)  # now on top: checked before anything is written
+    assert _dump(client, prefix) == before
+    assert Repairer(client, keys).after(refused.value) == Repair(moved=[keys.site("b.test")])
+    assert [lease.payload for lease in queue.lease(10)] == [b"sited"]
