@@ -708,3 +708,21 @@ def test_a_lease_stops_before_a_site_whose_keys_are_damaged_then_refuses_it_whol
     assert _dump(client, prefix) == before
     assert Repairer(client, keys).after(refused.value) == Repair(moved=[keys.site("b.test")])
     assert [lease.payload for lease in queue.lease(10)] == [b"sited"]
+
+
+def test_a_request_whose_site_keys_are_damaged_passes_the_gate_while_they_are_repaired(
+    client: redis.Redis, prefix: str
+) -> None:
+    """The gate's refusal reached Scrapy's downloader: the request failed."""
+    import asyncio
+
+    from celery_crawl.politeness import SiteLimitsMiddleware
+    from celery_crawl.sites import SiteState
+
+    keys = SpiderKeys.build("r", prefix=prefix)
+    client.set(keys.site("a.test"), "not a hash")
+    client.set(keys.site_known, "not a set")
+    middleware = SiteLimitsMiddleware(SiteState(client, keys))
+    for _ in range(2):  # the second key is refused after the first's repair: not retried
+        assert asyncio.run(middleware.process_request(Request("http://a.test/"))) is None
+    assert client.exists(keys.site("a.test") + "~damaged")
