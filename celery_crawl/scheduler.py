@@ -281,7 +281,11 @@ class Scheduler(BaseScheduler):
         self.prefetch.clear()
         self.jobs.stop()
         leave = partial(self.queue.leave, self.id, clear=not self.persist)
-        still_open, _ = retried(self.repairer, leave)  # a damaged key: repaired, left once more
+        try:
+            still_open, _ = retried(self.repairer, leave)  # a damaged key: repaired, sent again
+        except redis.ResponseError as exc:  # refused twice: the registration lapses by itself
+            logger.warning("scheduler not unregistered, Redis refused: %s", exc)
+            return
         if still_open and not self.persist:
             logger.info(
                 "queue and dedup filter kept: %d other process(es) still have them open; "

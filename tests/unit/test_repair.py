@@ -726,3 +726,18 @@ def test_a_request_whose_site_keys_are_damaged_passes_the_gate_while_they_are_re
     for _ in range(2):  # the second key is refused after the first's repair: not retried
         assert asyncio.run(middleware.process_request(Request("http://a.test/"))) is None
     assert client.exists(keys.site("a.test") + "~damaged")
+
+
+def test_the_last_scheduler_closing_past_a_damaged_index_leaves_and_clears(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """scheduler_leave left the open schedulers, then met the index: close raised, the
+    queue stayed, and the crawl's hash with it."""
+    scheduler = open_scheduler(make_crawler(SCHEDULER_PERSIST=False))
+    keys = scheduler.queue.keys
+    scheduler.enqueue_request(Request("http://127.0.0.1/a"))
+    scheduler.flush()
+    client.set(keys.queue, "not a sorted set")
+    scheduler.close("finished")
+    assert client.exists(keys.queue + "~damaged")
+    assert client.exists(keys.open_schedulers, keys.crawl, keys.queue) == 0
