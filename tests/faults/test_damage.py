@@ -252,6 +252,16 @@ def wrong_type_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
     return wrong_type(client, [keys.queue])
 
 
+def wrong_type_sites_and_schedulers(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    """Each spider's open schedulers; the group's known sites and site hashes (once)."""
+    damaged = wrong_type(client, [keys.open_schedulers])
+    if keys.spider != "forum":
+        return damaged
+    found = client.scan_iter(match=keys.site_prefix + "*", count=1000)
+    sites = [k for k in found if client.type(k) == b"hash" and not k.endswith(b"~limits")]
+    return damaged + wrong_type(client, [keys.site_known, *sites])
+
+
 # -- what each promises -----------------------------------------------------------
 
 
@@ -397,6 +407,20 @@ def routed_stats_restarted(crawl: Crawl) -> None:
     assert crawl.stat_reaches("celery_crawl/damaged/stats", 1) >= 1
 
 
+def sites_and_schedulers_moved_aside(crawl: Crawl) -> None:
+    """Met by a response's feedback, a lease and each scheduler's renewal (every few s)."""
+    complete(crawl)
+    no_loop(crawl)
+    forum, detail = crawl.spiders
+    wanted = [forum.site_known, forum.open_schedulers, detail.open_schedulers]
+    deadline = time.monotonic() + 15
+    while not all(crawl.client.exists(key + "~damaged") for key in wanted):
+        assert time.monotonic() < deadline, [
+            k for k in wanted if not crawl.client.exists(k + "~damaged")
+        ]
+        time.sleep(0.2)
+
+
 def job_gone(crawl: Crawl) -> None:
     """The job is unknown; its requests left drain (discarded), none loops."""
     assert crawl.result is None
@@ -431,6 +455,10 @@ CASES: dict[str, tuple[Damage, Callable[[Crawl], None]]] = {
     "routed level index: wrong type": (routed_only(wrong_type_index), routed_index_repaired),
     "routed in-flight set: wrong type": (routed_only(wrong_type_inflight), routed_leases_repaired),
     "routed stats hash: values not numbers": (routed_only(junk_stats), routed_stats_restarted),
+    "open schedulers, sites: wrong type": (
+        wrong_type_sites_and_schedulers,
+        sites_and_schedulers_moved_aside,
+    ),
 }
 
 
