@@ -22,7 +22,8 @@
 --
 -- Cost: one pass over the queued requests (LRANGE of every level), parked ones included;
 -- one TYPE a key it may write. The lists are read (and the job's fingerprints found)
--- before the checks of the filters' keys, and written after every check.
+-- before the checks of the filters' keys, and written after every check: a list that
+-- holds entries of the job and of others is read twice.
 
 local JOB_PREFIX = KEYS[1]
 local DEDUP_KEY, COUNT_KEY = KEYS[3], KEYS[4]
@@ -42,20 +43,20 @@ for i = 2, #KEYS, 3 do queue_guard(spec, KEYS[i], sites) end
 local refused = refuse_damaged(spec)
 if refused then return refused end
 
--- What a list keeps: its entries of other jobs; the fingerprints of the job's to forget.
+-- How many entries of the job a list holds, of how many; the fingerprints to forget.
+-- (Its entries are not kept: a list is read again when it is rewritten, one at a time.)
 local function plan_list(levels, level, plans, fps)
     local list = levels .. ':' .. level
-    local kept, removed = {}, 0
-    for _, entry in ipairs(redis.call('LRANGE', list, 0, -1)) do
+    local entries, removed = redis.call('LRANGE', list, 0, -1), 0
+    for _, entry in ipairs(entries) do
         if entry_job(entry, 1) == job then
             removed = removed + 1
             local fp = entry_fp(entry, 1)
             if fp then fps[#fps + 1] = fp end
-        else
-            kept[#kept + 1] = entry
         end
     end
-    plans[#plans + 1] = {levels = levels, level = level, list = list, kept = kept, removed = removed}
+    plans[#plans + 1] = {levels = levels, level = level, list = list, removed = removed,
+        all = removed == #entries}
 end
 
 local function plan_levels(levels, plans, fps)
@@ -86,13 +87,17 @@ job_phase(job, 'cancelled')
 local unfiltered, purged = 0, 0
 local function apply(plan)
     purged = purged + plan.removed
-    if #plan.kept == 0 then
+    if plan.all then  -- nothing else there (or an empty level the index still names)
         redis.call('DEL', plan.list)
         redis.call('ZREM', plan.levels, plan.level)
     elseif plan.removed > 0 then
+        local kept = {}
+        for _, entry in ipairs(redis.call('LRANGE', plan.list, 0, -1)) do
+            if entry_job(entry, 1) ~= job then kept[#kept + 1] = entry end
+        end
         redis.call('DEL', plan.list)
-        for i = 1, #plan.kept, 1000 do
-            redis.call('RPUSH', plan.list, unpack(plan.kept, i, math.min(i + 999, #plan.kept)))
+        for i = 1, #kept, 1000 do
+            redis.call('RPUSH', plan.list, unpack(kept, i, math.min(i + 999, #kept)))
         end
     end
 end
