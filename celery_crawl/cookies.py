@@ -284,9 +284,10 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     def _refresh(self, local: LocalJar) -> None:
         assert self.store is not None
         local.checked_at = self.clock()
+        read = partial(self.store.read, local.key, local.version)
         try:
-            state = self.store.read(local.key, local.version)
-        except connection.TRANSIENT_ERRORS as exc:
+            state = retried(self.repairer, read) if self.repairer else read()
+        except connection.REFUSED_OR_TRANSIENT as exc:
             logger.warning("shared cookies not read, using this process's copy: %s", exc)
             self._inc("cookies_shared/read_errors")
             return
