@@ -36,6 +36,7 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 from scrapy import Request, Spider, signals
@@ -52,6 +53,7 @@ from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import ConfigError
 from celery_crawl.jobs import job_finished, job_of
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.repair import Repairer, retried
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -121,6 +123,8 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             raise ConfigError("a shared cookie store needs the spider's keys")
         self.store = store
         self.keys = keys
+        # a jar of another type refused (nothing written): moved aside, stored again
+        self.repairer = Repairer(store.client, keys) if store and keys else None
         self.refresh = refresh
         self.clock = clock
         self.local: OrderedDict[str, LocalJar] = OrderedDict()
@@ -280,9 +284,10 @@ class SharedCookiesMiddleware(CookiesMiddleware):
     def _refresh(self, local: LocalJar) -> None:
         assert self.store is not None
         local.checked_at = self.clock()
+        read = partial(self.store.read, local.key, local.version)
         try:
-            state = self.store.read(local.key, local.version)
-        except connection.TRANSIENT_ERRORS as exc:
+            state = retried(self.repairer, read) if self.repairer else read()
+        except connection.REFUSED_OR_TRANSIENT as exc:
             logger.warning("shared cookies not read, using this process's copy: %s", exc)
             self._inc("cookies_shared/read_errors")
             return
@@ -315,9 +320,10 @@ class SharedCookiesMiddleware(CookiesMiddleware):
             return
         store = {k: v for k, v in local.pending.items() if v is not None}
         delete = [k for k, v in local.pending.items() if v is None]
+        write = partial(self.store.write, local.key, store, delete)
         try:
-            version, previous = self.store.write(local.key, store, delete)
-        except connection.AWAY_OR_FULL as exc:
+            version, previous = retried(self.repairer, write) if self.repairer else write()
+        except connection.REFUSED_OR_TRANSIENT as exc:
             logger.warning("shared cookies not stored, will retry: %s", exc)
             self._inc("cookies_shared/write_errors")
             return

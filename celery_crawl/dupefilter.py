@@ -34,6 +34,7 @@ from celery_crawl import connection, scripts
 from celery_crawl.defaults import SETTINGS, setting
 from celery_crawl.errors import ConfigError
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.repair import Repairer, retried
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -154,6 +155,7 @@ class RFPDupeFilter:
         if not isinstance(self.params, self.params_class):
             raise ConfigError(f"{type(self).__name__} takes {self.params_class.__name__}")
         self.script = DedupScript(self.lua, self.params.args())
+        self.repairer = Repairer(client, keys)
         self._logged_first = False
 
     @classmethod
@@ -203,9 +205,12 @@ class RFPDupeFilter:
         return dict(zip(flat[::2], flat[1::2], strict=True))
 
     def _run(self, command: str, fingerprints: Sequence[bytes] = ()) -> Any:
+        """One call of ``lua/dedup.lua``; refused for a damaged key of the filter (nothing
+        written), the key is moved aside and the call sent once more."""
         keys = [self.keys.dupefilter, self.keys.dupefilter_count]
         args: list[Any] = [command, len(fingerprints), *fingerprints, *self.script.params]
-        return scripts.script(self.client, "dedup", dupefilter=self.lua)(keys=keys, args=args)
+        dedup = scripts.script(self.client, "dedup", dupefilter=self.lua)
+        return retried(self.repairer, lambda: dedup(keys=keys, args=args))
 
     @property
     def kind(self) -> str:

@@ -40,8 +40,9 @@ from celery_crawl import connection
 from celery_crawl.defaults import setting
 from celery_crawl.errors import ConfigError
 from celery_crawl.heartbeat import Heartbeat
-from celery_crawl.keys import workers_key
+from celery_crawl.keys import SpiderKeys, workers_key
 from celery_crawl.registry import WorkerBeat
+from celery_crawl.repair import Repairer
 
 logger = logging.getLogger(__name__)
 
@@ -113,8 +114,14 @@ class CrawlerHost:
         self.reopened = 0  # crawlers that closed while hosted, and were opened again
         self.gc_threshold = gc_threshold(settings)  # checked before anything opens
         prefix = setting(settings, "CELERY_CRAWL_KEY_PREFIX")
+        client = connection.from_settings(settings)
+        first = SpiderKeys.from_settings(self.spiders[0], settings) if self.spiders else None
         self.registration = WorkerBeat(
-            connection.from_settings(settings), workers_key(prefix), self.spiders, hostname
+            client,
+            workers_key(prefix),
+            self.spiders,
+            hostname,
+            repairer=Repairer(client, first) if first else None,
         )
         self.heartbeat = Heartbeat(
             "worker registry",

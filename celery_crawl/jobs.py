@@ -28,6 +28,7 @@ import redis
 from celery_crawl import connection, scripts
 from celery_crawl.errors import JobTimeout, RedisOutOfMemory, UnknownJob, cut
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.repair import Repairer, retried
 
 if TYPE_CHECKING:
     from celery_crawl.dupefilter import DedupScript
@@ -282,11 +283,17 @@ def end_lost_jobs(
     client: redis.Redis, group: Sequence[SpiderKeys], grace_seconds: float
 ) -> list[str]:
     """End the group's jobs whose requests are gone from Redis: ``incomplete``, with
-    ``errors/lost`` (``lua/job_reconcile.lua``). One script call; the ids it ended."""
+    ``errors/lost`` (``lua/job_reconcile.lua``). One script call; the ids it ended.
+
+    Refused for a damaged key (nothing written), the key is repaired with the spider
+    of the group it is of, and the call sent once more (:mod:`celery_crawl.repair`).
+    """
     keys = [group[0].job_prefix]
     for spider in group:
         keys += [spider.queue, spider.parked, spider.inflight]
-    ended = scripts.script(client, "job_reconcile")(keys=keys, args=[int(grace_seconds * 1000)])
+    reconcile = scripts.script(client, "job_reconcile")
+    args = [int(grace_seconds * 1000)]
+    ended = retried(Repairer(client, group[0], group), lambda: reconcile(keys=keys, args=args))
     return [job.decode() if isinstance(job, bytes) else job for job in ended]
 
 
@@ -491,11 +498,14 @@ class Job:
         Under the spider dedup scope, the purged requests' fingerprints leave
         the spiders' filters (exact and expiring; a bloom filter keeps them),
         so that later jobs can crawl those URLs: the job's ``unfiltered`` field
-        counts them. Returns how many requests were purged.
+        counts them. Returns how many requests were purged. A damaged key of any
+        spider it spans is refused before anything is purged, repaired with its
+        spider, and the call sent once more (:mod:`celery_crawl.repair`).
         """
         lua, params = (self.dedup.lua, self.dedup.params) if self.dedup else ("dedup_exact", ())
         keys = [self.keys.job_prefix]
         for span in self.spans:
             keys += [span.queue, span.dupefilter, span.dupefilter_count]
         cancel = scripts.script(self.client, "job_cancel", dupefilter=lua)
-        return int(cancel(keys=keys, args=[self.id, *params]))
+        repairer = Repairer(self.client, self.keys, self.spans)
+        return int(retried(repairer, lambda: cancel(keys=keys, args=[self.id, *params])))

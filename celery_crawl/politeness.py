@@ -68,8 +68,10 @@ class SiteLimitsMiddleware:
                 return
             try:
                 wait, strikes = self.state.gate(site)
-            except connection.AWAY_OR_FULL:
-                return  # Redis away or full: the lease already held the site to its limits
+            except connection.REFUSED_OR_TRANSIENT as exc:  # the lease held the site to its limits
+                if not isinstance(exc, connection.AWAY_OR_FULL):  # a damaged key, repaired
+                    logger.warning("site %s not checked, Redis refused (%s): it goes on", site, exc)
+                return
             if strikes:
                 self._mark_struck(site)
             if wait <= 0:

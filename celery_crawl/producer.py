@@ -33,7 +33,7 @@ from celery_crawl import scripts
 from celery_crawl.defaults import SETTINGS
 from celery_crawl.errors import ConfigError, quote
 from celery_crawl.keys import SpiderKeys
-from celery_crawl.repair import repair
+from celery_crawl.repair import Repairer, retried
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Producer:
         self.job_cap = job_cap
         self.queue_cap = queue_cap
         self.group = list(group) or [keys]
+        self.repairer = Repairer(client, keys, self.group)  # a refused key: its spider's
 
     def sources(self, configured: Sequence[str]) -> list[str]:
         """The Redis set when it exists, else the configured list; in a stable order."""
@@ -110,16 +111,11 @@ class Producer:
     def tick(self, sources: Sequence[str], start: Callable[[str, str], Any]) -> Tick:
         """Reserve, then start a job per reservation with ``start(source, job_id)``.
 
-        A key of the wrong type is moved aside first (:mod:`celery_crawl.repair`).
+        A key of the wrong type, of any spider of the group, is refused before the
+        script writes, moved aside with the spider it is of (:mod:`celery_crawl.repair`),
+        and the tick sent once more.
         """
-        try:
-            tick = self.reserve(sources)
-        except redis.exceptions.OutOfMemoryError:
-            raise  # Redis is full, nothing is damaged: this tick produces no job
-        except redis.ResponseError as exc:
-            logger.error("producer %s: tick refused (%s); repairing", self.keys.spider, exc)
-            repair(self.client, self.keys)
-            tick = self.reserve(sources)
+        tick = retried(self.repairer, lambda: self.reserve(sources))
         for source, job_id in tick.produced:
             try:
                 start(source, job_id)

@@ -30,6 +30,7 @@ import redis
 from celery_crawl import scripts
 from celery_crawl.defaults import setting
 from celery_crawl.keys import workers_key
+from celery_crawl.repair import Repairer, retried
 
 logger = logging.getLogger(__name__)
 
@@ -63,10 +64,18 @@ class WorkerBeat:
     """One process's entry in the registry; :meth:`beat` stamps it, :meth:`leave` removes it."""
 
     def __init__(
-        self, client: redis.Redis, key: str, spiders: Sequence[str], hostname: str = ""
+        self,
+        client: redis.Redis,
+        key: str,
+        spiders: Sequence[str],
+        hostname: str = "",
+        repairer: Repairer | None = None,
     ) -> None:
         self.client = client
         self.key = key
+        # a registry of another type is refused (nothing written); moved aside, counted
+        # with the first spider the process hosts, and the beat sent again
+        self.repairer = repairer
         hostname = hostname or socket.gethostname()
         pid = os.getpid()
         self.id = f"{hostname}/{pid}"
@@ -83,7 +92,11 @@ class WorkerBeat:
 
     def beat(self) -> None:
         args: list[str | int] = [self.entry, int(FORGET_AFTER * 1000)]
-        scripts.script(self.client, "worker_beat")(keys=[self.key], args=args)
+        beat = scripts.script(self.client, "worker_beat")
+        if self.repairer is None:
+            beat(keys=[self.key], args=args)
+        else:
+            retried(self.repairer, lambda: beat(keys=[self.key], args=args))
 
     def leave(self) -> None:
         self.client.zrem(self.key, self.entry)

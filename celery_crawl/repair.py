@@ -30,9 +30,9 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import redis
 
@@ -40,13 +40,16 @@ from celery_crawl import scripts
 from celery_crawl.keys import SpiderKeys
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 REPAIR_SECONDS = 5.0  # a process repairs a spider's keys at most this often
 MAX_DYNAMIC_KEYS = 10_000  # level lists, parked lists, dedup buckets and jobs looked at
 # dedup keys by the end of their name (docs/redis-layout.md): exact buckets
-# <gen>:<bucket> are sets, the count and its removed count integers, the kind a string
+# <gen>:<bucket> are sets, the count and its removed count integers, the kind a string,
+# the bloom filter's parameters and the expiring filter's geometry hashes of numbers
 DEDUP_TYPES = (
     (re.compile(r":\d+:\d+$"), "set"),
     (re.compile(r":(count|removed)$"), "counter"),
+    (re.compile(r":(bloom|expiring)$"), "numbers"),
     (re.compile(r":kind$"), "string"),
 )
 
@@ -127,9 +130,10 @@ class Repair:
 
 
 # the refusal of a script that checks its keys first (lua/include/keytypes.lua)
-REFUSAL = re.compile(r"WRONGTYPE damaged key (?P<key>.+): it should hold an? (?P<type>\w+)$")
+REFUSAL = re.compile(r"WRONGTYPE damaged key (?P<key>.+): it should hold an? (?P<type>[\w ]+)$")
 REFUSAL_TYPES = {
     "integer": "counter",
+    "hash of positive numbers": "numbers",  # a dedup filter's parameters
     "list": "list",
     "zset": "zset",
     "hash": "hash",
@@ -246,3 +250,19 @@ class Repairer:
         except redis.RedisError as exc:
             logger.error("repairing the keys of %s failed: %s", keys.spider, exc)
             return Repair()
+
+
+def retried(repairer: Repairer, call: Callable[[], T]) -> T:
+    """``call()``; refused for a damaged key, the key is repaired and ``call()`` sent once more.
+
+    A script that refuses has written nothing (``lua/include/keytypes.lua``), so the
+    second call does the whole work once. Sent again after a repair that found the key
+    already moved too (another process met it first); raised again when the repair
+    was not run (Redis read-only, or this spider repaired just before).
+    """
+    try:
+        return call()
+    except redis.ResponseError as exc:
+        if repairer.after(exc) is None:
+            raise
+    return call()

@@ -46,6 +46,7 @@ import logging
 import time
 import uuid
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
 import redis
@@ -77,7 +78,7 @@ from celery_crawl.notices import notices_of
 from celery_crawl.participation import JobInfo, Participation
 from celery_crawl.prefetch import Prefetch
 from celery_crawl.queue import Base, Entry, Lease
-from celery_crawl.repair import Repairer
+from celery_crawl.repair import Repairer, retried
 from celery_crawl.routing import Router, target_of
 from celery_crawl.serializer import Codec, codec_from_settings
 from celery_crawl.sites import SitePolicy, SiteState
@@ -296,7 +297,12 @@ class Scheduler(BaseScheduler):
         self.release_held()
         self.prefetch.clear()
         self.jobs.stop()
-        still_open, _ = self.queue.leave(self.id, clear=not self.persist)
+        leave = partial(self.queue.leave, self.id, clear=not self.persist)
+        try:
+            still_open, _ = retried(self.repairer, leave)  # a damaged key: repaired, sent again
+        except redis.ResponseError as exc:  # refused twice: the registration lapses by itself
+            logger.warning("scheduler not unregistered, Redis refused: %s", exc)
+            return
         if still_open and not self.persist:
             logger.info(
                 "queue and dedup filter kept: %d other process(es) still have them open; "
@@ -325,7 +331,7 @@ class Scheduler(BaseScheduler):
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
-        self.queue.clear()
+        retried(self.repairer, self.queue.clear)  # a damaged key: repaired, cleared once more
         self.df.clear()
 
     @property

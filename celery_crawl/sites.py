@@ -49,6 +49,7 @@ from celery_crawl import scripts
 from celery_crawl.bad_values import BadValues
 from celery_crawl.defaults import setting
 from celery_crawl.errors import ConfigError
+from celery_crawl.repair import Repairer, retried
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -284,6 +285,7 @@ class SiteState:
         self.client = client
         self.keys = keys
         self.policy = policy or SitePolicy()
+        self.repairer = Repairer(client, keys)  # a site's key refused: moved aside, sent again
 
     def publish_limits(self) -> None:
         """Write SITE_OVERRIDES for the lease script: one transaction, replacing the old ones."""
@@ -321,8 +323,9 @@ class SiteState:
         keys = [self.keys.site(site), self.keys.site_known, self.keys.site_leases(site)]
         mode, *rest = args
         recovery = int(self.policy.overload.recovery * 1000)
-        found = scripts.script(self.client, "site_feedback")(
-            keys=keys, args=[site, mode, recovery, *rest]
+        feedback = scripts.script(self.client, "site_feedback")
+        found = retried(
+            self.repairer, lambda: feedback(keys=keys, args=[site, mode, recovery, *rest])
         )
         wait, strikes, slowed = (int(x) for x in found)
         return wait, strikes, slowed

@@ -15,7 +15,9 @@
 -- ARGV[2]  number of fingerprints n (0 for the commands that take none)
 -- ARGV[3 .. 2 + n]  fingerprints
 -- then     the dupefilter's parameters (DEDUP_ARGV: see the dupefilter's fragment)
--- Returns  what the command returns, as listed under ARGV[1]
+-- Returns  what the command returns, as listed under ARGV[1]; an error naming the key,
+--          nothing written, when a key of the filter it uses is damaged (dedup_guard,
+--          include/keytypes.lua)
 -- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
 --          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
 
@@ -34,6 +36,16 @@ local function each_fingerprint(check)
 end
 
 local command = ARGV[1]
+local spec = {}  -- checked before the first write: an add writes per fingerprint
+spec_add(spec, DEDUP_KEY .. ':kind', 'string')
+local fps = {}
+if command == 'add' then
+    for i = 1, n do fps[i] = ARGV[2 + i] end
+end
+dedup_guard(spec, fps)
+local refused = refuse_damaged(spec)
+if refused then return refused end
+
 if command == 'add' then return each_fingerprint(dedup_add)
 elseif command == 'seen' then return each_fingerprint(dedup_seen)
 elseif command == 'count' then return dedup_count()

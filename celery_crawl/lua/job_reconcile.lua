@@ -18,7 +18,10 @@
 -- KEYS[2..] three per spider of the group: its queue levels, parked sites and
 --          in-flight leases (sorted sets)
 -- ARGV[1]  ms a job must stay so before it ends
--- Returns  the ids of the jobs ended
+-- Returns  the ids of the jobs ended; an error naming the key, nothing written, when a
+--          key the ending of a job writes is damaged (job_guard, include/keytypes.lua).
+--          An active job whose hash is of another type is no job: skipped (lua/repair.lua
+--          moves it aside).
 
 local JOB_PREFIX = KEYS[1]
 --!include jobs
@@ -27,10 +30,24 @@ for i = 2, #KEYS do  -- the common case, while anything is queued: three ZCARDs 
     if redis.call('ZCARD', KEYS[i]) > 0 then return {} end
 end
 
+local spec = {}  -- checked before the first write (include/keytypes.lua)
+job_guard(spec, '')
+local refused = refuse_damaged(spec)
+if refused then return refused end
+local active = {}
+for _, job in ipairs(redis.call('SMEMBERS', JOB_PREFIX .. '~active')) do
+    if job_exists(job) then
+        active[#active + 1] = job
+        job_guard(spec, job)
+    end
+end
+refused = refuse_damaged(spec)
+if refused then return refused end
+
 local ended = {}
 local clock = redis.call('TIME')
 local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
-for _, job in ipairs(redis.call('SMEMBERS', JOB_PREFIX .. '~active')) do
+for _, job in ipairs(active) do
     local key = JOB_PREFIX .. job
     local values = redis.call('HMGET', key, 'state', 'pending', 'done', 'lost_check')
     local pending, done = tonumber(values[2] or '0') or 0, values[3] or '0'

@@ -37,8 +37,10 @@
 -- The keys it writes are checked first (include/keytypes.lua): while one of them has
 -- the wrong type the call is refused before it pops anything, and the caller repairs.
 -- A list met later is checked before its pop, and the pop stops there. A job hash of the
--- wrong type makes its entries poison. Not checked: the hash and lease set of a site
--- first met after a pop (a site not due).
+-- wrong type makes its entries poison. The keys of the sites of the entries a pop takes
+-- (their hash, leases, waiting set and parked levels) are checked before it from a
+-- peek (LRANGE) at those entries: the first pop's with the others before any write,
+-- a later pop's just before it, and that pop stops there too.
 
 local JOB_PREFIX = KEYS[4]
 local QUEUE, DEADLETTER, STATS, DEADLETTER_MAX = KEYS[1], KEYS[5], KEYS[6], tonumber(ARGV[4])
@@ -244,6 +246,40 @@ local function park(site, state, priority, entry)
     state.dirty = true
 end
 
+-- The keys a site is written to when an entry of it is taken from a level list at
+-- priority (state_of, park, site_take, lease_taken), added to spec.
+local function site_keys(spec, site, priority)
+    local q = site_parked_key(levels, site)
+    for _, kt in ipairs({{sites .. site, 'hash'}, {sites .. site .. ':leases', 'zset'},
+            {sites .. site .. ':waiting', 'set'}, {q, 'zset'}, {q .. ':' .. priority, 'list'}}) do
+        spec[#spec + 1] = kt[1]
+        spec[#spec + 1] = kt[2]
+    end
+    return spec
+end
+
+-- The entries the next pop of list takes (n of them); none when list is damaged.
+local function peek(list, n)
+    local found = pop == 'RPOP' and redis.pcall('LRANGE', list, -n, -1)
+        or redis.pcall('LRANGE', list, 0, n - 1)
+    return found.err and {} or found
+end
+
+-- A pop must not meet a damaged site key after it took its entries: true when one of
+-- the sites of the entries it would take has one (the loop stops before it; a later
+-- call, finding that level on top, checks it first and refuses).
+local sites_checked = {}
+local function damaged_site(list, n, priority)
+    for _, entry in ipairs(peek(list, n)) do
+        local site = not entry_problem(entry) and entry_site(entry, 1)
+        if site and not sites_checked[site .. '|' .. priority] then
+            if key_type_problem(site_keys({}, site, priority)) then return true end
+            sites_checked[site .. '|' .. priority] = true
+        end
+    end
+    return false
+end
+
 local due = any_parked
     and redis.call('ZRANGE', parked_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, want)
 -- Nothing written yet: the keys of the sites due are checked too.
@@ -259,6 +295,11 @@ for _, site in ipairs(due or {}) do
         checked[q .. ':' .. top] = true
     end
 end
+local first = redis.call('ZRANGE', levels, 0, 0)[1]  -- the first pop's entries' sites
+for _, entry in ipairs(first and peek(levels .. ':' .. first, want) or {}) do
+    local site = not entry_problem(entry) and entry_site(entry, 1)
+    if site then site_keys(guard, site, first) end
+end
 refused = refuse_damaged(guard)
 if refused then return refused end
 for _, site in ipairs(due or {}) do
@@ -271,6 +312,7 @@ while #taken < want and moved < max_moved do
     local top = redis.call('ZRANGE', levels, 0, 0)[1]
     if not top or damaged_level(top) then break end
     local list = levels .. ':' .. top
+    if damaged_site(list, want - #taken, top) then break end
     local payloads = redis.call(pop, list, want - #taken)
     if not payloads or redis.call('EXISTS', list) == 0 then
         redis.call('ZREM', levels, top)

@@ -18,14 +18,25 @@
 -- Returns  a flat list: the group's queue length, then source, job id, source,
 --          job id, ... of the reservations
 --
--- Damage heals here: a reservation that cannot be read is forgotten, a cursor or
--- a count that is not a number starts from 0.
+-- Damage heals here: a reservation that cannot be read is forgotten (its job's
+-- hash of another type too: no job), a cursor or a count that is not a number
+-- starts from 0. A key of another type, the group's queues' included, is refused
+-- before the first write, named (include/keytypes.lua): the caller repairs it
+-- with its spider and calls again.
 
 local running, cursor_key, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local job_cap, queue_cap, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
 --!include counters
 --!include levels
+
+local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
+spec_add(spec, running, 'hash')
+spec_add(spec, cursor_key, 'string')
+spec_add(spec, stats, 'hash')
+for i = 5, #KEYS do queue_guard(spec, KEYS[i], nil) end
+local refused = refuse_damaged(spec)
+if refused then return refused end
 
 local queued = 0
 for i = 5, #KEYS do
@@ -39,7 +50,8 @@ local now = tonumber(redis.call('TIME')[1])
 local entries = redis.call('HGETALL', running)
 for i = 1, #entries, 2 do
     local job, at = string.match(entries[i + 1], '^(.*)|(%d+)$')
-    local state = redis.call('HGET', job_prefix .. (job or ''), 'state')
+    local state = redis.pcall('HGET', job_prefix .. (job or ''), 'state')
+    if type(state) == 'table' then state = 'damaged' end  -- not a hash: no job (lua/repair.lua)
     local stale = state == false and now - tonumber(at or 0) > START_GRACE
     if stale or (state ~= false and state ~= 'running') then
         redis.call('HDEL', running, entries[i])

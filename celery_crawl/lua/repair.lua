@@ -7,7 +7,8 @@
 -- KEYS[3..] the keys to check, one per ARGV entry after ARGV[1]
 -- ARGV[1]  number of keys to check n
 -- ARGV[2 .. n+1]  the type each of KEYS[3 ..] must have: string, list, set,
---          zset or hash; 'counter' for a string that must be an integer;
+--          zset or hash; 'counter' for a string that must be an integer; 'numbers'
+--          for a hash whose values must be positive numbers (include/keytypes.lua);
 --          'job' for a job's hash (a hash whose counters must be integers)
 -- Returns  {keys moved aside, jobs ended}: a key of the wrong type (or a counter
 --          that is not an integer) is renamed to
@@ -19,6 +20,7 @@
 
 local JOB_PREFIX = KEYS[2]
 --!include jobs
+--!include keytypes
 
 local COUNTERS = {'pending', 'leased', 'done', 'pages', 'items', 'retries', 'duplicates',
     'purged', 'dropped'}
@@ -50,9 +52,10 @@ end
 for i = 1, n do
     local key, want = KEYS[2 + i], ARGV[1 + i]
     local have = redis.call('TYPE', key)['ok']
-    local expected = ({job = 'hash', counter = 'string'})[want] or want
+    local expected = ({job = 'hash', counter = 'string', numbers = 'hash'})[want] or want
     local bad = have ~= 'none' and have ~= expected
     if want == 'counter' and have == 'string' then bad = not integer(redis.call('GET', key)) end
+    if want == 'numbers' and have == 'hash' then bad = key_numbers_problem(key) end
     if bad then
         redis.call('RENAME', key, key .. '~damaged')
         moved[#moved + 1] = key

@@ -16,13 +16,25 @@
 -- ARGV[1]  this scheduler's id
 -- ARGV[2]  1: clear the queue and the dedup filter if no other scheduler is open; 0: never
 -- then     the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
--- Returns  {schedulers still open, keys deleted}
+-- Returns  {schedulers still open, keys deleted}; an error naming the key, nothing written,
+--          when a key it reads or writes is damaged (include/keytypes.lua): the open
+--          schedulers, and with ARGV[2] = 1 every key of the queue and filter it would clear
 -- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
 --          dedup_bloom.lua or dedup_expiring.lua (it defines dedup_each_key)
 
 local DEDUP_KEY, COUNT_KEY, DEDUP_ARGV = KEYS[6], KEYS[7], 3
 --!slot dupefilter
 --!include queue_delete
+
+local spec = {}  -- checked before the first write: it leaves, then clears
+spec_add(spec, KEYS[1], 'zset')
+if ARGV[2] == '1' then
+    queue_guard(spec, KEYS[2], site_prefix(KEYS[8]))
+    spec_add(spec, DEDUP_KEY .. ':kind', 'string')
+    dedup_guard(spec, {})  -- the filter's counts and parameters its keys are found from
+end
+local refused = refuse_damaged(spec)
+if refused then return refused end
 
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)

@@ -16,7 +16,10 @@
 --            delay ms, ARGV[9] the status: the shared estimate moves as Scrapy's AutoThrottle's
 -- ARGV[3]  every mode: ms in which a slowdown's interval halves (it recovers first, each call)
 -- Returns  {ms the site is paused from now (0: not), back-offs in a row,
---           the interval ms a slowdown set in this call (0: none)}
+--           the interval ms a slowdown set in this call (0: none)}; an error naming the
+--           key, nothing written, when KEYS[1] or KEYS[2] is of another type
+--           (include/keytypes.lua). A field that holds no number reads as none, and a
+--           count of text starts afresh (include/counters.lua).
 --
 -- Pauses: a back-off pauses the site until now + Retry-After, or else now + first *
 -- 2^(strikes-1), at most the longest; never shorter than a pause already set. After ARGV[7]
@@ -30,7 +33,12 @@
 -- halves every ARGV[3] ms. The lease honours delay: the longer of the slowdown and
 -- AutoThrottle's estimate (throttle).
 
+--!include counters
+--!include keytypes
+
 local key, mode = KEYS[1], ARGV[2]
+local refused = refuse_damaged({key, 'hash', KEYS[2], 'set'})  -- KEYS[3] is read with pcall
+if refused then return refused end
 local IDLE_MS = 5000  -- a window that saw no download for this long (or 4 intervals) restarts
 local clock = redis.call('TIME')
 local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
@@ -91,8 +99,8 @@ local function backoff(given, first, longest, after, long_pause)
     local longer = math.max(0, now + pause - math.max(paused, now))  -- paused time it adds
     paused = math.max(paused, now + pause)
     redis.call('HSET', key, 'until', paused, 'strikes', strikes, 'backoff_at', now)
-    redis.call('HINCRBY', key, 'backoffs', 1)
-    redis.call('HINCRBY', key, 'paused_ms', longer)
+    count(key, 'backoffs', 1)
+    count(key, 'paused_ms', longer)
     redis.call('SADD', KEYS[2], ARGV[1])
 end
 
@@ -104,7 +112,7 @@ local function slow_down(n, errors, elapsed, share, slow, longest, leased)
     local interval = math.min(longest, math.max(slow, 1, elapsed / served))
     s.slow = interval
     redis.call('HSET', key, 'slow', interval, 'slowed_at', now)
-    redis.call('HINCRBY', key, 'slowdowns', 1)
+    count(key, 'slowdowns', 1)
     set_delay(interval)
     restart_window(leased)
     return math.floor(interval)
@@ -112,7 +120,7 @@ end
 
 -- The window of the last `window` responses: older ones leave it pro rata, errors and time.
 local function server_error(share, window, least, longest, slow)
-    redis.call('HINCRBY', key, 'server_errors', 1)
+    count(key, 'server_errors', 1)
     redis.call('SADD', KEYS[2], ARGV[1])
     local leased, answered = counted()
     local n = answered - (s.win_from or answered)

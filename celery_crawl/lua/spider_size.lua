@@ -13,6 +13,12 @@ local DEDUP_KEY, COUNT_KEY, DEDUP_ARGV = KEYS[2], KEYS[3], 1
 --!include levels
 --!include dedup_expiring
 
+local spec = {}  -- writes nothing; a queue key of another type, or a geometry that is not
+queue_guard(spec, KEYS[1], nil)  -- numbers (a width of 0 would loop for good), is named
+if redis.call('EXISTS', DEDUP_KEY .. ':expiring') == 1 then dedup_guard(spec, {}) end
+local refused = refuse_damaged(spec)
+if refused then return refused end
+
 local queued = queue_length(KEYS[1])
 if redis.call('EXISTS', DEDUP_KEY .. ':expiring') == 1 then
     return {queued, dedup_count()}  -- the stored window and width: no ARGV needed

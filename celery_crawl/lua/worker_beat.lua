@@ -8,6 +8,13 @@
 --
 -- Entries stay a while after their process stopped beating, so that status
 -- can show a lost worker; live is decided by the reader, from the score.
+-- A registry of another type is refused before the first write, named
+-- (include/keytypes.lua).
+
+--!include keytypes
+
+local refused = refuse_damaged({KEYS[1], 'zset'})
+if refused then return refused end
 
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)

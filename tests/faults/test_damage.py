@@ -252,6 +252,16 @@ def wrong_type_index(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
     return wrong_type(client, [keys.queue])
 
 
+def wrong_type_sites_and_schedulers(client: redis.Redis, keys: SpiderKeys, job: str) -> int:
+    """Each spider's open schedulers; the group's known sites and site hashes (once)."""
+    damaged = wrong_type(client, [keys.open_schedulers])
+    if keys.spider != "forum":
+        return damaged
+    found = client.scan_iter(match=keys.site_prefix + "*", count=1000)
+    sites = [k for k in found if client.type(k) == b"hash" and not k.endswith(b"~limits")]
+    return damaged + wrong_type(client, [keys.site_known, *sites])
+
+
 # -- what each promises -----------------------------------------------------------
 
 
@@ -397,6 +407,20 @@ def routed_stats_restarted(crawl: Crawl) -> None:
     assert crawl.stat_reaches("celery_crawl/damaged/stats", 1) >= 1
 
 
+def sites_and_schedulers_moved_aside(crawl: Crawl) -> None:
+    """Met by a response's feedback, a lease and each scheduler's renewal (every few s)."""
+    complete(crawl)
+    no_loop(crawl)
+    forum, detail = crawl.spiders
+    wanted = [forum.site_known, forum.open_schedulers, detail.open_schedulers]
+    deadline = time.monotonic() + 15
+    while not all(crawl.client.exists(key + "~damaged") for key in wanted):
+        assert time.monotonic() < deadline, [
+            k for k in wanted if not crawl.client.exists(k + "~damaged")
+        ]
+        time.sleep(0.2)
+
+
 def job_gone(crawl: Crawl) -> None:
     """The job is unknown; its requests left drain (discarded), none loops."""
     assert crawl.result is None
@@ -431,6 +455,10 @@ CASES: dict[str, tuple[Damage, Callable[[Crawl], None]]] = {
     "routed level index: wrong type": (routed_only(wrong_type_index), routed_index_repaired),
     "routed in-flight set: wrong type": (routed_only(wrong_type_inflight), routed_leases_repaired),
     "routed stats hash: values not numbers": (routed_only(junk_stats), routed_stats_restarted),
+    "open schedulers, sites: wrong type": (
+        wrong_type_sites_and_schedulers,
+        sites_and_schedulers_moved_aside,
+    ),
 }
 
 
@@ -512,3 +540,39 @@ def test_routed_dedup_count_damaged_before_the_job(
     fetched = Counter(arrival.path for arrival in forum_site.arrivals())
     routed_count_repaired(Crawl(result, 1, state_client, spiders, fetched, worker.output()))
     assert worker.proc.poll() is None, "the worker died"
+
+
+def test_a_routed_job_cancelled_past_a_damaged_routed_count_is_purged_whole(
+    env: dict[str, str],
+    app: Celery,
+    start_worker: Callable[..., Worker],
+    state_client: redis.Redis,
+    forum_site: Any,
+    prefix: str,
+) -> None:
+    """Issue 28, item 1: job_cancel.lua met the detail spider's count of text (taking the
+    purged posts' fingerprints out of its filter) after it had marked the job cancelled
+    and purged the forum spider's lists: the cancel failed half-done. Now the count is
+    refused before the first write, moved aside with forum_detail, and the cancel sent
+    again purges both spiders' queues whole."""
+    env["SITE_RATE"] = "100"
+    worker = start_worker("damaged")
+    spiders = spiders_of(prefix)
+    job = crawl("forum", forum_seeds(), app=app)
+    deadline = time.monotonic() + 30
+    while state_client.zcard(spiders[1].queue) == 0 or job.status().pages < DAMAGE_AFTER_PAGES:
+        assert time.monotonic() < deadline, "no post was queued with forum_detail"
+        time.sleep(0.02)
+    text_dedup_count(state_client, spiders[1], job.id)
+    assert job.cancel() > 0
+    assert job.status().state == "cancelled"
+    crawled = Crawl(None, 1, state_client, spiders, Counter(), "")
+    routed_moved_aside(crawled, spiders[1].dupefilter_count)
+    deadline = time.monotonic() + 30  # leased requests finish; nothing of the job stays queued
+    while any(state_client.zcard(k.queue) or state_client.zcard(k.inflight) for k in spiders):
+        assert time.monotonic() < deadline, "the cancelled job's requests stayed"
+        time.sleep(0.2)
+    assert forum_site.wait_idle(10)
+    assert worker.proc.poll() is None, "the worker died"
+    log = worker.output()
+    assert not [line for line in log.splitlines() if any(e in line for e in ENGINE_ERRORS)]

@@ -330,3 +330,17 @@ def test_a_full_redis_refuses_a_lease_and_a_requeue_whole(tmp_path: Path) -> Non
         assert len(queue.lease(20)) == 10
     finally:
         server.stop()
+
+
+def test_a_cancel_keeps_the_other_jobs_entries_of_a_list_in_their_order(
+    client: redis.Redis, prefix: str
+) -> None:
+    from celery_crawl.jobs import Job
+
+    queue = PriorityQueue(client, SpiderKeys.build("c", prefix=prefix))
+    queue.start_job("a", [Entry(b"a1", job="a")], {})
+    queue.start_job("b", [Entry(b"b1", job="b")], {})
+    queue.push_many([Entry(b"a2", job="a"), Entry(b"b2", job="b"), Entry(b"a3", job="a")])
+    assert Job("a", "c", client, queue.keys).cancel() == 3
+    assert [lease.payload for lease in queue.lease(10)] == [b"b1", b"b2"]
+    assert client.hget(queue.keys.job("a"), "state") == b"cancelled"

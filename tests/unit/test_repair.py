@@ -11,7 +11,7 @@ from scrapy import Request
 from celery_crawl.jobs import end_lost_jobs
 from celery_crawl.keys import SpiderKeys
 from celery_crawl.queue import Entry, PriorityQueue
-from celery_crawl.repair import Repair, Repairer, repair
+from celery_crawl.repair import Repair, Repairer, repair, retried
 from tests.support.schedulers import drain, open_scheduler
 
 DAMAGED = "celery_crawl/damaged/keys"
@@ -388,3 +388,356 @@ def test_a_text_counter_in_a_job_never_fails_its_end(client: redis.Redis, prefix
     (lease,) = queue.lease(1)
     assert queue.push_many([], acks=[lease.member], job_stats=[("j", "pages", 1)]) == []
     assert client.hget(queue.keys.job("j"), "state") == b"done"
+
+
+# Issue 28, the scripts audited second: each call refused whole (its keys compared before
+# and after), then the Python caller's repair (celery_crawl.repair.retried) lets it through.
+
+
+def _wrong_type(client: redis.Redis, key: str) -> None:
+    client.delete(key)
+    client.hset(key, "x", "not of its type")
+
+
+def _routed_job(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, PriorityQueue]:
+    """Job ``j`` of the forum group: a seed queued with ``forum``, a post with ``forum_detail``."""
+    forum, detail = _forum_group(client, prefix)
+    forum.start_job("j", [Entry(b"seed", job="j"), Entry(b"next", job="j")], {})
+    (seed,) = forum.lease(1)
+    routed = [Entry(b"post", fingerprint=b"\x00" * 20, job="j")]
+    forum.push_many([], acks=[seed.member], routed=[(detail, routed)])
+    return forum, detail
+
+
+def _cancel_raw(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> Any:
+    from celery_crawl import scripts
+
+    keys = [forum.job_prefix]
+    for spider in (forum, detail):
+        keys += [spider.queue, spider.dupefilter, spider.dupefilter_count]
+    return scripts.script(client, "job_cancel", dupefilter="dedup_exact")(keys=keys, args=["j"])
+
+
+def _cancel(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> int:
+    from celery_crawl.jobs import Job
+
+    return Job("j", "forum", client, forum, [forum, detail]).cancel()
+
+
+def case_cancel_routed_index(client: redis.Redis, prefix: str) -> Any:
+    """The forum's lists are purged first; the routed spider's index was met after."""
+    forum, detail = _routed_job(client, prefix)
+    _wrong_type(client, detail.keys.queue)
+    raw = lambda: _cancel_raw(client, forum.keys, detail.keys)  # noqa: E731
+    return raw, lambda: _cancel(client, forum.keys, detail.keys) == 1, detail.keys.queue
+
+
+def case_cancel_routed_dedup_count(client: redis.Redis, prefix: str) -> Any:
+    """The purged post's fingerprint leaves a filter whose count holds text."""
+    forum, detail = _routed_job(client, prefix)
+    client.set(detail.keys.dupefilter_count, "abc")
+    raw = lambda: _cancel_raw(client, forum.keys, detail.keys)  # noqa: E731
+    return raw, lambda: _cancel(client, forum.keys, detail.keys) == 2, detail.keys.dupefilter_count
+
+
+def _producer(client: redis.Redis, prefix: str) -> Any:
+    from celery_crawl.producer import Producer
+
+    forum, detail = _forum_group(client, prefix)
+    producer = Producer(client, forum.keys, job_cap=5, group=[forum.keys, detail.keys])
+    client.hset(forum.keys.producer_running, "gone", "nojob|1")  # stale: forgotten first
+    started: list[str] = []
+    tick = lambda: producer.tick(["a"], lambda s, j: started.append(s)) and started == ["a"]  # noqa: E731
+    return producer, forum, detail, tick
+
+
+def case_produce_cursor(client: redis.Redis, prefix: str) -> Any:
+    producer, forum, _, tick = _producer(client, prefix)
+    _wrong_type(client, forum.keys.producer_cursor)
+    return lambda: producer.reserve(["a"]), tick, forum.keys.producer_cursor
+
+
+def case_produce_routed_level(client: redis.Redis, prefix: str) -> Any:
+    producer, _, detail, tick = _producer(client, prefix)
+    client.zadd(detail.keys.queue, {"0": 0})
+    _wrong_type(client, detail.keys.level(0))
+    return lambda: producer.reserve(["a"]), tick, detail.keys.level(0)
+
+
+def case_scheduler_leave_index(client: redis.Redis, prefix: str) -> Any:
+    forum, _ = _routed_job(client, prefix)
+    forum.join("s1", 60)
+    _wrong_type(client, forum.keys.queue)
+    leave = lambda: forum.leave("s1", clear=True)  # noqa: E731
+    return leave, lambda: retried(Repairer(client, forum.keys), leave)[0] == 0, forum.keys.queue
+
+
+def case_queue_clear_parked(client: redis.Redis, prefix: str) -> Any:
+    forum, _ = _routed_job(client, prefix)
+    _wrong_type(client, forum.keys.parked)
+    clear = forum.clear
+    return clear, lambda: retried(Repairer(client, forum.keys), clear) is None, forum.keys.parked
+
+
+def case_scheduler_join(client: redis.Redis, prefix: str) -> Any:
+    forum, _ = _forum_group(client, prefix)
+    _wrong_type(client, forum.keys.open_schedulers)
+    join = lambda: forum.join("s1", 60)  # noqa: E731
+    return (
+        join,
+        lambda: retried(Repairer(client, forum.keys), join) == 1,
+        forum.keys.open_schedulers,
+    )
+
+
+def _filter(client: redis.Redis, prefix: str, kind: str) -> Any:
+    from celery_crawl.dupefilter import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
+
+    classes = {"exact": RFPDupeFilter, "bloom": BloomDupeFilter, "expiring": ExpiringDupeFilter}
+    df = classes[kind](client, SpiderKeys.build("r", prefix=prefix), None)
+    assert df.add_fingerprints([b"\x00" * 20]) == [True]  # the filter exists
+    return df
+
+
+def _add_raw(client: redis.Redis, df: Any, fps: list[bytes]) -> Any:
+    from celery_crawl import scripts
+
+    keys = [df.keys.dupefilter, df.keys.dupefilter_count]
+    args = ["add", len(fps), *fps, *df.script.params]
+    return scripts.script(client, "dedup", dupefilter=df.lua)(keys=keys, args=args)
+
+
+FRESH = [b"\x01" * 20, b"\xff" * 20]  # buckets 0 and 127 of generation 0
+
+
+def case_dedup_add_bucket(client: redis.Redis, prefix: str) -> Any:
+    """The first fingerprint was added before the second's bucket was met."""
+    df = _filter(client, prefix, "exact")
+    key = f"{df.keys.dupefilter}:0:127"
+    client.set(key, "not a set")
+    return lambda: _add_raw(client, df, FRESH), lambda: df.add_fingerprints(FRESH) == [1, 1], key
+
+
+def case_dedup_bloom_parameters(client: redis.Redis, prefix: str) -> Any:
+    df = _filter(client, prefix, "bloom")
+    key = df.keys.dupefilter + ":bloom"
+    client.hset(key, "bits:0", "many")
+    return lambda: _add_raw(client, df, FRESH), lambda: df.add_fingerprints(FRESH) == [1, 1], key
+
+
+def case_dedup_expiring_geometry(client: redis.Redis, prefix: str) -> Any:
+    df = _filter(client, prefix, "expiring")
+    key = df.keys.dupefilter + ":expiring"
+    client.hset(key, "width_ms", "wide")
+    return lambda: _add_raw(client, df, FRESH), lambda: df.add_fingerprints(FRESH) == [1, 1], key
+
+
+def case_site_feedback_known(client: redis.Redis, prefix: str) -> Any:
+    """A back-off wrote the site's hash before it met the set of known sites."""
+    from celery_crawl import scripts
+    from celery_crawl.sites import SiteState
+
+    forum, _ = _forum_group(client, prefix)
+    state, keys = SiteState(client, forum.keys), forum.keys
+    _wrong_type(client, keys.site_known)
+    site_keys = [keys.site("a.test"), keys.site_known, keys.site_leases("a.test")]
+    args = ["a.test", "backoff", 1000, *state.policy.backoff.args(None)]
+    raw = lambda: scripts.script(client, "site_feedback")(keys=site_keys, args=args)  # noqa: E731
+    return raw, lambda: state.backoff("a.test", None) > 0, keys.site_known
+
+
+def case_cookies_write_jar(client: redis.Redis, prefix: str) -> Any:
+    from celery_crawl.cookie_store import CookieStore
+
+    forum, _ = _forum_group(client, prefix)
+    key, store = forum.keys.cookie_jar("", "0"), CookieStore(client, 60)
+    client.rpush(key, "not a hash")
+    write = lambda: store.write(key, {"a.test|/|n": "{}"})  # noqa: E731
+    return write, lambda: retried(Repairer(client, forum.keys), write)[1] == 0, key
+
+
+def case_job_reconcile_participants(client: redis.Redis, prefix: str) -> Any:
+    """A job whose state is garbled ends closed: its participants were met after that write."""
+    from celery_crawl import scripts
+
+    forum, detail = _forum_group(client, prefix)
+    forum.start_job("j", [Entry(b"seed", job="j")], {})
+    forum.join_job("j", "s1")
+    client.hset(forum.keys.job("j"), "state", "garbled")
+    client.delete(forum.keys.queue)
+    participants = forum.keys.job_participants("j")
+    client.delete(participants)
+    client.set(participants, "not a hash")
+    keys = [forum.keys.job_prefix]
+    for spider in (forum.keys, detail.keys):
+        keys += [spider.queue, spider.parked, spider.inflight]
+    raw = lambda: scripts.script(client, "job_reconcile")(keys=keys, args=[0])  # noqa: E731
+    group = [forum.keys, detail.keys]
+    return raw, lambda: end_lost_jobs(client, group, grace_seconds=0) == ["j"], participants
+
+
+def case_worker_beat_registry(client: redis.Redis, prefix: str) -> Any:
+    from celery_crawl.keys import workers_key
+    from celery_crawl.registry import WorkerBeat
+
+    forum, _ = _forum_group(client, prefix)
+    key = workers_key(prefix)
+    _wrong_type(client, key)
+    plain = WorkerBeat(client, key, ["forum"])  # no repairer: the refusal reaches the caller
+    hosted = WorkerBeat(client, key, ["forum"], repairer=Repairer(client, forum.keys))
+    return plain.beat, lambda: hosted.beat() is None and client.zcard(key) == 1, key
+
+
+AUDITED = {
+    "job_cancel: routed spider's queue index": case_cancel_routed_index,
+    "job_cancel: routed spider's dedup count": case_cancel_routed_dedup_count,
+    "produce: cursor": case_produce_cursor,
+    "produce: routed spider's level list": case_produce_routed_level,
+    "scheduler_leave: queue index": case_scheduler_leave_index,
+    "queue_clear: parked index": case_queue_clear_parked,
+    "scheduler_join: open schedulers": case_scheduler_join,
+    "dedup add: a bucket": case_dedup_add_bucket,
+    "dedup add: bloom parameters": case_dedup_bloom_parameters,
+    "dedup add: expiring geometry": case_dedup_expiring_geometry,
+    "site_feedback: known sites": case_site_feedback_known,
+    "cookies_write: jar": case_cookies_write_jar,
+    "job_reconcile: participants": case_job_reconcile_participants,
+    "worker_beat: registry": case_worker_beat_registry,
+}
+
+
+@pytest.mark.parametrize("case", sorted(AUDITED))
+def test_an_audited_script_meeting_a_damaged_key_writes_nothing_and_its_caller_repairs(
+    client: redis.Redis, prefix: str, case: str
+) -> None:
+    raw, repaired, key = AUDITED[case](client, prefix)
+    before = _dump(client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {key}:"):
+        raw()
+    assert _dump(client, prefix) == before  # refused whole: nothing written
+    assert repaired()  # the caller moved the key aside and sent the call again
+    assert client.exists(key + "~damaged")
+    spider = "forum_detail" if "routed" in case else ("r" if "dedup add" in case else "forum")
+    owner = SpiderKeys.build(spider, group="forum" if "routed" in case else None, prefix=prefix)
+    assert int(client.hget(owner.stats, DAMAGED) or 0) == 1  # counted with its spider
+
+
+def test_a_counter_of_text_never_fails_a_cancel_half_way(client: redis.Redis, prefix: str) -> None:
+    forum, detail = _routed_job(client, prefix)
+    client.hset(forum.keys.job("j"), "pending", "x")
+    assert _cancel(client, forum.keys, detail.keys) == 2
+    job = client.hgetall(forum.keys.job("j"))
+    assert job[b"state"] == b"cancelled" and job[b"pending~damaged"] == b"x"
+    assert len(forum) == len(detail) == 0
+
+
+def test_a_site_count_of_text_never_fails_a_backoff_half_way(
+    client: redis.Redis, prefix: str
+) -> None:
+    from celery_crawl.sites import SiteState
+
+    keys = SpiderKeys.build("r", prefix=prefix)
+    client.hset(keys.site("a.test"), mapping={"backoffs": "x", "paused_ms": "y"})
+    assert SiteState(client, keys).backoff("a.test", None) > 0
+    site = client.hgetall(keys.site("a.test"))
+    assert site[b"backoffs"] == b"1" and site[b"backoffs~damaged"] == b"x"
+    assert client.sismember(keys.site_known, "a.test")
+
+
+def test_a_cookie_jar_version_of_text_never_fails_a_write_half_way(
+    client: redis.Redis, prefix: str
+) -> None:
+    from celery_crawl.cookie_store import CookieStore
+
+    key = SpiderKeys.build("r", prefix=prefix).cookie_jar("", "0")
+    client.hset(key, "~version", "garbled")
+    new, previous = CookieStore(client, 60).write(key, {"a.test|/|n": "{}"})
+    assert previous == 0 and new > 0
+    assert client.hget(key, "~version") == str(new).encode()
+
+
+def test_a_reserved_job_of_another_type_is_forgotten_by_the_producer(
+    client: redis.Redis, prefix: str
+) -> None:
+    from celery_crawl.producer import Producer
+
+    keys = SpiderKeys.build("r", prefix=prefix)
+    client.hset(keys.producer_running, mapping={"gone": "nojob|1", "odd": "odd|1"})
+    client.set(keys.job("odd"), "not a hash")
+    assert [source for source, _ in Producer(client, keys, job_cap=5).reserve(["a"]).produced] == [
+        "a"
+    ]
+    assert client.hkeys(keys.producer_running) == [b"a"]
+
+
+def test_the_exporters_size_names_an_expiring_geometry_that_is_not_numbers(
+    client: redis.Redis, prefix: str
+) -> None:
+    """spider_size.lua takes no parameters: a width of text fell back on none, and threw."""
+    from celery_crawl import scripts
+
+    df = _filter(client, prefix, "expiring")
+    key = df.keys.dupefilter + ":expiring"
+    client.hset(key, "width_ms", "wide")
+    size = scripts.script(client, "spider_size")
+    keys = [df.keys.queue, df.keys.dupefilter, df.keys.dupefilter_count]
+    with pytest.raises(redis.ResponseError, match=f"WRONGTYPE damaged key {key}:"):
+        size(keys=keys)
+    assert repair(client, df.keys).moved == [key]
+    assert size(keys=keys) == [0, 0]  # no geometry until the next add: read as no filter
+    assert df.add_fingerprints([b"\x01" * 20]) == [True]
+    assert size(keys=keys) == [0, 2]  # the geometry again: both live fingerprints counted
+
+
+def test_a_lease_stops_before_a_site_whose_keys_are_damaged_then_refuses_it_whole(
+    client: redis.Redis, prefix: str
+) -> None:
+    """The site of an entry below the top level was first met after its pop: its hash of
+    another type failed the lease, and every entry it had popped was lost."""
+    from celery_crawl.sites import SitePolicy
+
+    keys = SpiderKeys.build("r", prefix=prefix)
+    queue = PriorityQueue(client, keys, sites=SitePolicy())
+    entries = [Entry(b"plain", 9, job="j"), Entry(b"sited", 0, job="j", site="b.test")]
+    queue.start_job("j", entries, {})
+    client.set(keys.site("b.test"), "not a hash")
+    assert [lease.payload for lease in queue.lease(10)] == [b"plain"]  # stopped before it
+    before = _dump(client, prefix)
+    with pytest.raises(redis.ResponseError, match=f"damaged key {keys.site('b.test')}:") as refused:
+        queue.lease(10)  # now on top: checked before anything is written
+    assert _dump(client, prefix) == before
+    assert Repairer(client, keys).after(refused.value) == Repair(moved=[keys.site("b.test")])
+    assert [lease.payload for lease in queue.lease(10)] == [b"sited"]
+
+
+def test_a_request_whose_site_keys_are_damaged_passes_the_gate_while_they_are_repaired(
+    client: redis.Redis, prefix: str
+) -> None:
+    """The gate's refusal reached Scrapy's downloader: the request failed."""
+    import asyncio
+
+    from celery_crawl.politeness import SiteLimitsMiddleware
+    from celery_crawl.sites import SiteState
+
+    keys = SpiderKeys.build("r", prefix=prefix)
+    client.set(keys.site("a.test"), "not a hash")
+    client.set(keys.site_known, "not a set")
+    middleware = SiteLimitsMiddleware(SiteState(client, keys))
+    for _ in range(2):  # the second key is refused after the first's repair: not retried
+        assert asyncio.run(middleware.process_request(Request("http://a.test/"))) is None
+    assert client.exists(keys.site("a.test") + "~damaged")
+
+
+def test_the_last_scheduler_closing_past_a_damaged_index_leaves_and_clears(
+    make_crawler: Any, client: redis.Redis
+) -> None:
+    """scheduler_leave left the open schedulers, then met the index: close raised, the
+    queue stayed, and the crawl's hash with it."""
+    scheduler = open_scheduler(make_crawler(SCHEDULER_PERSIST=False))
+    keys = scheduler.queue.keys
+    scheduler.enqueue_request(Request("http://127.0.0.1/a"))
+    scheduler.flush()
+    client.set(keys.queue, "not a sorted set")
+    scheduler.close("finished")
+    assert client.exists(keys.queue + "~damaged")
+    assert client.exists(keys.open_schedulers, keys.crawl, keys.queue) == 0

@@ -257,3 +257,15 @@ def test_a_jobs_jars_are_dropped_when_it_ends_in_the_process(
     assert list(here.job_jars) == ["j2"]
     assert [key.rsplit(":", 2)[-2] for key in shared.local] == ["j2"]
     assert sent(shared, f"{SITE}/a", **{JOB_META: "j1"}) == "session=j1", "still in Redis"
+
+
+def test_a_jar_of_another_type_is_moved_aside_and_the_requests_go_on(
+    process: Any, keys: SpiderKeys, client: redis.Redis
+) -> None:
+    """Its read (and write) failed with a bare WRONGTYPE, and the request with it."""
+    jar = keys.cookie_jar("", "default")
+    client.rpush(jar, "not a hash")
+    assert sent(process(), f"{SITE}/a") == ""  # refused, the jar moved aside, read again
+    assert client.lrange(jar + "~damaged", 0, -1) == [b"not a hash"]
+    receive(process(), f"{SITE}/login", "session=s1; Path=/")
+    assert sent(process(), f"{SITE}/b") == "session=s1"

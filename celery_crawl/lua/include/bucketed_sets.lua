@@ -16,8 +16,9 @@
 -- sets_each_key(base, count_key, visit); and for callers that check one set
 -- many times in a script run, sets_generation(count_key) (the newest
 -- generation) and sets_member(base, fp, last) (is fp in generations 0..last);
--- sets_guard(spec, base, count_key, fps): the keys sets_add meets for each of fps,
--- added to a guard spec (include/keytypes.lua).
+-- sets_guard(spec, base, count_key, fps): the keys sets_add and sets_remove meet for
+-- each of fps, and the counts every function reads, added to a guard spec
+-- (include/keytypes.lua).
 --!include keytypes
 
 local SETS_BASE_BITS = 7
@@ -57,6 +58,7 @@ end
 -- so they are looked at only when it holds a number (else the count is refused).
 local function sets_guard(spec, base, count_key, fps)
     spec_add(spec, count_key, 'counter')
+    spec_add(spec, count_key .. ':removed', 'counter')  -- sets_remove, sets_size
     local held = redis.pcall('GET', count_key)  -- pcall: the count may be of another type
     if type(held) == 'table' or (held and not string.match(held, '^%-?%d+$')) then return end
     local count = tonumber(held or '0')

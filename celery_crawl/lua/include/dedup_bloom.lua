@@ -30,7 +30,8 @@
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
 -- dedup_guard(spec, fps), which adds to a guard spec (include/keytypes.lua) the
--- keys dedup_add meets, and
+-- keys dedup_add meets (with fps empty, the count and parameters every function
+-- reads: a script calls it before it uses the filter at all), and
 -- dedup_use(dedup_key, count_key), which points the functions at another
 -- spider's filter of the same kind.
 local DEDUP_KIND = 'bloom' -- claimed in D:kind by the first process that opens the filter
@@ -193,11 +194,13 @@ local function dedup_each_key(visit)
     return total + visit(BLOOM_KEY)
 end
 
--- The count, the parameters hash, and (when that is a hash) each sub-filter's bits.
+-- The count, the parameters hash (every value a number: they are divided by and looped
+-- over), and (when that is sound) each sub-filter's bits. With no fps: the keys every
+-- other function reads.
 local function dedup_guard(spec, fps)
     spec_add(spec, COUNT_KEY, 'counter')
-    spec_add(spec, BLOOM_KEY, 'hash')
-    if #fps == 0 or key_type_problem({BLOOM_KEY, 'hash'}) then return end
+    spec_add(spec, BLOOM_KEY, 'numbers')
+    if #fps == 0 or key_type_problem({BLOOM_KEY, 'numbers'}) then return end
     local filters = tonumber(redis.call('HGET', BLOOM_KEY, 'filters')) or 0
     for i = 0, math.min(filters, BLOOM_MAX_FILTERS) - 1 do
         spec_add(spec, BLOOM_KEY .. ':' .. i, 'string')

@@ -23,7 +23,8 @@
 -- dedup_each_key(visit) (calls visit on every key of the filter, returns the sum
 -- of what it returns: dedup.lua clears and measures the filter with it), and
 -- dedup_guard(spec, fps), which adds to a guard spec (include/keytypes.lua) the
--- keys dedup_add meets for each of fps, and
+-- keys dedup_add meets for each of fps (with fps empty, the geometry and the counts
+-- every other function reads: a script calls it before it uses the filter), and
 -- dedup_use(dedup_key, count_key), which points the functions at another
 -- spider's filter of the same kind.
 --!include bucketed_sets
@@ -142,11 +143,12 @@ local function dedup_config()
     return redis.call('HGETALL', EXPIRING_KEY)
 end
 
--- The geometry hash first; the live time buckets only when it is a hash (their
--- range follows it; else the hash is refused).
+-- The geometry hash first (numbers: a width of 0 or text would loop for good); the
+-- live time buckets' keys only when it is sound (their range follows it; else the
+-- hash is refused). With no fps: their counts, which every other function reads.
 local function dedup_guard(spec, fps)
-    spec_add(spec, EXPIRING_KEY, 'hash')
-    if key_type_problem({EXPIRING_KEY, 'hash'}) then return end
+    spec_add(spec, EXPIRING_KEY, 'numbers')
+    if key_type_problem({EXPIRING_KEY, 'numbers'}) then return end
     local window, width = expiring_geometry(false)
     local time = redis.call('TIME')
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)

@@ -17,8 +17,10 @@
 -- Defines: spec_add(spec, key, type): adds a key to check to spec, once (a spec
 -- remembers its keys under their names).
 -- key_type_problem(spec): spec is {key, type, key, type, ...}, a type
--- being a Redis type or 'counter' (a string that INCRBY takes); returns the first
--- key of another type, with the type wanted, or nil. A missing key is fine.
+-- being a Redis type, 'counter' (a string that INCRBY takes) or 'numbers' (a hash
+-- whose every value is a positive finite number: a dedup filter's parameters, which
+-- its arithmetic divides by and loops over); returns the first key of another type,
+-- with the type wanted, or nil. A missing key is fine.
 -- refuse_damaged(spec): the refusal to return, an error reply (WRONGTYPE, naming
 -- the key), or nil when every key is of its type.
 
@@ -29,6 +31,14 @@ local function spec_add(spec, key, wanted)
     spec[#spec + 1] = wanted
 end
 
+local function key_numbers_problem(key)  -- a hash with a value that is no positive number
+    for _, value in ipairs(redis.call('HVALS', key)) do
+        local n = tonumber(value)
+        if not (n and n > 0 and n < math.huge) then return true end
+    end
+    return false
+end
+
 local function key_type_problem(spec)
     for i = 1, #spec, 2 do
         local key, wanted = spec[i], spec[i + 1]
@@ -37,6 +47,10 @@ local function key_type_problem(spec)
             local value = found == 'string' and redis.call('GET', key)
             if found ~= 'none' and not (value and string.match(value, '^%-?%d+$')) then
                 return key, 'an integer'
+            end
+        elseif wanted == 'numbers' then
+            if found ~= 'none' and (found ~= 'hash' or key_numbers_problem(key)) then
+                return key, 'a hash of positive numbers'
             end
         elseif found ~= 'none' and found ~= wanted then
             return key, 'a ' .. wanted

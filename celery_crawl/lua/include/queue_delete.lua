@@ -1,12 +1,13 @@
 -- Deleting a queue: included, never run alone.
 --
--- Uses: nothing from the including script. Includes sites.
+-- Uses: nothing from the including script. Includes levels (its queue_guard names
+-- the keys queue_delete reads and writes, for a script's check before its first write).
 -- Defines: queue_delete(levels, inflight, seq, signal, sites): deletes the priority
 -- levels' sorted set, every level list, the leases, the lease counter, the
 -- signal list, and the entries parked under their sites (include/sites.lua; sites is
 -- the group's site prefix); returns the number of keys deleted.
 
---!include sites
+--!include levels
 
 local function queue_delete(levels, inflight, seq, signal, sites)
     local deleted = 0
