@@ -35,7 +35,9 @@ import itertools
 import json
 import logging
 import os
+import re
 import socket
+import stat
 import tempfile
 import uuid
 from pathlib import Path
@@ -73,6 +75,8 @@ PRIVATE = (
 )
 SPOOL_FOLDER = "celery_crawl-feeds"  # in FEED_TEMPDIR, or the system's temporary folder
 RECORD = ("uri", "template", "job")  # a spool file's record: where it goes
+# a %(...)s placeholder of a feed URI, as Scrapy's apply_uri_params finds them
+PLACEHOLDER = re.compile(r"%\([^)]+\)[-+ #0]*(?:\d+|\*)?(?:\.(?:\d+|\*))?[diouxXeEfFgGcrsa]")
 
 
 def check_feed_exporter() -> None:
@@ -101,26 +105,52 @@ def worker_name() -> str:
 
 
 class SpooledStorage:
-    """A remote storage of a job's feed whose file is a :class:`Spool` file, removed once stored."""
+    """A remote storage of a job's feed whose file is a :class:`Spool` file, removed once stored.
+
+    Made through :func:`spooled`, whose subclass bears the storage's class name: Scrapy
+    counts ``feedexport/success_count/<type(storage).__name__>``.
+    """
 
     def __init__(self, storage: BlockingFeedStorage, data: Path, record: dict[str, str]) -> None:
         self.storage = storage
         self.data = data
         self.record = record
+        self.held = -1  # a second descriptor of the locked file: its lock outlives the file
 
     def open(self, spider: Spider) -> IO[bytes]:
         """The spool file, locked while this process has it open; then its record, whole."""
         file = self.data.open("w+b")
         fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        self.held = os.dup(file.fileno())
         written = self.data.with_suffix(".tmp")
         written.write_text(json.dumps(self.record))
         os.replace(written, self.data.with_suffix(".json"))
         return file
 
     def store(self, file: IO[bytes]) -> Deferred[None]:
+        """S3, GCS and FTP close the file in their thread; the lock goes only after the removal."""
         stored = self.storage.store(file)
         stored.addCallback(lambda _: remove_spooled(self.data))
+        stored.addBoth(self._release)
         return stored
+
+    def _release(self, result: Any) -> Any:
+        if self.held >= 0:
+            os.close(self.held)
+            self.held = -1
+        return result
+
+
+_spooled_classes: dict[type[BlockingFeedStorage], type[SpooledStorage]] = {}
+
+
+def spooled(storage: BlockingFeedStorage, data: Path, record: dict[str, str]) -> SpooledStorage:
+    """A :class:`SpooledStorage` of ``storage`` whose class has the name of ``storage``'s."""
+    kind = type(storage)
+    if kind not in _spooled_classes:
+        name = kind.__name__
+        _spooled_classes[kind] = type(name, (SpooledStorage,), {"__qualname__": name})
+    return _spooled_classes[kind](storage, data, record)
 
 
 class Spool:
@@ -128,13 +158,19 @@ class Spool:
 
     ``<id>.part`` holds a feed's bytes, locked (``flock``) by the process that
     writes it; ``<id>.json`` says where it goes: ``{"uri", "template", "job"}``,
-    written after the lock is taken. A ``.part`` that another process can lock
-    belongs to a process that died (or one that has just stored it): it is
-    stored to its URI by whoever locks it, then both files are removed.
+    written after the lock is taken. The lock is held until both files are
+    removed after the store (S3, GCS and FTP close the file before). A ``.part``
+    that another process can lock belongs to a process that died (or one that
+    has just removed it): it is stored to its URI by whoever locks it, then both
+    files are removed. Only once :meth:`prepare` found the folder to be this
+    user's alone, only plain files (no links), and only to a URI that a job feed
+    of the crawler on a remote storage renders (``JobFeedExporter._refusal``).
     """
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
+        self.prepared = False  # its files are read only once it is checked to be this user's
+        self.refused = 0  # files found in it that are not spool files of this user's
 
     @classmethod
     def from_settings(cls, settings: Any) -> Self:
@@ -144,22 +180,34 @@ class Spool:
         """Create the folder, this user's only: what is in it is uploaded with this process's
         credentials."""
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        status = self.folder.stat()
-        if status.st_uid != os.getuid() or status.st_mode & 0o077:
+        status = self.folder.lstat()  # a symbolic link is refused, not followed
+        mine = stat.S_ISDIR(status.st_mode) and status.st_uid == os.getuid()
+        if not mine or status.st_mode & 0o077:
             raise ConfigError(
-                f"the feed spool folder {self.folder} must belong to this user alone (mode 700):"
-                " another user could have feed files uploaded with this process's credentials;"
-                " set FEED_TEMPDIR to a folder of this user's"
+                f"the feed spool folder {self.folder} must belong to this user alone (mode 700,"
+                " a folder, not a symbolic link): another user could have feed files uploaded"
+                " with this process's credentials; set FEED_TEMPDIR to a folder of this user's"
             )
+        self.prepared = True
 
     def wrap(self, storage: BlockingFeedStorage, **record: str) -> SpooledStorage:
-        return SpooledStorage(storage, self.folder / f"{uuid.uuid4().hex}.part", record)
+        return spooled(storage, self.folder / f"{uuid.uuid4().hex}.part", record)
 
     def orphans(self, job: str | None) -> list[tuple[dict[str, str], IO[bytes]]]:
-        """The spool files of dead processes (of ``job``, or of every job): locked, open."""
-        found = []
+        """The spool files of dead processes (of ``job``, or of every job): locked, open.
+
+        None unless :meth:`prepare` found the folder to be this user's alone.
+        """
+        found: list[tuple[dict[str, str], IO[bytes]]] = []
+        if not self.prepared:
+            return found
         for record in sorted(self.folder.glob("*.json")):
-            claimed = claim(record)
+            try:
+                claimed = claim(record)
+            except (OSError, ValueError) as exc:
+                logger.warning("feed spool record %s left alone: %s", record, exc)
+                self.refused += 1
+                continue
             if claimed is not None and job in (None, claimed[0]["job"]):
                 found.append(claimed)
             elif claimed is not None:
@@ -168,28 +216,61 @@ class Spool:
 
 
 def claim(record: Path) -> tuple[dict[str, str], IO[bytes]] | None:
-    """The spool file of ``record`` and where it goes, if no living process holds it."""
+    """The spool file of ``record`` and where it goes, if no living process holds it.
+
+    Raises ``OSError`` or ``ValueError`` for files that are not spool files of this user's.
+    """
     try:
-        where = json.loads(record.read_text())
-        file = record.with_suffix(".part").open("r+b")
+        where = json.loads(read_plain(record))
+        file = open_plain(record.with_suffix(".part"))
     except FileNotFoundError:  # stored meanwhile by another process
-        return None
-    except (OSError, ValueError) as exc:
-        logger.warning("feed spool record %s left alone: %s", record, exc)
         return None
     try:
         fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # its process lives, or another one is storing it
         file.close()
         return None
-    if not (record.exists() and is_record(where)):
-        file.close()  # stored and removed since it was read, or not a record of ours
+    if not record.exists():
+        file.close()  # stored and removed since it was read
         return None
+    if not is_record(where):
+        file.close()
+        raise ValueError(f"not a record of {', '.join(RECORD)}")
     return where, file
+
+
+def open_plain(path: Path) -> IO[bytes]:
+    """``path`` opened to read and write if it is a file of this user's with no other name.
+
+    Not a symbolic link (``O_NOFOLLOW``) nor a hard link to a file elsewhere: what is
+    opened here is uploaded.
+    """
+    file = open(path, "r+b", opener=open_nofollow)  # noqa: SIM115 (returned open)
+    status = os.fstat(file.fileno())
+    if not stat.S_ISREG(status.st_mode) or status.st_nlink != 1 or status.st_uid != os.getuid():
+        file.close()
+        raise OSError(f"{path} is not a plain file of this user's")
+    return file
+
+
+def open_nofollow(path: str, flags: int) -> int:
+    return os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+
+
+def read_plain(path: Path) -> str:
+    with open_plain(path) as file:
+        return file.read().decode()
 
 
 def is_record(where: Any) -> bool:
     return isinstance(where, dict) and all(isinstance(where.get(f), str) for f in RECORD)
+
+
+def fits(uri: str, template: str) -> bool:
+    """Whether ``template`` renders ``uri`` for some values of its placeholders (none with a /)."""
+    literals = PLACEHOLDER.split(template)
+    pattern = "[^/]*".join(re.escape(literal) for literal in literals)
+    return re.fullmatch(pattern, uri) is not None
 
 
 def remove_spooled(data: Path) -> None:
@@ -252,19 +333,42 @@ class JobFeedExporter(FeedExporter):
 
     async def store_orphans(self, spider: Spider, job: str | None) -> None:
         """Store the spool files that processes which died left (of ``job``, or of any job)."""
-        if not self.spool.folder.is_dir():
-            return
-        for where, file in self.spool.orphans(job):
-            options = self.feeds.get(where["template"])
-            if options is None or not is_remote(where["template"]):  # not a feed of this crawler
+        refused = self.spool.refused
+        orphans = self.spool.orphans(job)
+        if self.spool.refused > refused:  # links, files of other users: logged by orphans()
+            self.crawler.stats.inc_value("feedexport/spool/refused", self.spool.refused - refused)
+        for where, file in orphans:
+            why = self._refusal(where, spider)
+            if why:
+                logger.warning("feed spool file %s left alone: %s", file.name, why)
+                self.crawler.stats.inc_value("feedexport/spool/refused")
                 file.close()
                 continue
-            await self._store_orphan(where["uri"], options, file, spider)
+            await self._store_orphan(where["uri"], self.feeds[where["template"]], file, spider)
+
+    def _refusal(self, where: dict[str, str], spider: Spider) -> str:
+        """Why a record is not stored by this crawler, or ``""``: its URI must be one that a
+        job feed of this crawler on a remote storage renders for its job."""
+        template, uri = where["template"], where["uri"]
+        if template not in self.job_feeds or not is_remote(template):
+            return f"{template!r} is not a job feed of this crawler on a remote storage"
+        self._job = where["job"]
+        try:
+            params = self._get_uri_params(spider, self.feeds[template]["uri_params"])
+        finally:
+            self._job = ""
+        rendered, named = urlparse(apply_uri_params(template, params)), urlparse(uri)
+        if (named.scheme, named.netloc) != (rendered.scheme, rendered.netloc):
+            return f"{uri!r} is not on the storage of its feed {template!r}"
+        if not fits(uri, template):
+            return f"{uri!r} is not a URI its feed {template!r} renders"
+        return ""
 
     async def _store_orphan(
         self, uri: str, options: dict[str, Any], file: IO[bytes], spider: Spider
     ) -> None:
         data = Path(file.name)
+        held = os.dup(file.fileno())  # S3, GCS and FTP close the file: the lock stays till removal
         try:
             file.seek(0)
             stored = self._get_storage(uri, options).store(file)
@@ -272,12 +376,14 @@ class JobFeedExporter(FeedExporter):
                 await maybe_deferred_to_future(stored)
         except Exception:
             file.close()
+            os.close(held)
             logger.exception("the feed part of a process that died was not stored in %s", uri)
-            self.crawler.stats.inc_value("feedexport/spool/failed", spider=spider)
+            self.crawler.stats.inc_value("feedexport/spool/failed")
             return
         remove_spooled(data)
+        os.close(held)
         logger.info("stored the feed part of a process that died in %s", uri)
-        self.crawler.stats.inc_value("feedexport/spool/stored", spider=spider)
+        self.crawler.stats.inc_value("feedexport/spool/stored")
 
     async def close_spider(self, spider: Spider) -> None:
         """The worker stops: the files of jobs still open are stored as they are."""
