@@ -66,7 +66,9 @@ def create_app(
     )
     app.conf.update(conf)
     route_by_spider(app, project)
-    app.task(bind=True, name=JOB_TASK, acks_late=True, shared=False)(run_job)
+    # STARTED is stored by run_job, which lets a full or restarting Redis refuse it:
+    # stored by Celery's tracing, a refusal failed the task before run_job ran
+    app.task(bind=True, name=JOB_TASK, acks_late=True, track_started=False, shared=False)(run_job)
     app.task(bind=True, name=PRODUCE_TASK, shared=False)(run_producer)
     app.conf.beat_schedule = producer_schedule(project) | dict(app.conf.beat_schedule or {})
     app.steps["worker"].add(CrawlerHosting)

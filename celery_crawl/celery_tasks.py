@@ -11,11 +11,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
 import redis
-from celery import Task
+from celery import Task, states
 from celery.exceptions import Reject
 
 from celery_crawl import connection
@@ -30,13 +31,17 @@ from celery_crawl.errors import (
     RedisOutOfMemory,
     quote,
 )
-from celery_crawl.inputs import check_args, check_job, check_limits, check_seeds
+from celery_crawl.inputs import JobInput, check_args, check_job, check_limits, check_seeds
 from celery_crawl.jobs import Job, JobStatus
 from celery_crawl.keys import job_spider, stopping_worker
-from celery_crawl.project import parse_seed, project_of
+from celery_crawl.project import Project, parse_seed, project_of
 from celery_crawl.registry import Registry, WorkerInfo, waiting_reason
+from celery_crawl.trackers import shutting_down
 
 logger = logging.getLogger(__name__)
+HAND_BACK = "worker shutting down; another worker joins the job"
+# how long a job task waits for room in a full Redis to start a job without a seconds limit
+START_WAIT_SECONDS = 3600.0
 
 
 def run_job(
@@ -57,9 +62,9 @@ def run_job(
         spider, seeds, priority=priority, job_id=task.request.id, limits=limits, args=args
     )
     project = project_of(task.app)
-    job, created = start_job(
-        project, spider, given.seeds, priority, given.job_id, limits=given.limits, args=given.args
-    )
+    hostname = task.request.hostname or ""
+    store_started(task)
+    job, created = start_when_room(task, project, given)
     logger.info(
         "job %s %s: spider=%s seeds=%s",
         job.id,
@@ -68,9 +73,10 @@ def run_job(
         quote(given.seeds),
     )
     interval = setting(project.settings, "CELERY_CRAWL_PROGRESS_INTERVAL")
-    stopping = stopping_worker(project.prefix, task.request.hostname or "")
+    stopping = stopping_worker(project.prefix, hostname)
     registry, waiting = Registry.from_settings(project.settings), ""
     while True:
+        hand_back_if_stopping(hostname)  # in the process: needs no Redis
         try:
             result = job.wait(timeout=interval)
         except connection.TRANSIENT_ERRORS as exc:  # Redis restarting: keep watching
@@ -85,12 +91,66 @@ def run_job(
                 waiting = now_waiting
             close_if_out_of_time(job, status)
             job.client.expire(job_spider(project.prefix, job.id), JOB_INDEX_TTL)
-            if job.client.exists(stopping):
-                raise Reject("worker shutting down; another worker joins the job", requeue=True)  # noqa: B904
+            if job.client.exists(stopping):  # the flag in Redis, for a task run elsewhere
+                raise Reject(HAND_BACK, requeue=True)  # noqa: B904
             continue
         # the job's index entry now lives as long as its hash (CELERY_CRAWL_JOB_KEEP_SECONDS)
         job.client.expire(job_spider(project.prefix, job.id), int(project.job_keep(spider)))
         return finished(job, result)
+
+
+def hand_back_if_stopping(hostname: str) -> None:
+    """Give the task back to the broker if its worker is in a warm shutdown."""
+    if shutting_down(hostname):
+        raise Reject(HAND_BACK, requeue=True)
+
+
+def store_started(task: Task) -> None:
+    """The task's ``STARTED`` state, as Celery's ``task_track_started`` stores it.
+
+    The result backend is often the crawl's Redis: full, it refuses the state, and
+    away, it cannot take it. The job goes on all the same; only the state is missing.
+    """
+    if not task.app.conf.task_track_started or task.ignore_result:
+        return
+    meta = {"pid": os.getpid(), "hostname": task.request.hostname}
+    try:
+        task.update_state(state=states.STARTED, meta=meta)
+    except connection.AWAY_OR_FULL as exc:
+        logger.warning("job %s: its STARTED state not stored: %s", task.request.id, exc)
+
+
+def start_when_room(task: Task, project: Project, given: JobInput) -> tuple[Job, bool]:
+    """``start_job``, waiting while Redis is full: it refuses a new job's first write.
+
+    It waits up to the job's ``seconds`` limit, or :data:`START_WAIT_SECONDS`
+    without one, then raises; a warm shutdown hands the task back meanwhile.
+    """
+    limit = (given.limits or {}).get("seconds") or START_WAIT_SECONDS
+    deadline = time.monotonic() + limit
+    interval = setting(project.settings, "CELERY_CRAWL_PROGRESS_INTERVAL")
+    warned = False
+    while True:
+        try:
+            return start_job(
+                project,
+                given.spider,
+                given.seeds,
+                given.priority,
+                given.job_id,
+                limits=given.limits,
+                args=given.args,
+            )
+        except connection.OUT_OF_MEMORY as exc:
+            if time.monotonic() >= deadline:
+                raise RedisOutOfMemory(
+                    f"job {given.job_id} not started in {limit:.0f} s: Redis is full: {exc}"
+                ) from exc
+            log = logger.debug if warned else logger.warning
+            log("job %s not started yet, Redis is full: %s; trying again", given.job_id, exc)
+            warned = True
+        hand_back_if_stopping(task.request.hostname or "")
+        time.sleep(interval)
 
 
 def close_if_out_of_time(job: Job, status: JobStatus) -> None:

@@ -9,6 +9,7 @@ signal and patches nothing. Workers are wired by the app's bootstep
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from celery_crawl.jobs import ARGS_FIELD, Job, limit_fields
 from celery_crawl.keys import job_spider
 from celery_crawl.project import Project, project_of
 
+logger = logging.getLogger(__name__)
 JOB_TASK = "celery_crawl.crawl"
 PRODUCE_TASK = "celery_crawl.produce"
 JOB_INDEX_TTL = 30 * 24 * 3600  # a job not yet finished; its tracker renews it, its end shortens it
@@ -84,7 +86,12 @@ def start_job(
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
 ) -> tuple[Job, bool]:
-    """Create the job and enqueue its seeds; an existing job id is joined."""
+    """Create the job and enqueue its seeds; an existing job id is joined.
+
+    A full Redis refuses a new job (``OutOfMemoryError``, raised); joining one
+    writes nothing but the job index entry, which a full Redis refuses too: the job
+    exists, and its creator wrote the entry, so the join goes on without it.
+    """
     entries = project.seed_entries(spider, seeds, job_id, priority, args or {})
     queue = project.queue(spider)
     fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
@@ -94,7 +101,12 @@ def start_job(
         fields[ARGS_FIELD] = json.dumps(args, separators=(",", ":"))
     with connection.reachable(queue.client):
         created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
-        queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
+        try:
+            queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
+        except connection.OUT_OF_MEMORY:
+            if created:
+                raise
+            logger.warning("job %s joined; its index entry not renewed: Redis is full", job_id)
     spans = project.job_spans(spider)
     return Job(job_id, spider, queue.client, queue.keys, spans, dedup=queue.dedup), created
 

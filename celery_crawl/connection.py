@@ -76,6 +76,16 @@ _clients: dict[tuple[int, str, str], redis.Redis] = {}
 _lock = threading.Lock()
 
 
+def _new_lock() -> None:
+    """In a forked child: a thread of the parent (a job tracker) may have held it at the fork,
+    and the child inherits it held, with no thread to release it."""
+    global _lock  # noqa: PLW0603 - rebound in a forked child only
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock)
+
+
 @dataclass(frozen=True)
 class MultiHostUrl:
     """A ``redis+cluster://`` or ``redis+sentinel://`` URL, taken apart."""

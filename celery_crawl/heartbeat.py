@@ -115,6 +115,16 @@ _beats: dict[int, Beats] = {}
 _beats_lock = threading.Lock()
 
 
+def _new_beats_lock() -> None:
+    """In a forked child: a thread of the parent (a job tracker) may have held it at the fork,
+    and the child inherits it held, with no thread to release it."""
+    global _beats_lock  # noqa: PLW0603 - rebound in a forked child only
+    _beats_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_beats_lock)
+
+
 def beats() -> Beats:
     """This process's :class:`Beats` (a forked child makes its own)."""
     with _beats_lock:

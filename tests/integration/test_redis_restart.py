@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -221,3 +224,32 @@ def opening_failed(worker: Worker) -> bool:
     return worker.proc.poll() is not None or any(
         line in text for line in ("so this worker stops", "the crawlers could not open yet")
     )
+
+
+def test_a_warm_shutdown_while_redis_is_down_ends_and_keeps_the_job_task(
+    persistent_redis: ValkeyServer, restart_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """SIGTERM while Redis is down and a job task runs: the worker exits; the task's message,
+    which the broker (down) cannot take back, stays in kombu's unacknowledged set in Redis."""
+    app = create_app("worker_app", WORKER_SETTINGS)
+    worker = Worker("down-stop", restart_env, tmp_path / "worker.log", concurrency=1)
+    try:
+        worker.wait_ready()
+        job = crawl("paths", [{"chain": "down", "length": 200}], app=app)
+        wait_for_line(worker, f"job {job.id} joined", count=1, seconds=60)
+        persistent_redis.stop()
+        time.sleep(3.0)  # the job task meets the outage: job.wait raises, it keeps watching
+        worker.proc.send_signal(signal.SIGTERM)
+        try:
+            worker.proc.wait(120)  # the old worker waited for its job task for ever
+        except subprocess.TimeoutExpired:
+            pytest.fail("the worker did not exit:\n" + worker.output()[-3000:])
+        log = worker.output()
+    finally:
+        worker.stop()
+    assert "Warm shutdown" in log, log[-3000:]
+    persistent_redis.start()  # same data: the message is still the broker's, unacknowledged
+    client = redis.Redis(port=persistent_redis.port)
+    unacked = [json.loads(v)[0]["headers"]["id"] for v in client.hvals("unacked")]
+    assert job.id in unacked, (unacked, log[-3000:])
+    assert job.status().state == "running"  # the job goes on; kombu redelivers the task

@@ -62,3 +62,22 @@ def test_a_closed_pool_forgets_its_waiting_tasks_and_returns_its_running_threads
     assert len(running) == 1 and not running[0].is_alive()
     assert ran == ["running"]
     assert qos.value == 4
+
+
+def test_a_warm_stop_signals_its_tasks_in_process_and_waits_for_them_only_so_long(
+    caplog: Any,
+) -> None:
+    """A job task stuck (in a Redis call) does not hold the shutdown for ever; the others
+    see ``stopping`` at once, with no Redis."""
+    trackers = TrackerPool(2, lambda: None)
+    stuck, seen = threading.Event(), queue.Queue[bool]()
+    trackers.apply_async(lambda: stuck.wait(30))
+    trackers.apply_async(lambda: seen.put(trackers.stopping.wait(10)))
+    settle(lambda: len(trackers._threads) == 2)  # both running
+    began = time.monotonic()
+    trackers.stop(wait=0.5)
+    waited = time.monotonic() - began
+    stuck.set()
+    assert seen.get(timeout=10) is True
+    assert waited < 20  # the old stop joined with no limit: 30 s here, for ever in a worker
+    assert "1 job tasks still running after 0 s of warm shutdown" in caplog.text
