@@ -17,21 +17,45 @@ is a plain Redis call: with the server still down it fails with a connection err
 which Celery ignores while it reconnects (the message then stays in kombu's unacked
 set until the task acks it, or until kombu's visibility timeout gives it back); with
 the server back it succeeds, and another worker joins the job again (idempotent).
+
+And one more: a worker whose broker Redis is out of memory when it connects. kombu
+gives back the messages of dead consumers (``restore_visible``) under a lock that is
+a ``SET``, which a full Redis refuses; kombu lets that error out of the connect, and
+Celery stops the worker ("Unrecoverable error: OutOfMemoryError"). Here it is logged
+and the give-back left to kombu's next sweep, as kombu does for a connection error.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+import redis
 from kombu.transport import redis as kombu_redis
 
 # the broker URL schemes this transport serves; ``rediss`` keeps kombu's own, whose TLS
 # defaults kombu derives from that name (docs/deployment.md)
 SCHEMES = ("redis",)
 TRANSPORT = "celery_crawl.broker:Transport"
+logger = logging.getLogger(__name__)
+
+
+class QoS(kombu_redis.QoS):
+    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
+        """kombu's, except that a full Redis skips this give-back instead of failing."""
+        try:
+            super().restore_visible(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except redis.exceptions.OutOfMemoryError as exc:
+            logger.warning(
+                "the broker's Redis is out of memory (%s): the messages of dead consumers are"
+                " given back at a later sweep",
+                exc,
+            )
 
 
 class Channel(kombu_redis.Channel):
+    QoS = QoS
+
     def _connparams(self, asynchronous: bool = False) -> Any:
         transport = self.connection
         if transport.client is None:  # collected after the connection was lost

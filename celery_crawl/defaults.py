@@ -438,9 +438,11 @@ _ENTRIES = (
     Setting(
         "CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS",
         60.0,
-        "seconds a worker process whose crawlers are about to open waits for an unreachable"
-        " Redis, trying again with a backoff (1 s doubling to 10 s) and a WARNING per try, before"
-        " the worker stops; 0 stops it at once. A configuration error stops it at once",
+        "seconds a worker process whose crawlers are about to open waits for a Redis that"
+        " cannot be reached or refuses writes for memory, trying again with a backoff (1 s"
+        " doubling to 10 s) and a WARNING per try, before the worker stops; 0 stops it at"
+        " once. A configuration error stops it at once. Prefork workers raise Celery's"
+        " worker_proc_alive_timeout to this plus 60 s, as a child opens before it is up",
         HOSTING,
     ),
     Setting(

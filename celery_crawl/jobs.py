@@ -280,20 +280,25 @@ class JobStatus:
 
 
 def end_lost_jobs(
-    client: redis.Redis, group: Sequence[SpiderKeys], grace_seconds: float
+    client: redis.Redis,
+    group: Sequence[SpiderKeys],
+    grace_seconds: float,
+    repairer: Repairer | None = None,
 ) -> list[str]:
     """End the group's jobs whose requests are gone from Redis: ``incomplete``, with
     ``errors/lost`` (``lua/job_reconcile.lua``). One script call; the ids it ended.
 
     Refused for a damaged key (nothing written), the key is repaired with the spider
-    of the group it is of, and the call sent once more (:mod:`celery_crawl.repair`).
+    of the group it is of, and the call sent once more (:mod:`celery_crawl.repair`):
+    by ``repairer``, a scheduler's own, so its once-per-``REPAIR_SECONDS`` holds.
     """
+    repairer = repairer or Repairer(client, group[0], group)
     keys = [group[0].job_prefix]
     for spider in group:
         keys += [spider.queue, spider.parked, spider.inflight]
     reconcile = scripts.script(client, "job_reconcile")
     args = [int(grace_seconds * 1000)]
-    ended = retried(Repairer(client, group[0], group), lambda: reconcile(keys=keys, args=args))
+    ended = retried(repairer, lambda: reconcile(keys=keys, args=args))
     return [job.decode() if isinstance(job, bytes) else job for job in ended]
 
 

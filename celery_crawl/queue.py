@@ -210,8 +210,8 @@ class Base:
         for job in jobs:
             job_id = job.decode() if isinstance(job, bytes) else job
             logger.warning(
-                "job %s had ended: this process's stats of it came late, "
-                "kept apart in its late/* fields",
+                "job %s had ended: this process's stats of it came late, kept apart in its"
+                " late/* fields (or dropped, if the job's hash had expired)",
                 job_id,
             )
 

@@ -232,7 +232,10 @@ class Scheduler(BaseScheduler):
         if self.queue.sites.enabled:
             SiteState(self.queue.client, self.queue.keys, self.queue.sites).publish_limits()
         self.df.open()
-        self.queue.requeue_expired()
+        # as after an out-of-memory spell: Redis may have refused its holders' renewals
+        # until just now (this process may be opening because writes went through again),
+        # so the leases that expired meanwhile are left to them for one lease time
+        self._room_since = time.monotonic()
         if self.engine.engine is not None:
             self.engine.on_request_done(self.ack)
             self._start_maintenance()
@@ -365,7 +368,8 @@ class Scheduler(BaseScheduler):
 
     def _end_lost_jobs(self) -> None:
         """Jobs whose requests Redis lost end ``incomplete``, twice a lease time after."""
-        for job in end_lost_jobs(self.queue.client, self.group, 2 * self.queue.lease_seconds):
+        grace = 2 * self.queue.lease_seconds
+        for job in end_lost_jobs(self.queue.client, self.group, grace, self.repairer):
             logger.error("job %s ended incomplete: requests of it were lost from Redis", job)
 
     def _refused(self, error: Exception) -> None:

@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 # the waits between tries to reach Redis before the crawlers open: doubling from the first
 OPEN_RETRY_FIRST = 1.0
 OPEN_RETRY_MOST = 10.0
+# seconds a prefork child may take to open its crawlers, beyond its wait for Redis
+OPEN_ALLOWANCE = 60.0
 
 
 class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -69,6 +71,12 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         install_cooperative_revoke(self.app)
         conf = self.app.conf
         conf.broker_transport = broker.worker_transport(conf.broker_url, conf.broker_transport)
+        # a prefork child opens its crawlers before it reports to its parent, which kills
+        # a child not up within this: long enough for the wait for Redis and the opening
+        patience = setting(self.project.settings, "CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS")
+        conf.worker_proc_alive_timeout = max(
+            float(conf.worker_proc_alive_timeout or 0), patience + OPEN_ALLOWANCE
+        )
 
     @property
     def project(self) -> Project:
@@ -129,17 +137,21 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
             raise SystemExit(os.EX_CONFIG) from exc
 
     def wait_for_redis(self) -> None:
-        """Return once Redis answers; raise ``RedisUnavailable`` after
-        ``CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS`` (a worker started before its Redis,
-        or a child forked while Redis restarts). One WARNING per try."""
+        """Return once Redis answers and takes writes; raise ``RedisUnavailable`` or
+        ``OutOfMemoryError`` after ``CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS`` (a worker
+        started before its Redis, or while it is out of memory, or a child forked
+        while Redis restarts). One WARNING per try."""
         project = self.project
         patience = setting(project.settings, "CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS")
         deadline = time.monotonic() + patience
         for attempt in itertools.count(1):
             try:
                 connection.check(project.client)
+                # a write that changes nothing, refused while Redis is out of memory
+                # (``lua/include/room.lua``); the key is this worker's own
+                project.client.setrange(stopping_worker(project.prefix, self.hostname), 0, "")
                 return
-            except RedisUnavailable as exc:
+            except (RedisUnavailable, connection.OUT_OF_MEMORY) as exc:
                 delay = min(OPEN_RETRY_FIRST * 2 ** (attempt - 1), OPEN_RETRY_MOST)
                 left = deadline - time.monotonic()
                 if left <= 0:

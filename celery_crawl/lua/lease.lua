@@ -298,7 +298,10 @@ end
 local first = redis.call('ZRANGE', levels, 0, 0)[1]  -- the first pop's entries' sites
 for _, entry in ipairs(first and peek(levels .. ':' .. first, want) or {}) do
     local site = not entry_problem(entry) and entry_site(entry, 1)
-    if site then site_keys(guard, site, first) end
+    if site then
+        site_keys(guard, site, first)
+        sites_checked[site .. '|' .. first] = true  -- by this guard: the pop checks them no more
+    end
 end
 refused = refuse_damaged(guard)
 if refused then return refused end

@@ -218,6 +218,37 @@ def test_a_prefork_worker_started_while_redis_is_down_waits_for_it(
         worker.stop()
 
 
+def test_a_worker_started_while_redis_is_out_of_memory_waits_for_room(
+    persistent_redis: ValkeyServer, restart_env: dict[str, Any], tmp_path: Path
+) -> None:
+    """Its crawlers' opening writes would be refused: it waits, naming why, then crawls."""
+    app = create_app("worker_app", WORKER_SETTINGS)
+    client = redis.Redis(port=persistent_redis.port)
+    # the limit first, then a filler grown past it: a write under the limit is let in,
+    # so the last append takes Redis over it, and every write after that is refused
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 2_000_000)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        for _ in range(100):
+            client.append("filler", b"x" * 200_000)
+    worker = Worker("full", restart_env, tmp_path / "worker.log", concurrency=1)
+    try:
+        deadline = time.monotonic() + 90
+        while not opening_failed(worker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert opening_failed(worker), worker.output()[-3000:]
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        assert "so this worker stops" not in worker.output()
+        assert "maxmemory" in worker.output()  # the warning names Redis's refusal
+        client.delete("filler")
+        worker.wait_ready(90)
+        result = crawl("paths", [{"chain": "full", "length": 3}], app=app).wait(timeout=120)
+        assert result["state"] == "done" and result["pages"] == 3, result
+        assert worker.proc.poll() is None
+    finally:
+        worker.stop()
+        client.close()
+
+
 def opening_failed(worker: Worker) -> bool:
     """The worker's child tried to open its crawlers and failed (or the worker ended)."""
     text = worker.output()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -390,3 +391,21 @@ def test_signed_pickle_needs_a_secret_and_dead_letters_forgeries(
     assert sorted(r["reason"] for r in records) == ["bad_signature", "unsigned"]
     assert crawler.stats.get_value("celery_crawl/dead_letter/bad_signature") == 1
     assert CALLS == []
+
+
+def test_a_scheduler_that_opens_leaves_expired_leases_to_their_holders_for_a_lease_time(
+    make_crawler: Any,
+) -> None:
+    """It may open because Redis took writes again after it was out of memory: holders
+    whose renewals Redis refused meanwhile renew first (docs/failure-semantics.md)."""
+    holder = open_scheduler(make_crawler(SCHEDULER_PERSIST=True, SCHEDULER_LEASE_SECONDS=0.5))
+    holder.enqueue_request(Request("http://127.0.0.1/held"))
+    holder.flush()
+    assert holder.next_request() is not None
+    time.sleep(0.6)  # the lease expired: its renewals were refused, say
+    opened = open_scheduler(make_crawler(SCHEDULER_PERSIST=True, SCHEDULER_LEASE_SECONDS=0.5))
+    assert (len(opened.queue), opened.queue.in_flight()) == (0, 1)  # not taken from its holder
+    holder.renew()  # the holder's beat renews it
+    time.sleep(0.6)  # a lease time after the opening; the holder has died since
+    opened.renew()
+    assert (len(opened.queue), opened.queue.in_flight()) == (1, 0)  # requeued now
