@@ -19,15 +19,15 @@ set until the task acks it, or until kombu's visibility timeout gives it back); 
 the server back it succeeds, and another worker joins the job again (idempotent).
 
 And one more: a worker whose broker Redis is out of memory when it connects. kombu
-gives back the messages of dead consumers (``restore_visible``) under a lock that is
-a ``SET``, which a full Redis refuses; kombu lets that error out of the connect, and
-Celery stops the worker ("Unrecoverable error: OutOfMemoryError"). Here it is logged
-and the give-back left to kombu's next sweep, as kombu does for a connection error.
+declares its queues (``SADD``) and gives back the messages of dead consumers under a
+lock (``SET``), writes that a full Redis refuses; kombu counts that refusal as no
+connection error, and Celery stops the worker ("Unrecoverable error:
+OutOfMemoryError"). Here it is one (:attr:`Transport.connection_errors`): Celery's
+consumer logs it and connects again, with its back-off, until Redis has room.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import redis
@@ -37,25 +37,9 @@ from kombu.transport import redis as kombu_redis
 # defaults kombu derives from that name (docs/deployment.md)
 SCHEMES = ("redis",)
 TRANSPORT = "celery_crawl.broker:Transport"
-logger = logging.getLogger(__name__)
-
-
-class QoS(kombu_redis.QoS):
-    def restore_visible(self, *args: Any, **kwargs: Any) -> None:
-        """kombu's, except that a full Redis skips this give-back instead of failing."""
-        try:
-            super().restore_visible(*args, **kwargs)  # type: ignore[no-untyped-call]
-        except redis.exceptions.OutOfMemoryError as exc:
-            logger.warning(
-                "the broker's Redis is out of memory (%s): the messages of dead consumers are"
-                " given back at a later sweep",
-                exc,
-            )
 
 
 class Channel(kombu_redis.Channel):
-    QoS = QoS
-
     def _connparams(self, asynchronous: bool = False) -> Any:
         transport = self.connection
         if transport.client is None:  # collected after the connection was lost
@@ -67,6 +51,11 @@ class Transport(kombu_redis.Transport):
     """kombu's Redis transport whose channels can reach the server after a collect."""
 
     Channel = Channel
+    # a full Redis is waited out like a lost one (the consumer connects again)
+    connection_errors = (
+        *kombu_redis.Transport.connection_errors,
+        redis.exceptions.OutOfMemoryError,
+    )
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]

@@ -124,23 +124,26 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         The solo and threads pools exit with ``EX_CONFIG`` (78). A prefork child
         asks its parent for a warm shutdown and exits, so that the pool does not
         respawn children that fail the same way; the parent exits 0, or 1 when it
-        finds first that its pool could not start. An unreachable Redis is waited
-        for first (:meth:`wait_for_redis`); a configuration error stops it at once.
+        finds first that its pool could not start. An unreachable or full Redis is
+        waited for (:meth:`open_patiently`); a configuration error stops it at once.
         """
         try:
-            self.wait_for_redis()
-            self.start_hosting()
+            self.open_patiently()
         except Exception as exc:
             logger.critical("the crawlers could not open, so this worker stops: %s", exc)
             if child:
                 os.kill(os.getppid(), signal.SIGTERM)
             raise SystemExit(os.EX_CONFIG) from exc
 
-    def wait_for_redis(self) -> None:
-        """Return once Redis answers and takes writes; raise ``RedisUnavailable`` or
-        ``OutOfMemoryError`` after ``CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS`` (a worker
-        started before its Redis, or while it is out of memory, or a child forked
-        while Redis restarts). One WARNING per try."""
+    def open_patiently(self) -> None:
+        """Open the crawlers once Redis answers and takes writes; raise what stopped them
+        after ``CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS`` (a worker started before its Redis,
+        or while it is out of memory, or a child forked while Redis restarts).
+
+        Redis going away while the crawlers open (after it answered) closes those
+        that opened, and all are opened again. One WARNING per try; any other error
+        is raised at once.
+        """
         project = self.project
         patience = setting(project.settings, "CELERY_CRAWL_OPEN_REDIS_WAIT_SECONDS")
         deadline = time.monotonic() + patience
@@ -150,11 +153,11 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
                 # a write that changes nothing, refused while Redis is out of memory
                 # (``lua/include/room.lua``); the key is this worker's own
                 project.client.setrange(stopping_worker(project.prefix, self.hostname), 0, "")
+                self.start_hosting()
                 return
-            except (RedisUnavailable, connection.OUT_OF_MEMORY) as exc:
-                delay = min(OPEN_RETRY_FIRST * 2 ** (attempt - 1), OPEN_RETRY_MOST)
+            except Exception as exc:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or not redis_outage(exc):
                     raise
                 logger.warning(
                     "the crawlers could not open yet (try %d, %.0f s left of %g s): %s",
@@ -163,6 +166,8 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
                     patience,
                     exc,
                 )
+                self.stop_hosting()  # those that opened: all open again on the next try
+                delay = min(OPEN_RETRY_FIRST * 2 ** (attempt - 1), OPEN_RETRY_MOST)
                 time.sleep(min(delay, left))
 
     def start_hosting(self) -> None:
@@ -180,6 +185,20 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         if self.host is not None:
             self.host.stop()
             self.host = None
+
+
+def redis_outage(error: BaseException) -> bool:
+    """Whether ``error`` (or what it wraps: Twisted's ``FirstError``, a ``Failure``, a
+    cause) is Redis away or out of memory, not a configuration error."""
+    seen: BaseException | None = error
+    for _ in range(10):  # bounded: a chain of causes is short
+        if seen is None:
+            return False
+        if isinstance(seen, (RedisUnavailable, *connection.AWAY_OR_FULL)):
+            return True
+        sub = getattr(seen, "subFailure", None)  # twisted.internet.defer.FirstError
+        seen = sub.value if sub is not None else (seen.__cause__ or seen.__context__)
+    return False
 
 
 def is_prefork(worker: Any) -> bool:

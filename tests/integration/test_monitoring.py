@@ -87,8 +87,10 @@ def test_a_scrape_costs_the_same_commands_whatever_the_queue_length(
         queue.push_many([Entry(f"r{i}".encode(), priority=i % 3) for i in range(size)])
         runs.append(server_commands(client, lambda: list(collector.collect())))
     assert len(runs[0]) == len(runs[1]), runs
-    # a handful per spider, incl. the script's own calls; and INFO memory and stats, once
-    assert len(runs[0]) <= 10 * len(keys) + 2
+    # a handful per spider, incl. the script's own calls (it checks the type of each key it
+    # reads, each priority level's list among them, before reading: 3 levels here); and
+    # INFO memory and stats, once
+    assert len(runs[0]) <= 20 * len(keys) + 2, "\n".join(runs[0])
 
 
 def exporter_names(client: redis.Redis, prefix: str) -> set[str]:

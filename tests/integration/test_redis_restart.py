@@ -226,10 +226,13 @@ def test_a_worker_started_while_redis_is_out_of_memory_waits_for_room(
     client = redis.Redis(port=persistent_redis.port)
     # the limit first, then a filler grown past it: a write under the limit is let in,
     # so the last append takes Redis over it, and every write after that is refused
-    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 2_000_000)
+    # (8 MB: the room the worker's crawlers and Celery need once the filler is gone)
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 8_000_000)
     with pytest.raises(redis.exceptions.OutOfMemoryError):
         for _ in range(100):
-            client.append("filler", b"x" * 200_000)
+            client.append("filler", b"x" * 400_000)
+    # and the limit 1 MB under that: full however the server's buffers come and go
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1_000_000)
     worker = Worker("full", restart_env, tmp_path / "worker.log", concurrency=1)
     try:
         deadline = time.monotonic() + 90
