@@ -24,14 +24,21 @@ lock (``SET``), writes that a full Redis refuses; kombu counts that refusal as n
 connection error, and Celery stops the worker ("Unrecoverable error:
 OutOfMemoryError"). Here it is one (:attr:`Transport.connection_errors`): Celery's
 consumer logs it and connects again, with its back-off, until Redis has room.
+
+A message taken from a full Redis (``BRPOP`` takes no memory) could not be recorded
+as unacknowledged (``ZADD``, ``HSET``): kombu lost it from both. Here
+:meth:`QoS.append` keeps it in the process, as kombu's in-memory transports do: the
+task runs and is acknowledged; only if the worker dies before that is it lost.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 # the broker URL schemes this transport serves; ``rediss`` keeps kombu's own, whose TLS
 # defaults kombu derives from that name (docs/deployment.md)
@@ -39,7 +46,26 @@ SCHEMES = ("redis",)
 TRANSPORT = "celery_crawl.broker:Transport"
 
 
+logger = logging.getLogger(__name__)
+
+
+class QoS(kombu_redis.QoS):
+    def append(self, message: Any, delivery_tag: Any) -> None:
+        """kombu's record of a delivered message; kept in the process if Redis is full."""
+        try:
+            super().append(message, delivery_tag)  # type: ignore[no-untyped-call]
+        except redis.exceptions.OutOfMemoryError as exc:
+            logger.warning(
+                "the broker's Redis is out of memory (%s): a message taken is not recorded as"
+                " unacknowledged there; it is lost if this worker dies before it is done",
+                exc,
+            )
+            virtual.QoS.append(self, message, delivery_tag)  # type: ignore[no-untyped-call]
+
+
 class Channel(kombu_redis.Channel):
+    QoS = QoS
+
     def _connparams(self, asynchronous: bool = False) -> Any:
         transport = self.connection
         if transport.client is None:  # collected after the connection was lost

@@ -36,7 +36,7 @@ from celery_crawl.jobs import Job, JobStatus
 from celery_crawl.keys import job_spider, stopping_worker
 from celery_crawl.project import Project, parse_seed, project_of
 from celery_crawl.registry import Registry, WorkerInfo, waiting_reason
-from celery_crawl.trackers import shutting_down
+from celery_crawl.trackers import pause, shutting_down
 
 logger = logging.getLogger(__name__)
 HAND_BACK = "worker shutting down; another worker joins the job"
@@ -74,6 +74,7 @@ def run_job(
     )
     interval = setting(project.settings, "CELERY_CRAWL_PROGRESS_INTERVAL")
     stopping = stopping_worker(project.prefix, hostname)
+    index = job_spider(project.prefix, job.id)
     registry, waiting = Registry.from_settings(project.settings), ""
     while True:
         hand_back_if_stopping(hostname)  # in the process: needs no Redis
@@ -81,7 +82,7 @@ def run_job(
             result = job.wait(timeout=interval)
         except connection.TRANSIENT_ERRORS as exc:  # Redis restarting: keep watching
             logger.warning("job %s: Redis unreachable (%s); still watching", job.id, exc)
-            time.sleep(interval)
+            pause(hostname, interval)
             continue
         except JobTimeout as exc:
             status = job.status()
@@ -90,13 +91,23 @@ def run_job(
                 logger.warning("job %s: %s", job.id, now_waiting or "a live worker hosts it now")
                 waiting = now_waiting
             close_if_out_of_time(job, status)
-            job.client.expire(job_spider(project.prefix, job.id), JOB_INDEX_TTL)
+            write_index(job, index, JOB_INDEX_TTL)
             if job.client.exists(stopping):  # the flag in Redis, for a task run elsewhere
                 raise Reject(HAND_BACK, requeue=True)  # noqa: B904
             continue
         # the job's index entry now lives as long as its hash (CELERY_CRAWL_JOB_KEEP_SECONDS)
-        job.client.expire(job_spider(project.prefix, job.id), int(project.job_keep(spider)))
+        write_index(job, index, int(project.job_keep(spider)))
         return finished(job, result)
+
+
+def write_index(job: Job, key: str, seconds: int) -> None:
+    """The job's index entry (job id to spider, :func:`celery_crawl.client.find_job`), for
+    ``seconds``: written whole, so an entry that a full Redis refused at the start is
+    written now. Still full, its time is only extended (``EXPIRE`` takes no memory)."""
+    try:
+        job.client.set(key, job.spider, ex=seconds)
+    except connection.OUT_OF_MEMORY:
+        job.client.expire(key, seconds)
 
 
 def hand_back_if_stopping(hostname: str) -> None:
@@ -150,7 +161,7 @@ def start_when_room(task: Task, project: Project, given: JobInput) -> tuple[Job,
             log("job %s not started yet, Redis is full: %s; trying again", given.job_id, exc)
             warned = True
         hand_back_if_stopping(task.request.hostname or "")
-        time.sleep(interval)
+        pause(task.request.hostname or "", interval)
 
 
 def close_if_out_of_time(job: Job, status: JobStatus) -> None:

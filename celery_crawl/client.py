@@ -88,9 +88,10 @@ def start_job(
 ) -> tuple[Job, bool]:
     """Create the job and enqueue its seeds; an existing job id is joined.
 
-    A full Redis refuses a new job (``OutOfMemoryError``, raised); joining one
-    writes nothing but the job index entry, which a full Redis refuses too: the job
-    exists, and its creator wrote the entry, so the join goes on without it.
+    A full Redis refuses a new job (``OutOfMemoryError``, raised). Redis checks
+    memory as a script starts, so the job may be created and only its index entry
+    refused: the job exists, and the job task writes the entry at its next report
+    (:func:`celery_crawl.celery_tasks.write_index`), so the start goes on without it.
     """
     entries = project.seed_entries(spider, seeds, job_id, priority, args or {})
     queue = project.queue(spider)
@@ -104,9 +105,7 @@ def start_job(
         try:
             queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
         except connection.OUT_OF_MEMORY:
-            if created:
-                raise
-            logger.warning("job %s joined; its index entry not renewed: Redis is full", job_id)
+            logger.warning("job %s: its index entry not written yet: Redis is full", job_id)
     spans = project.job_spans(spider)
     return Job(job_id, spider, queue.client, queue.keys, spans, dedup=queue.dedup), created
 

@@ -442,7 +442,7 @@ _ENTRIES = (
         " cannot be reached or refuses writes for memory, trying again with a backoff (1 s"
         " doubling to 10 s) and a WARNING per try, before the worker stops; 0 stops it at"
         " once. A configuration error stops it at once. Prefork workers raise Celery's"
-        " worker_proc_alive_timeout to this plus 60 s, as a child opens before it is up",
+        " worker_proc_alive_timeout to this plus 90 s, as a child opens before it is up",
         HOSTING,
     ),
     Setting(

@@ -60,6 +60,15 @@ def shutting_down(hostname: str) -> bool:
     return stopping is not None and stopping.is_set()
 
 
+def pause(hostname: str, seconds: float) -> None:
+    """Sleep ``seconds``, or less if the worker ``hostname`` starts a warm shutdown."""
+    stopping = _stopping.get(hostname)
+    if stopping is None:
+        time.sleep(seconds)
+    else:
+        stopping.wait(seconds)
+
+
 class TrackerPool:
     """At most ``limit`` job tasks at once, each in a daemon thread; the others wait in order.
 

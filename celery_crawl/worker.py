@@ -43,8 +43,9 @@ logger = logging.getLogger(__name__)
 # the waits between tries to reach Redis before the crawlers open: doubling from the first
 OPEN_RETRY_FIRST = 1.0
 OPEN_RETRY_MOST = 10.0
-# seconds a prefork child may take to open its crawlers, beyond its wait for Redis
-OPEN_ALLOWANCE = 60.0
+# seconds a prefork child may take beyond its wait for Redis: one opening (60 s at
+# most) and the closing of a half-opened one (10 s at most), with room to spare
+OPEN_ALLOWANCE = 90.0
 
 
 class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -166,7 +167,7 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
                     patience,
                     exc,
                 )
-                self.stop_hosting()  # those that opened: all open again on the next try
+                self.stop_hosting(timeout=max(min(left, OPEN_RETRY_MOST), 1.0))  # all open again
                 delay = min(OPEN_RETRY_FIRST * 2 ** (attempt - 1), OPEN_RETRY_MOST)
                 time.sleep(min(delay, left))
 
@@ -181,9 +182,9 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         self.host = CrawlerHost(self.project.settings, spiders, self.hostname)
         self.host.start()
 
-    def stop_hosting(self) -> None:
+    def stop_hosting(self, timeout: float = 60.0) -> None:
         if self.host is not None:
-            self.host.stop()
+            self.host.stop(timeout)
             self.host = None
 
 
@@ -197,7 +198,8 @@ def redis_outage(error: BaseException) -> bool:
         if isinstance(seen, (RedisUnavailable, *connection.AWAY_OR_FULL)):
             return True
         sub = getattr(seen, "subFailure", None)  # twisted.internet.defer.FirstError
-        seen = sub.value if sub is not None else (seen.__cause__ or seen.__context__)
+        context = None if seen.__suppress_context__ else seen.__context__
+        seen = sub.value if sub is not None else (seen.__cause__ or context)
     return False
 
 

