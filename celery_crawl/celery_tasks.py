@@ -206,15 +206,7 @@ def finished(job: Job, result: dict[str, Any]) -> dict[str, Any]:
 
 def lost_cause(job: Job, result: dict[str, Any]) -> str:
     """Why requests of the job were lost from Redis, as far as Redis can tell."""
-    if not result["errors"].get("lost"):
-        return ""
-    try:
-        memory = connection.memory(job.client)
-    except redis.RedisError:
-        return ""
-    if memory is None or not memory.evicted_keys:
-        return ""
-    return f"Redis evicted {memory.evicted_keys} keys (maxmemory-policy {memory.policy})"
+    return job.evictions() if result["errors"].get("lost") else ""
 
 
 def incomplete_message(job: Job, result: dict[str, Any], cause: str = "") -> str:

@@ -442,18 +442,20 @@ class Job:
         if memory is not None and memory.out_of_memory:
             raise RedisOutOfMemory(f"{text}: {memory.describe()}")
 
-    def _evicted(self) -> str:
-        """Why a job's hash may be gone: Redis evicted keys (an evicting ``maxmemory-policy``)."""
+    def evictions(self) -> str:
+        """"Redis evicted N keys (maxmemory-policy P)" if it has (an evicting policy), or ""."""
         try:
             memory = connection.memory(self.client)
         except redis.RedisError:
             return ""
         if memory is None or not memory.evicted_keys:
             return ""
-        return (
-            f": Redis evicted {memory.evicted_keys} keys (maxmemory-policy {memory.policy}),"
-            " its hash may be among them"
-        )
+        return f"Redis evicted {memory.evicted_keys} keys (maxmemory-policy {memory.policy})"
+
+    def _evicted(self) -> str:
+        """Why a job's hash may be gone: Redis evicted keys."""
+        evicted = self.evictions()
+        return f": {evicted}, its hash may be among them" if evicted else ""
 
     def _look(self, deadline: float | None, poll: float) -> tuple[JobStatus, bool]:
         """The job's status, and whether it has ended; if not, wait up to ``poll`` for its end."""

@@ -33,6 +33,7 @@ from celery_crawl.keys import SpiderKeys, job_spider
 from celery_crawl.project import project_of
 from celery_crawl.status import snapshot
 from tests.support.forum import FORUM, forum_seeds
+from tests.support.full_redis import fill_to_refusal
 from tests.support.ports import free_port
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
@@ -202,21 +203,6 @@ def test_a_job_whose_hash_redis_evicted_is_reported_evicted(
     message = incomplete_message(job, result, lost_cause(job, result))
     assert "1921 requests were lost from Redis (Redis evicted" in message
     assert "could not be queued" not in message
-
-
-def fill_to_refusal(client: redis.Redis) -> None:
-    """Make Redis full: ``maxmemory`` 2 MB over what is used, then a key grown to the refusal.
-
-    Grown by APPEND: one big SET is refused at once, its query buffer counted.
-    """
-    used = int(client.info("memory")["used_memory"])
-    client.config_set("maxmemory", used + 2_000_000)
-    for _ in range(2_000_000 // (200 * 1024) + 16):
-        try:
-            client.append("filler", b"x" * 200 * 1024)
-        except redis.exceptions.OutOfMemoryError:
-            return
-    raise AssertionError("Redis took more than its maxmemory: is maxmemory set?")
 
 
 def test_job_tasks_delivered_while_redis_is_full_wait_for_room_and_track_their_jobs(

