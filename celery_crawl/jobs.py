@@ -443,7 +443,7 @@ class Job:
             raise RedisOutOfMemory(f"{text}: {memory.describe()}")
 
     def evictions(self) -> str:
-        """"Redis evicted N keys (maxmemory-policy P)" if it has (an evicting policy), or ""."""
+        """ "Redis evicted N keys (maxmemory-policy P)" if it has (an evicting policy), or ""."""
         try:
             memory = connection.memory(self.client)
         except redis.RedisError:
