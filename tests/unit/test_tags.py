@@ -122,7 +122,9 @@ class Tz(tzinfo):
 
 
 @pytest.mark.parametrize(
-    "codec", [MsgpackCodec(Classes(["myproj"])), JsonCodec(Classes(["myproj"]))], ids=str
+    "codec",
+    [MsgpackCodec(Classes(["myproj"])), JsonCodec(Classes(["myproj"]))],
+    ids=lambda c: c.name,
 )
 @pytest.mark.parametrize(
     ("meta", "message"),
