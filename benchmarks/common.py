@@ -5,7 +5,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from celery_crawl.embedded import redis_url
+from celery_crawl.tools.embedded import redis_url
 
 __all__ = ["median", "redis_url", "table"]
 

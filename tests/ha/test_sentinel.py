@@ -11,12 +11,13 @@ from typing import Any
 import pytest
 import redis
 
-from celery_crawl import connection, crawl, scripts
-from celery_crawl.app import transport_conf
-from celery_crawl.errors import ConfigError
-from celery_crawl.jobs import Job
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Entry, PriorityQueue
+from celery_crawl import crawl
+from celery_crawl.app.factory import transport_conf
+from celery_crawl.core import connection, scripts
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.jobs.job import Job
+from celery_crawl.queue.queues import Entry, PriorityQueue
 from tests.support.failover import assert_nothing_lost, ha_app
 from tests.support.forum import FORUM
 from tests.support.ha_servers import SentinelSet, wait_for
@@ -93,7 +94,7 @@ def test_acks_wait_for_a_replica_in_the_same_round_trip(
     replicated.replica.pause()
     try:
         started = time.monotonic()
-        with caplog.at_level(logging.WARNING, logger="celery_crawl.queue"):
+        with caplog.at_level(logging.WARNING, logger="celery_crawl.queue.queues"):
             assert queue.ack([third.member]) == 1
         assert 0.4 < time.monotonic() - started < 5
         assert "reached 0 of 1 replicas" in caplog.text
@@ -134,7 +135,7 @@ def test_the_crawl_survives_a_master_failover(
 
 
 def test_the_scheduler_takes_the_ack_replica_settings(make_crawler: Any) -> None:
-    from celery_crawl.scheduler import Scheduler
+    from celery_crawl.scheduler.scheduler import Scheduler
 
     crawler = make_crawler(CELERY_CRAWL_ACK_REPLICAS=1, CELERY_CRAWL_ACK_TIMEOUT=0.25)
     queue = Scheduler.from_crawler(crawler).queue

@@ -10,7 +10,7 @@ import redis
 from celery import Celery
 
 from celery_crawl import create_app
-from celery_crawl.connection import get_redis
+from celery_crawl.core.connection import get_redis
 from tests.support.workers import WORKER_SETTINGS, Worker, started_workers, worker_env
 
 

@@ -21,7 +21,7 @@ def test_site_subcommand_serves_the_demo_forum() -> None:
     command = [
         sys.executable,
         "-m",
-        "celery_crawl.cli",
+        "celery_crawl.tools.cli",
         "site",
         "--port",
         str(port),
@@ -47,7 +47,7 @@ def test_site_subcommand_serves_the_demo_forum() -> None:
 
 def test_help_lists_the_commands() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "celery_crawl.cli", "--help"],
+        [sys.executable, "-m", "celery_crawl.tools.cli", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -347,7 +347,16 @@ def test_bad_crawl_input_on_the_command_line_starts_no_job(db_url: str) -> None:
     ]
     for args, message in cases:
         done = subprocess.run(
-            [sys.executable, "-m", "celery_crawl.cli", "crawl", "-A", "tasks", "forum", *args],
+            [
+                sys.executable,
+                "-m",
+                "celery_crawl.tools.cli",
+                "crawl",
+                "-A",
+                "tasks",
+                "forum",
+                *args,
+            ],
             cwd=root,
             env=env,
             capture_output=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from celery_crawl import connection
+from celery_crawl.core import connection
 
 
 def test_unix_socket_url(tmp_path: Path) -> None:

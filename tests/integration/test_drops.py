@@ -10,8 +10,8 @@ import redis
 from celery import Celery
 
 from celery_crawl import JobIncomplete, crawl
-from celery_crawl.project import project_of
-from celery_crawl.status import snapshot
+from celery_crawl.hosting.project import project_of
+from celery_crawl.tools.status import snapshot
 from tests.support.metrics import scrape, total
 from tests.support.paths_spider import PathsSite
 from tests.support.workers import Worker

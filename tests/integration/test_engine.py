@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.keys import SpiderKeys
 from tasks.site import SiteConfig, run_in_thread
 from tests.support import ROOT
 

@@ -22,10 +22,10 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl
-from celery_crawl.defaults import SETTINGS
-from celery_crawl.errors import ConfigError
-from celery_crawl.project import project_of
-from celery_crawl.registry import Registry
+from celery_crawl.core.defaults import SETTINGS
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.hosting.project import project_of
+from celery_crawl.hosting.registry import Registry
 from tests.support import ROOT
 from tests.support.paths_spider import PathsSite
 from tests.support.ports import free_port
@@ -121,7 +121,7 @@ def test_a_slow_download_and_a_long_callback_are_never_leased_twice(
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "celery_crawl.cli", *args, "--app", WORKER_APP]
+    command = [sys.executable, "-m", "celery_crawl.tools.cli", *args, "--app", WORKER_APP]
     return subprocess.run(
         command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
     )
@@ -151,7 +151,7 @@ def test_status_and_the_exporter_list_live_workers_and_waiting_jobs(
 
 def exporter_metrics(env: dict[str, str]) -> str:
     port = free_port()
-    command = [sys.executable, "-m", "celery_crawl.cli", "exporter", "--app", WORKER_APP]
+    command = [sys.executable, "-m", "celery_crawl.tools.cli", "exporter", "--app", WORKER_APP]
     proc = subprocess.Popen([*command, "--port", str(port)], env=env, cwd=ROOT)
     try:
         deadline = time.monotonic() + 30

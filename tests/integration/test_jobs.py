@@ -18,8 +18,8 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl, create_app
-from celery_crawl.keys import job_spider
-from celery_crawl.project import project_of
+from celery_crawl.core.keys import job_spider
+from celery_crawl.hosting.project import project_of
 from tasks.site import SiteConfig, run_in_thread
 from tests.support import ROOT
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
@@ -177,8 +177,8 @@ def test_a_redelivered_job_task_joins_its_job(
 
 
 def test_bad_input_fails_at_crawl_time(app: Celery, monkeypatch: pytest.MonkeyPatch) -> None:
-    from celery_crawl.errors import RedisUnavailable
-    from celery_crawl.project import BadSeed, UnknownSpider
+    from celery_crawl.core.errors import RedisUnavailable
+    from celery_crawl.hosting.project import BadSeed, UnknownSpider
 
     with pytest.raises(UnknownSpider, match=r"'nope'.*forum"):
         crawl("nope", [{"forum_id": "00001"}], app=app)
@@ -258,7 +258,7 @@ def test_cli_crawl_waits_and_exits_zero(
     import sys
 
     start_worker()
-    command = [sys.executable, "-m", "celery_crawl.cli", "crawl", "forum", *FORUM.forum_ids()]
+    command = [sys.executable, "-m", "celery_crawl.tools.cli", "crawl", "forum", *FORUM.forum_ids()]
     done = subprocess.run(
         [*command, "--wait", "--json", "-A", WORKER_APP],
         check=False,
@@ -275,7 +275,7 @@ def test_cli_crawl_waits_and_exits_zero(
     expected = FORUM.expected()
     assert sum(r["items"] for r in results) == expected.posts + expected.comments
     bad = subprocess.run(
-        [sys.executable, "-m", "celery_crawl.cli", "crawl", "nope", "1", "-A", WORKER_APP],
+        [sys.executable, "-m", "celery_crawl.tools.cli", "crawl", "nope", "1", "-A", WORKER_APP],
         check=False,
         cwd=ROOT,
         env=env,
@@ -314,7 +314,7 @@ def test_pickup_latency_is_measured(
 
 
 def test_app_settings_overlay_the_scrapy_settings(env: dict[str, str]) -> None:
-    from celery_crawl.project import project_of
+    from celery_crawl.hosting.project import project_of
 
     app = create_app("worker_app", WORKER_SETTINGS, settings={"CONCURRENT_REQUESTS": 7})
     settings = project_of(app).settings
@@ -336,7 +336,7 @@ def test_celery_beat_produces_a_job_per_forum(
     import subprocess
     import sys
 
-    from celery_crawl.keys import SpiderKeys
+    from celery_crawl.core.keys import SpiderKeys
 
     start_worker()
     beat = subprocess.Popen(
@@ -382,7 +382,7 @@ def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
     app: Celery, env: dict[str, str], tmp_path: Path, db_url: str, prefix: str
 ) -> None:
     """503s and malformed 200s: retried, counted by kind, and the job still finishes."""
-    from celery_crawl.keys import SpiderKeys
+    from celery_crawl.core.keys import SpiderKeys
 
     faulty = SiteConfig(forums=2, posts_per_forum=60, error_rate=0.1, malformed_rate=0.1)
     with run_in_thread(faulty) as site:

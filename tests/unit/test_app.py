@@ -8,7 +8,7 @@ from celery.utils.saferepr import saferepr
 from celery.utils.serialization import jsonify
 
 from celery_crawl import create_app
-from celery_crawl.project import project_of
+from celery_crawl.hosting.project import project_of
 from tests.support.workers import WORKER_SETTINGS
 
 SECRET = "hunter2-never-shown"

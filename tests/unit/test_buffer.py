@@ -9,11 +9,11 @@ import pytest
 import redis
 from scrapy import Request
 
-from celery_crawl.buffer import RETRY_DELAY, Pending, WriteBehind
-from celery_crawl.connection import get_redis
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.prefetch import Prefetch
-from celery_crawl.queue import Base, Entry, PriorityQueue
+from celery_crawl.core.connection import get_redis
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.queue.queues import Base, Entry, PriorityQueue
+from celery_crawl.scheduler.buffer import RETRY_DELAY, Pending, WriteBehind
+from celery_crawl.scheduler.prefetch import Prefetch
 from tests.support.ports import free_port
 from tests.support.reply_cutter import ReplyCutter
 from tests.support.round_trips import RoundTrips

@@ -6,13 +6,13 @@ import pytest
 import redis
 from scrapy.settings import Settings
 
-from celery_crawl import connection
-from celery_crawl.errors import ConfigError
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core import connection
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys
 
 
 def test_components_share_one_client(make_crawler: object) -> None:
-    from celery_crawl.scheduler import Scheduler
+    from celery_crawl.scheduler.scheduler import Scheduler
 
     crawler = make_crawler()  # type: ignore[operator]
     scheduler = Scheduler.from_crawler(crawler)
@@ -63,7 +63,7 @@ def test_a_refused_config_get_warns_and_goes_on(
     try:
         limited = redis.Redis.from_url(redis_url, username=user, password="pw")
         assert connection.check_eviction(client, allow=False) == "noeviction"
-        with caplog.at_level("WARNING", logger="celery_crawl.connection"):
+        with caplog.at_level("WARNING", logger="celery_crawl.core.connection"):
             assert connection.check_eviction(limited, allow=False) is None
         assert "maxmemory-policy not checked" in caplog.text
         assert connection.memory(limited) is not None  # INFO is still allowed

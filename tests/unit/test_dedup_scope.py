@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import redis
 
-from celery_crawl.dupefilter import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
-from celery_crawl.errors import ConfigError
-from celery_crawl.jobs import Job
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Base, Entry, PriorityQueue
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.dupefilter.filters import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
+from celery_crawl.jobs.job import Job
+from celery_crawl.queue.queues import Base, Entry, PriorityQueue
 
 FP = b"f" * 16
 

@@ -13,11 +13,12 @@ import pytest
 from scrapy.settings import BaseSettings, Settings, default_settings
 
 import celery_crawl
-from celery_crawl import components, defaults
-from celery_crawl.defaults import COMMAND, ENVIRONMENT, REFERENCE, SETTINGS, Setting, setting
-from celery_crawl.errors import ConfigError
-from celery_crawl.hosting import gc_threshold
-from celery_crawl.project import load_settings
+from celery_crawl.core import defaults
+from celery_crawl.core.defaults import COMMAND, ENVIRONMENT, REFERENCE, SETTINGS, Setting, setting
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.hosting.host import gc_threshold
+from celery_crawl.hosting.project import load_settings
+from celery_crawl.scheduler import components
 
 PACKAGE = Path(celery_crawl.__file__).parent
 GETTERS = {"get", "getbool", "getint", "getfloat", "getlist", "getdict"}
@@ -121,7 +122,7 @@ def test_every_setting_the_code_reads_is_registered() -> None:
         if r.how != "env" and r.name not in SETTINGS and r.name not in SCRAPY
     ]
     assert not unknown, (
-        "settings read but not registered in celery_crawl/defaults.py (nor Scrapy's):\n"
+        "settings read but not registered in celery_crawl/core/defaults.py (nor Scrapy's):\n"
         + "\n".join(unknown)
     )
 
@@ -139,7 +140,7 @@ def test_setting_reads_name_scrapy_settings_not_environment_variables() -> None:
 
 def test_registered_settings_are_read_through_setting_without_inline_defaults() -> None:
     direct = [f"{r.where}: {r.name}" for r in READS if r.how == "direct" and r.name in SETTINGS]
-    assert not direct, "read these with celery_crawl.defaults.setting():\n" + "\n".join(direct)
+    assert not direct, "read these with celery_crawl.core.defaults.setting():\n" + "\n".join(direct)
     inline = [f"{r.where}: {r.name}" for r in READS if r.inline_default and r.name in SCRAPY]
     assert not inline, "Scrapy's settings keep Scrapy's defaults:\n" + "\n".join(inline)
 
@@ -150,7 +151,7 @@ def test_every_environment_variable_the_code_reads_is_registered() -> None:
         for r in READS
         if r.how == "env" and r.name not in SETTINGS and r.name not in NOT_SETTINGS
     ]
-    assert not unknown, "environment variables missing from celery_crawl/defaults.py:\n" + (
+    assert not unknown, "environment variables missing from celery_crawl/core/defaults.py:\n" + (
         "\n".join(unknown)
     )
 
@@ -218,7 +219,7 @@ def test_defaults_apply_where_settings_never_saw_them(empty: Any) -> None:
 def test_a_plain_scrapy_crawl_gets_celery_crawl_components() -> None:
     # Scrapy's settings hold Scrapy's dupefilter, which means ours
     assert components.dupefilter_class(Settings()).__name__ == "RFPDupeFilter"
-    assert components.dupefilter_class(Settings()).__module__ == "celery_crawl.dupefilter"
+    assert components.dupefilter_class(Settings()).__module__ == "celery_crawl.dupefilter.filters"
     assert components.queue_class(Settings()).__name__ == "PriorityQueue"
 
 
@@ -294,7 +295,7 @@ def test_the_reference_is_generated_from_the_registry() -> None:
 @pytest.mark.slow  # a fresh interpreter: this process has loaded everything already
 def test_the_registry_and_the_package_import_nothing_heavy() -> None:
     code = (
-        "import sys, celery_crawl, celery_crawl.defaults, celery_crawl.errors\n"
+        "import sys, celery_crawl, celery_crawl.core.defaults, celery_crawl.core.errors\n"
         "heavy = [m for m in ('scrapy', 'celery', 'redis', 'twisted') if m in sys.modules]\n"
         "assert not heavy, heavy"
     )

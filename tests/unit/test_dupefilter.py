@@ -12,19 +12,19 @@ import pytest
 import redis
 from scrapy import Request
 
-from celery_crawl import exporter
-from celery_crawl.dupefilter import (
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.dupefilter.filters import (
     BloomDupeFilter,
     BloomParams,
     ExpiringDupeFilter,
     ExpiringParams,
     RFPDupeFilter,
 )
-from celery_crawl.errors import ConfigError
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.project import Project, load_settings
-from celery_crawl.queue import Entry
-from celery_crawl.scheduler import Scheduler
+from celery_crawl.hosting.project import Project, load_settings
+from celery_crawl.queue.queues import Entry
+from celery_crawl.scheduler.scheduler import Scheduler
+from celery_crawl.tools import exporter
 from tests.support.round_trips import RoundTrips
 from tests.support.stub_spider import ForumSpider
 
@@ -144,7 +144,7 @@ def test_contract_the_exporter_reports_the_filters_size(
 def test_scheduler_dedup_and_enqueue_in_one_round_trip(
     make_crawler: Any, cls: type[RFPDupeFilter]
 ) -> None:
-    path = f"celery_crawl.dupefilter.{cls.__name__}"
+    path = f"celery_crawl.dupefilter.filters.{cls.__name__}"
     crawler = make_crawler(DUPEFILTER_CLASS=path, DUPEFILTER_BLOOM_CAPACITY=1000)
     scheduler = Scheduler.from_crawler(crawler)
     scheduler.open(ForumSpider.from_crawler(crawler))
@@ -168,7 +168,7 @@ def test_scheduler_dedup_and_enqueue_in_one_round_trip(
 def test_jobs_started_outside_a_crawl_use_the_configured_filter(
     settings: dict[str, Any], client: redis.Redis, cls: type[RFPDupeFilter]
 ) -> None:
-    path = f"celery_crawl.dupefilter.{cls.__name__}"
+    path = f"celery_crawl.dupefilter.filters.{cls.__name__}"
     project = Project(load_settings("tasks.settings", {**settings, "DUPEFILTER_CLASS": path}))
     queue = project.queue("forum")
     assert queue.dedup == cls.script_from_settings(project.settings)
@@ -268,7 +268,7 @@ def test_bloom_mismatched_settings_keep_the_stored_filter_and_warn(
     first_fps = digests(800, seed=10)
     add_all(first, first_fps)
     second = bloom(client, prefix, capacity=5000, error_rate=0.001)
-    with caplog.at_level(logging.WARNING, logger="celery_crawl.dupefilter"):
+    with caplog.at_level(logging.WARNING, logger="celery_crawl.dupefilter.filters"):
         second.open()
     assert "capacity=1000 (settings: 5000)" in caplog.text
     assert "error_rate=0.01 (settings: 0.001)" in caplog.text

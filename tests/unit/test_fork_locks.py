@@ -14,7 +14,8 @@ from types import ModuleType
 
 import pytest
 
-from celery_crawl import connection, heartbeat, hosting, notices
+from celery_crawl.core import connection, heartbeat, notices
+from celery_crawl.hosting import host as hosting
 
 LOCKS = [
     (connection, "_lock"),

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from celery_crawl import http_server
-from celery_crawl.exporter import serve
-from celery_crawl.keys import SpiderKeys
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.tools import http_server
+from celery_crawl.tools.exporter import serve
 from tests.support.ports import free_port
 
 IDLE = 150  # more than the server keeps waiting, and than any pool

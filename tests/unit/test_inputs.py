@@ -13,8 +13,8 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl, create_app
-from celery_crawl.errors import BadInput, ConfigError, JobTimeout
-from celery_crawl.inputs import MAX_SEEDS
+from celery_crawl.core.errors import BadInput, ConfigError, JobTimeout
+from celery_crawl.jobs.inputs import MAX_SEEDS
 
 GOOD_SEED = {"forum_id": "00001"}
 HUGE = "1" * 10_000_000  # 10 MB
@@ -167,7 +167,7 @@ def test_a_timeout_message_is_readable_whatever_the_seeds(app: Celery) -> None:
 def test_the_producer_leaves_bad_sources_out_and_refuses_bad_settings(
     db_url: str, db: redis.Redis, prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from celery_crawl.project import project_of
+    from celery_crawl.hosting.project import project_of
 
     monkeypatch.setenv("REDIS_URL", db_url)
     bad = {"PRODUCER_LIMITS": {"pages": float("nan")}}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from celery_crawl.jobs import limit_fields, parse_status
-from celery_crawl.project import Project
+from celery_crawl.hosting.project import Project
+from celery_crawl.jobs.job import limit_fields, parse_status
 
 
 def project(**settings: object) -> Project:

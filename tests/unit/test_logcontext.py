@@ -8,9 +8,9 @@ import logging
 from scrapy import Request, Spider
 from scrapy.http import Response
 
-from celery_crawl import logcontext
-from celery_crawl.jobs import JOB_META
-from celery_crawl.logcontext import CrawlFormatter, crawl_tag
+from celery_crawl.hosting import logcontext
+from celery_crawl.hosting.logcontext import CrawlFormatter, crawl_tag
+from celery_crawl.jobs.job import JOB_META
 
 
 class NamedSpider(Spider):

@@ -7,11 +7,11 @@ import time
 
 import redis
 
-from celery_crawl.errors import JobTimeout
-from celery_crawl.jobs import Job, JobStats
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.participation import JobInfo, Participation
-from celery_crawl.queue import Base, Entry, PriorityQueue
+from celery_crawl.core.errors import JobTimeout
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.jobs.job import Job, JobStats
+from celery_crawl.queue.queues import Base, Entry, PriorityQueue
+from celery_crawl.scheduler.participation import JobInfo, Participation
 
 
 def queue(client: redis.Redis, prefix: str) -> Base:

@@ -11,9 +11,9 @@ from typing import Any
 import redis
 from scrapy import Request
 
-from celery_crawl.jobs import end_lost_jobs
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Entry, PriorityQueue
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.jobs.job import end_lost_jobs
+from celery_crawl.queue.queues import Entry, PriorityQueue
 from tests.support.schedulers import drain, open_scheduler
 
 STAT = "celery_crawl/dead_letter/malformed"
@@ -80,7 +80,7 @@ def test_a_job_whose_entries_were_poisoned_still_ends_and_counts_them(
     make_crawler: Any, client: redis.Redis
 ) -> None:
     """Poison leaves the pending count alone; once the queue is empty, the job whose
-    count it was in ends (lua/job_reconcile.lua) and says how many were poison."""
+    count it was in ends (jobs/lua/job_reconcile.lua) and says how many were poison."""
     scheduler = open_scheduler(make_crawler())
     keys = scheduler.queue.keys
     scheduler.queue.start_job("j2", [], {})

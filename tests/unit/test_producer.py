@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import redis
 
-from celery_crawl.errors import ConfigError
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.producer import Producer
-from celery_crawl.queue import Entry, PriorityQueue
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.producer.producer import Producer
+from celery_crawl.queue.queues import Entry, PriorityQueue
 
 FORUMS = [f"{i:05d}" for i in range(1, 8)]
 
@@ -167,7 +167,7 @@ def test_produced_jobs_take_the_producers_limits_and_spider_arguments(
 ) -> None:
     """The produce task's logic, run eagerly; the jobs it starts are real, in Redis."""
     from celery_crawl import create_app
-    from celery_crawl.client import find_job
+    from celery_crawl.app.client import find_job
 
     monkeypatch.setenv("REDIS_URL", redis_url)
     settings = {

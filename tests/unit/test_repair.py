@@ -8,10 +8,10 @@ import pytest
 import redis
 from scrapy import Request
 
-from celery_crawl.jobs import end_lost_jobs
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Entry, PriorityQueue
-from celery_crawl.repair import Repair, Repairer, repair, retried
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.core.repair import Repair, Repairer, repair, retried
+from celery_crawl.jobs.job import end_lost_jobs
+from celery_crawl.queue.queues import Entry, PriorityQueue
 from tests.support.schedulers import drain, open_scheduler
 
 DAMAGED = "celery_crawl/damaged/keys"
@@ -229,7 +229,7 @@ def test_a_damaged_damage_counter_still_lets_stats_through(
     client: redis.Redis, prefix: str
 ) -> None:
     """The soak's other find: the stats flush failed every time, forever."""
-    from celery_crawl import scripts
+    from celery_crawl.core import scripts
 
     keys = SpiderKeys.build("r", prefix=prefix)
     client.hset(keys.stats, mapping={"pages": "x", "celery_crawl/damaged/stats": "y"})
@@ -391,7 +391,7 @@ def test_a_text_counter_in_a_job_never_fails_its_end(client: redis.Redis, prefix
 
 
 # Issue 28, the scripts audited second: each call refused whole (its keys compared before
-# and after), then the Python caller's repair (celery_crawl.repair.retried) lets it through.
+# and after), then the Python caller's repair (celery_crawl.core.repair.retried) lets it through.
 
 
 def _wrong_type(client: redis.Redis, key: str) -> None:
@@ -410,7 +410,7 @@ def _routed_job(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, Priori
 
 
 def _cancel_raw(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> Any:
-    from celery_crawl import scripts
+    from celery_crawl.core import scripts
 
     keys = [forum.job_prefix]
     for spider in (forum, detail):
@@ -419,7 +419,7 @@ def _cancel_raw(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> A
 
 
 def _cancel(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> int:
-    from celery_crawl.jobs import Job
+    from celery_crawl.jobs.job import Job
 
     return Job("j", "forum", client, forum, [forum, detail]).cancel()
 
@@ -441,7 +441,7 @@ def case_cancel_routed_dedup_count(client: redis.Redis, prefix: str) -> Any:
 
 
 def _producer(client: redis.Redis, prefix: str) -> Any:
-    from celery_crawl.producer import Producer
+    from celery_crawl.producer.producer import Producer
 
     forum, detail = _forum_group(client, prefix)
     producer = Producer(client, forum.keys, job_cap=5, group=[forum.keys, detail.keys])
@@ -491,7 +491,7 @@ def case_scheduler_join(client: redis.Redis, prefix: str) -> Any:
 
 
 def _filter(client: redis.Redis, prefix: str, kind: str) -> Any:
-    from celery_crawl.dupefilter import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
+    from celery_crawl.dupefilter.filters import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
 
     classes = {"exact": RFPDupeFilter, "bloom": BloomDupeFilter, "expiring": ExpiringDupeFilter}
     df = classes[kind](client, SpiderKeys.build("r", prefix=prefix), None)
@@ -500,7 +500,7 @@ def _filter(client: redis.Redis, prefix: str, kind: str) -> Any:
 
 
 def _add_raw(client: redis.Redis, df: Any, fps: list[bytes]) -> Any:
-    from celery_crawl import scripts
+    from celery_crawl.core import scripts
 
     keys = [df.keys.dupefilter, df.keys.dupefilter_count]
     args = ["add", len(fps), *fps, *df.script.params]
@@ -534,8 +534,8 @@ def case_dedup_expiring_geometry(client: redis.Redis, prefix: str) -> Any:
 
 def case_site_feedback_known(client: redis.Redis, prefix: str) -> Any:
     """A back-off wrote the site's hash before it met the set of known sites."""
-    from celery_crawl import scripts
-    from celery_crawl.sites import SiteState
+    from celery_crawl.core import scripts
+    from celery_crawl.politeness.sites import SiteState
 
     forum, _ = _forum_group(client, prefix)
     state, keys = SiteState(client, forum.keys), forum.keys
@@ -547,7 +547,7 @@ def case_site_feedback_known(client: redis.Redis, prefix: str) -> Any:
 
 
 def case_cookies_write_jar(client: redis.Redis, prefix: str) -> Any:
-    from celery_crawl.cookie_store import CookieStore
+    from celery_crawl.cookies.store import CookieStore
 
     forum, _ = _forum_group(client, prefix)
     key, store = forum.keys.cookie_jar("", "0"), CookieStore(client, 60)
@@ -558,7 +558,7 @@ def case_cookies_write_jar(client: redis.Redis, prefix: str) -> Any:
 
 def case_job_reconcile_participants(client: redis.Redis, prefix: str) -> Any:
     """A job whose state is garbled ends closed: its participants were met after that write."""
-    from celery_crawl import scripts
+    from celery_crawl.core import scripts
 
     forum, detail = _forum_group(client, prefix)
     forum.start_job("j", [Entry(b"seed", job="j")], {})
@@ -577,8 +577,8 @@ def case_job_reconcile_participants(client: redis.Redis, prefix: str) -> Any:
 
 
 def case_worker_beat_registry(client: redis.Redis, prefix: str) -> Any:
-    from celery_crawl.keys import workers_key
-    from celery_crawl.registry import WorkerBeat
+    from celery_crawl.core.keys import workers_key
+    from celery_crawl.hosting.registry import WorkerBeat
 
     forum, _ = _forum_group(client, prefix)
     key = workers_key(prefix)
@@ -634,7 +634,7 @@ def test_a_counter_of_text_never_fails_a_cancel_half_way(client: redis.Redis, pr
 def test_a_site_count_of_text_never_fails_a_backoff_half_way(
     client: redis.Redis, prefix: str
 ) -> None:
-    from celery_crawl.sites import SiteState
+    from celery_crawl.politeness.sites import SiteState
 
     keys = SpiderKeys.build("r", prefix=prefix)
     client.hset(keys.site("a.test"), mapping={"backoffs": "x", "paused_ms": "y"})
@@ -647,7 +647,7 @@ def test_a_site_count_of_text_never_fails_a_backoff_half_way(
 def test_a_cookie_jar_version_of_text_never_fails_a_write_half_way(
     client: redis.Redis, prefix: str
 ) -> None:
-    from celery_crawl.cookie_store import CookieStore
+    from celery_crawl.cookies.store import CookieStore
 
     key = SpiderKeys.build("r", prefix=prefix).cookie_jar("", "0")
     client.hset(key, "~version", "garbled")
@@ -659,7 +659,7 @@ def test_a_cookie_jar_version_of_text_never_fails_a_write_half_way(
 def test_a_reserved_job_of_another_type_is_forgotten_by_the_producer(
     client: redis.Redis, prefix: str
 ) -> None:
-    from celery_crawl.producer import Producer
+    from celery_crawl.producer.producer import Producer
 
     keys = SpiderKeys.build("r", prefix=prefix)
     client.hset(keys.producer_running, mapping={"gone": "nojob|1", "odd": "odd|1"})
@@ -674,7 +674,7 @@ def test_the_exporters_size_names_an_expiring_geometry_that_is_not_numbers(
     client: redis.Redis, prefix: str
 ) -> None:
     """spider_size.lua takes no parameters: a width of text fell back on none, and threw."""
-    from celery_crawl import scripts
+    from celery_crawl.core import scripts
 
     df = _filter(client, prefix, "expiring")
     key = df.keys.dupefilter + ":expiring"
@@ -694,7 +694,7 @@ def test_a_lease_stops_before_a_site_whose_keys_are_damaged_then_refuses_it_whol
 ) -> None:
     """The site of an entry below the top level was first met after its pop: its hash of
     another type failed the lease, and every entry it had popped was lost."""
-    from celery_crawl.sites import SitePolicy
+    from celery_crawl.politeness.sites import SitePolicy
 
     keys = SpiderKeys.build("r", prefix=prefix)
     queue = PriorityQueue(client, keys, sites=SitePolicy())
@@ -716,8 +716,8 @@ def test_a_request_whose_site_keys_are_damaged_passes_the_gate_while_they_are_re
     """The gate's refusal reached Scrapy's downloader: the request failed."""
     import asyncio
 
-    from celery_crawl.politeness import SiteLimitsMiddleware
-    from celery_crawl.sites import SiteState
+    from celery_crawl.politeness.middleware import SiteLimitsMiddleware
+    from celery_crawl.politeness.sites import SiteState
 
     keys = SpiderKeys.build("r", prefix=prefix)
     client.set(keys.site("a.test"), "not a hash")

@@ -11,11 +11,11 @@ import pytest
 import redis
 from scrapy import Request
 
-from celery_crawl.errors import ConfigError, RedisUnavailable
-from celery_crawl.jobs import JOB_META, Job
-from celery_crawl.queue import Entry, FifoQueue, LifoQueue, PriorityQueue
-from celery_crawl.routing import to_spider
-from celery_crawl.scheduler import Scheduler
+from celery_crawl.core.errors import ConfigError, RedisUnavailable
+from celery_crawl.jobs.job import JOB_META, Job
+from celery_crawl.queue.queues import Entry, FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.scheduler.routing import to_spider
+from celery_crawl.scheduler.scheduler import Scheduler
 from tests.support.round_trips import RoundTrips
 from tests.support.schedulers import drain, open_scheduler
 from tests.support.stub_spider import ForumSpider
@@ -93,7 +93,7 @@ def test_routed_children_and_the_parents_ack_are_one_atomic_call(
     """Children for another spider of the group go in the parent's enqueue+ack script."""
     crawler = make_crawler(
         CELERY_CRAWL_SPIDER_GROUPS={"detail": "forum"},
-        DUPEFILTER_CLASS=f"celery_crawl.dupefilter.{dedup}",
+        DUPEFILTER_CLASS=f"celery_crawl.dupefilter.filters.{dedup}",
     )
     scheduler = open_scheduler(crawler)
     scheduler.enqueue_request(Request("http://127.0.0.1/list"))

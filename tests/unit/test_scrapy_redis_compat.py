@@ -17,14 +17,14 @@ from typing import Any
 import pytest
 from scrapy.settings import Settings
 
-from celery_crawl import compat
-from celery_crawl.defaults import SETTINGS
-from celery_crawl.dupefilter import RFPDupeFilter
-from celery_crawl.errors import ConfigError
-from celery_crawl.queue import FifoQueue, LifoQueue, PriorityQueue
-from celery_crawl.scheduler import Scheduler
-from celery_crawl.serializer import CODECS, codec_from_name
-from celery_crawl.stats import RedisStatsCollector
+from celery_crawl.codec.serializer import CODECS, codec_from_name
+from celery_crawl.core import compat
+from celery_crawl.core.defaults import SETTINGS
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.dupefilter.filters import RFPDupeFilter
+from celery_crawl.queue.queues import FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.scheduler.scheduler import Scheduler
+from celery_crawl.stats.collector import RedisStatsCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = (ROOT / "docs" / "migrating-from-scrapy-redis.md").read_text()
@@ -206,7 +206,7 @@ def test_a_scrapy_redis_spider_is_refused_by_our_scheduler(make_crawler: Any, na
 
     bases = (getattr(module, name), Spider) if name == "RedisMixin" else (getattr(module, name),)
     spidercls = type("Legacy", bases, {"name": "legacy"})
-    with pytest.raises(ConfigError, match=f"import {name} from celery_crawl.spiders"):
+    with pytest.raises(ConfigError, match=f"import {name} from celery_crawl.hosting.spiders"):
         Scheduler.from_crawler(make_crawler(spidercls))
 
 
@@ -216,7 +216,7 @@ def test_every_setting_works_or_is_refused(name: str) -> None:
     if outcome == SCRAPY:
         assert Settings().get(name) is not None, f"{name} is not one of Scrapy's settings"
         return
-    assert name in SETTINGS, f"{name} is not registered in celery_crawl/defaults.py"
+    assert name in SETTINGS, f"{name} is not registered in celery_crawl/core/defaults.py"
     compat.check_settings(Settings({name: SETTINGS[name].default}))  # its default is fine
     if outcome != WORKS:
         _, value = outcome

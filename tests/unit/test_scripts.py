@@ -6,19 +6,17 @@ import hashlib
 import itertools
 import re
 from collections.abc import Iterator
-from importlib import resources
 from pathlib import Path
 
 import pytest
 import redis
 
-from celery_crawl import scripts
-from celery_crawl.dupefilter import DUPEFILTER_CLASSES
-from celery_crawl.errors import ScriptError
+from celery_crawl.core import scripts
+from celery_crawl.core.errors import ScriptError
+from celery_crawl.dupefilter.filters import DUPEFILTER_CLASSES
 
 # what the callers fill each slot with; a new slot needs its fillings here
 FILLINGS = {"dupefilter": sorted({cls.lua for cls in DUPEFILTER_CLASSES.values()})}
-LUA = resources.files("celery_crawl").joinpath("lua")
 DIRECTIVE = re.compile(r"^--!(include|slot) (\w+)$", re.MULTILINE)
 
 
@@ -37,8 +35,8 @@ def load_id(load: tuple[str, dict[str, str]]) -> str:
 
 def directives(kind: str) -> set[str]:
     """The names after every ``--!include`` or ``--!slot`` line of every file."""
-    files = [*LUA.iterdir(), *LUA.joinpath("include").iterdir()]
-    texts = [file.read_text() for file in files if file.name.endswith(".lua")]
+    files = [*scripts.files("").values(), *scripts.files("include").values()]
+    texts = [file.read_text() for file in files]
     return {name for text in texts for found, name in DIRECTIVE.findall(text) if found == kind}
 
 
@@ -49,9 +47,9 @@ def header(text: str) -> str:
 
 @pytest.fixture
 def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A Lua folder of this test's own, in place of the package's."""
+    """A Lua folder of this test's own, in place of the packages'."""
     (tmp_path / "include").mkdir()
-    monkeypatch.setattr(scripts, "_LUA", tmp_path)
+    monkeypatch.setattr(scripts, "_FOLDERS", [tmp_path])
     scripts.source.cache_clear()
     yield tmp_path
     scripts.source.cache_clear()
@@ -81,11 +79,11 @@ def test_no_name_is_both_a_slot_and_a_file() -> None:
 
 def test_headers() -> None:
     for name in scripts.entry_scripts():
-        text = header(LUA.joinpath(f"{name}.lua").read_text())
+        text = header(scripts.files("")[name].read_text())
         for word in ("KEYS", "ARGV", "Returns"):
             assert word in text, f"{name}.lua: no {word} in its header"
     for name in scripts.fragments():
-        text = header(LUA.joinpath("include", f"{name}.lua").read_text())
+        text = header(scripts.files("include")[name].read_text())
         for word in ("Uses:", "Defines:"):
             assert word in text, f"include/{name}.lua: no {word} in its header"
 
@@ -157,3 +155,15 @@ def test_a_script_is_registered_once_per_client_and_filling(client: redis.Redis)
     assert scripts.source("enqueue", dupefilter="dedup_exact") is scripts.source(
         "enqueue", dupefilter="dedup_exact"
     )
+
+
+def test_each_name_is_one_file_of_one_package(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert scripts.owner("lease") == "queue" and scripts.owner("dedup") == "dupefilter"
+    for package in ("one", "two"):
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "same.lua").write_text("return 1\n")
+    monkeypatch.setattr(scripts, "_FOLDERS", [tmp_path / "one", tmp_path / "two"])
+    with pytest.raises(ScriptError, match=r"two Lua files named same\.lua"):
+        scripts.entry_scripts()

@@ -14,8 +14,8 @@ from scrapy import Request, Spider
 from scrapy.http import FormRequest, JsonRequest
 from scrapy.spiders import CrawlSpider, CSVFeedSpider, SitemapSpider, XMLFeedSpider
 
-from celery_crawl.errors import ConfigError, DecodeError, EncodeError
-from celery_crawl.serializer import JsonCodec, MsgpackCodec, codec_from_name
+from celery_crawl.codec.serializer import JsonCodec, MsgpackCodec, codec_from_name
+from celery_crawl.core.errors import ConfigError, DecodeError, EncodeError
 from tests.support.stub_spider import CallbackKindsSpider, ForumSpider
 
 CODECS = [MsgpackCodec(), JsonCodec()]

@@ -18,12 +18,12 @@ from scrapy import Request, Spider
 from scrapy.http import Response
 from scrapy.settings import Settings
 
-from celery_crawl.cookie_store import CookieStore, decode_cookie, encode_cookie
-from celery_crawl.cookies import VERSION_META, SharedCookiesMiddleware, check_installed
-from celery_crawl.errors import ConfigError, CookieError
-from celery_crawl.jobs import JOB_META, job_finished
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.project import load_settings
+from celery_crawl.cookies.middleware import VERSION_META, SharedCookiesMiddleware, check_installed
+from celery_crawl.cookies.store import CookieStore, decode_cookie, encode_cookie
+from celery_crawl.core.errors import ConfigError, CookieError
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.hosting.project import load_settings
+from celery_crawl.jobs.job import JOB_META, job_finished
 from tests.support.ports import free_port
 
 SITE = "http://www.site.test"
@@ -247,7 +247,8 @@ def test_without_cookies_shared_each_job_has_its_own_jars(make_crawler: Any) -> 
 def test_a_jobs_jars_are_dropped_when_it_ends_in_the_process(
     make_crawler: Any, process: Any
 ) -> None:
-    """``job_finished`` (celery_crawl.participation) drops the job's jars, so memory stays flat."""
+    """``job_finished`` (celery_crawl.scheduler.participation) drops the job's jars, so memory
+    stays flat."""
     here = SharedCookiesMiddleware.from_crawler(make_crawler(JarSpider))
     shared = process()
     for mw in (here, shared):

@@ -10,8 +10,8 @@ import pytest
 from scrapy import Request
 from scrapy.settings import Settings
 
-from celery_crawl.errors import ConfigError, DecodeError, EncodeError
-from celery_crawl.serializer import SignedPickleCodec, codec_from_settings, to_record
+from celery_crawl.codec.serializer import SignedPickleCodec, codec_from_settings, to_record
+from celery_crawl.core.errors import ConfigError, DecodeError, EncodeError
 from tests.support.rich_values import CALLS, NotAKind, rich_meta, same
 
 SECRET = "a-test-secret-that-is-long-enough"

@@ -1,4 +1,4 @@
-"""Server errors in ``lua/site_feedback.lua``, on a real server: a share, not each one.
+"""Server errors in ``politeness/lua/site_feedback.lua``, on a real server: a share, not each one.
 
 Each request goes the real way: pushed, leased by the lease script (which
 counts the site's leases), reported by the feedback script while it is still
@@ -13,10 +13,10 @@ import redis
 from scrapy import Request
 from scrapy.http import Response
 
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.politeness import SiteLimitsMiddleware
-from celery_crawl.queue import Entry, Lease, PriorityQueue
-from celery_crawl.sites import Backoff, Limits, Overload, SitePolicy, SiteState
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.politeness.middleware import SiteLimitsMiddleware
+from celery_crawl.politeness.sites import Backoff, Limits, Overload, SitePolicy, SiteState
+from celery_crawl.queue.queues import Entry, Lease, PriorityQueue
 
 SITE = "a.example"
 CAP = Limits(concurrency=1000)  # leases held are counted: a response is a lease that ended

@@ -9,11 +9,10 @@ import redis
 from scrapy import Request
 from scrapy.settings import Settings
 
-from celery_crawl.errors import ConfigError
-from celery_crawl.jobs import Job
-from celery_crawl.keys import SpiderKeys
-from celery_crawl.queue import Base, Entry, LifoQueue, PriorityQueue
-from celery_crawl.sites import (
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.jobs.job import Job
+from celery_crawl.politeness.sites import (
     AutoThrottle,
     Backoff,
     Limits,
@@ -22,6 +21,7 @@ from celery_crawl.sites import (
     read_sites,
     retry_after,
 )
+from celery_crawl.queue.queues import Base, Entry, LifoQueue, PriorityQueue
 
 
 def queue_with(
@@ -307,7 +307,7 @@ def test_a_success_ends_the_row_even_if_sent_before_the_back_off(
     """
     from scrapy.http import Response
 
-    from celery_crawl.politeness import SiteLimitsMiddleware
+    from celery_crawl.politeness.middleware import SiteLimitsMiddleware
 
     policy = SitePolicy(backoff=Backoff(first=0.001, pause_after=3, pause=300))
     state = SiteState(client, SpiderKeys.build("sites", prefix=prefix), policy)
@@ -325,7 +325,7 @@ def test_a_success_ends_the_row_even_if_sent_before_the_back_off(
 def test_back_offs_with_no_success_between_pause_the_site(client: redis.Redis, prefix: str) -> None:
     from scrapy.http import Response
 
-    from celery_crawl.politeness import SiteLimitsMiddleware
+    from celery_crawl.politeness.middleware import SiteLimitsMiddleware
 
     policy = SitePolicy(backoff=Backoff(first=0.001, pause_after=3, pause=300))
     state = SiteState(client, SpiderKeys.build("sites", prefix=prefix), policy)
@@ -340,7 +340,7 @@ def test_back_offs_with_no_success_between_pause_the_site(client: redis.Redis, p
 def test_a_damaged_parked_list_refuses_the_lease_before_any_pop(
     client: redis.Redis, prefix: str
 ) -> None:
-    from celery_crawl.repair import repair
+    from celery_crawl.core.repair import repair
 
     queue = queue_with(client, prefix, Limits(concurrency=1))
     queue.push_many([entry(f"a{i}", "a.example") for i in range(3)])

@@ -10,9 +10,9 @@ import pytest
 from scrapy import Request, Spider
 from scrapy.crawler import Crawler
 
-from celery_crawl.errors import BadSeed
-from celery_crawl.project import start_requests_of
-from celery_crawl.spiders import RedisSpider
+from celery_crawl.core.errors import BadSeed
+from celery_crawl.hosting.project import start_requests_of
+from celery_crawl.hosting.spiders import RedisSpider
 
 
 def spider(cls: type[Spider], **settings: Any) -> Any:

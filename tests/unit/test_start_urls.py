@@ -12,11 +12,11 @@ from scrapy import Request
 from scrapy.http import FormRequest
 from scrapy.settings import Settings
 
-from celery_crawl import connection
-from celery_crawl.errors import ConfigError
-from celery_crawl.keys import items_key, render_loose, start_urls_key
-from celery_crawl.pipelines import RedisPipeline, Waiting, serializer_from_name
-from celery_crawl.spiders import IdleClock, RedisCrawlSpider, RedisSpider, StartUrls
+from celery_crawl.core import connection
+from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.keys import items_key, render_loose, start_urls_key
+from celery_crawl.hosting.pipelines import RedisPipeline, Waiting, serializer_from_name
+from celery_crawl.hosting.spiders import IdleClock, RedisCrawlSpider, RedisSpider, StartUrls
 
 
 class PagesSpider(RedisSpider):

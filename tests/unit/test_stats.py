@@ -7,8 +7,8 @@ from typing import Any
 
 import redis
 
-from celery_crawl import scripts
-from celery_crawl.stats import RedisStatsCollector
+from celery_crawl.core import scripts
+from celery_crawl.stats.collector import RedisStatsCollector
 from tests.support.reply_cutter import ReplyCutter
 from tests.support.round_trips import RoundTrips
 

@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 from scrapy import Request
 from scrapy.settings import Settings
 
-from celery_crawl.errors import ConfigError, DecodeError, EncodeError
-from celery_crawl.serializer import JsonCodec, MsgpackCodec, allowed_modules, to_record
-from celery_crawl.tags import MAX_DEPTH, Classes, zone_keys
+from celery_crawl.codec.serializer import JsonCodec, MsgpackCodec, allowed_modules, to_record
+from celery_crawl.codec.tags import MAX_DEPTH, Classes, zone_keys
+from celery_crawl.core.errors import ConfigError, DecodeError, EncodeError
 from tests.support import rich_values
 from tests.support.rich_values import (
     CALLS,

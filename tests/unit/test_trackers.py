@@ -9,7 +9,7 @@ from typing import Any
 
 from kombu.common import QoS
 
-from celery_crawl.trackers import TrackerPool
+from celery_crawl.app.trackers import TrackerPool
 
 
 def settle(check: Any, timeout: float = 10) -> None:

@@ -1,4 +1,4 @@
-"""Which errors a worker's crawlers wait out as they open (celery_crawl.worker.redis_outage)."""
+"""Which errors a worker's crawlers wait out as they open (celery_crawl.app.worker.redis_outage)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import redis
 from twisted.internet.defer import FirstError
 from twisted.python.failure import Failure
 
-from celery_crawl.errors import ConfigError, RedisUnavailable
-from celery_crawl.worker import redis_outage
+from celery_crawl.app.worker import redis_outage
+from celery_crawl.core.errors import ConfigError, RedisUnavailable
 
 
 def raised(error: BaseException) -> BaseException:

@@ -1,0 +1,121 @@
+"""Application code's side: start a crawl job, or find one, from any process.
+
+This module needs a Celery app made by :func:`celery_crawl.create_app`, but
+does not change it: importing it, or calling :func:`crawl`, connects no
+signal and patches nothing. Workers are wired by the app's bootstep
+(:mod:`celery_crawl.app.worker`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from celery_crawl.core import connection
+from celery_crawl.core.keys import job_spider
+from celery_crawl.hosting.project import Project, project_of
+from celery_crawl.jobs.inputs import check_job, check_limits
+from celery_crawl.jobs.job import ARGS_FIELD, Job, limit_fields
+
+logger = logging.getLogger(__name__)
+JOB_TASK = "celery_crawl.crawl"
+PRODUCE_TASK = "celery_crawl.produce"
+JOB_INDEX_TTL = 30 * 24 * 3600  # a job not yet finished; its tracker renews it, its end shortens it
+
+
+def crawl(
+    spider: str,
+    seeds: Sequence[Any] = (),
+    priority: int = 0,
+    *,
+    app: Any = None,
+    job_id: str | None = None,
+    limits: dict[str, float] | None = None,
+    args: dict[str, str] | None = None,
+) -> Job:
+    """Start a crawl job; returns at once with a handle (``wait``, ``status``, ``cancel``).
+
+    With no ``seeds``, the job crawls what the spider's ``start()`` yields (its
+    ``start_urls``): hosted spiders run their start requests only that way.
+
+    Unknown spiders, spiders that no worker may host (``CELERY_CRAWL_SPIDERS``),
+    bad seeds and an unreachable Redis raise here, in the caller's process. A
+    spider that no live worker hosts yet is accepted: its job waits, and says
+    so in its progress. The job is also a Celery task whose id is the job id.
+
+    ``args`` are the job's spider arguments, as ``scrapy crawl -a NAME=VALUE``
+    gives them: attributes of the spider that makes the seed requests, and
+    ``celery_crawl.job_args(response)`` in every callback of the job.
+
+    ``limits`` end the job ``closed`` once reached, with Scrapy's meanings:
+    ``pages``, ``items``, ``seconds``, ``errors`` (callback errors); by default
+    the spider's ``CLOSESPIDER_PAGECOUNT``, ``_ITEMCOUNT``, ``_TIMEOUT`` and
+    ``_ERRORCOUNT``. ``depth`` is the job's ``DEPTH_LIMIT``: deeper requests are
+    not followed (by default the spider's ``DEPTH_LIMIT``).
+
+    Input that breaks the rules of :mod:`celery_crawl.jobs.inputs` (job id, seeds,
+    priority, limits, arguments) raises :class:`~celery_crawl.core.errors.BadInput`
+    before anything is written.
+    """
+    from celery import current_app
+
+    job_id = uuid.uuid4().hex if job_id is None else job_id
+    given = check_job(spider, seeds, priority=priority, job_id=job_id, limits=limits, args=args)
+    app = app or current_app
+    project = project_of(app)
+    project.check_hostable(spider)
+    limits = check_limits(project.job_limits(spider, given.limits))  # the settings' too
+    seeds, args = given.seeds, given.args
+    job, _ = start_job(project, spider, seeds, priority, job_id, limits=limits, args=args)
+    job.app = app
+    kwargs = {"priority": priority, "limits": limits, "args": args}
+    app.send_task(JOB_TASK, args=(spider, seeds), kwargs=kwargs, task_id=job.id)
+    return job
+
+
+def start_job(
+    project: Project,
+    spider: str,
+    seeds: Sequence[Any],
+    priority: int,
+    job_id: str,
+    *,
+    limits: dict[str, float] | None = None,
+    args: dict[str, str] | None = None,
+) -> tuple[Job, bool]:
+    """Create the job and enqueue its seeds; an existing job id is joined.
+
+    A full Redis refuses a new job (``OutOfMemoryError``, raised). Redis checks
+    memory as a script starts, so the job may be created and only its index entry
+    refused: the job exists, and the job task writes the entry at its next report
+    (:func:`celery_crawl.app.tasks.write_index`), so the start goes on without it.
+    """
+    entries = project.seed_entries(spider, seeds, job_id, priority, args or {})
+    queue = project.queue(spider)
+    fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
+    fields["keep"] = str(int(project.job_keep(spider)))
+    fields.update(limit_fields(limits or {}))
+    if args:
+        fields[ARGS_FIELD] = json.dumps(args, separators=(",", ":"))
+    with connection.reachable(queue.client):
+        created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
+        try:
+            queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
+        except connection.OUT_OF_MEMORY:
+            logger.warning("job %s: its index entry not written yet: Redis is full", job_id)
+    spans = project.job_spans(spider)
+    return Job(job_id, spider, queue.client, queue.keys, spans, dedup=queue.dedup), created
+
+
+def find_job(app: Any, job_id: str) -> Job | None:
+    """The job with this id, found through the job index; None if unknown."""
+    project = project_of(app)
+    spider = project.client.get(job_spider(project.prefix, job_id))
+    if spider is None:
+        return None
+    name = spider.decode()
+    keys, spans, dedup = project.keys(name), project.job_spans(name), project.queue(name).dedup
+    return Job(job_id, name, project.client, keys, spans, app=app, dedup=dedup)

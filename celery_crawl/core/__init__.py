@@ -1,0 +1,3 @@
+"""Layer 0, the foundation: settings and their defaults, key names, errors and the bad
+values read back, the Redis client, the Lua loader, the repair of damaged keys, and the
+process's two threads that wait on Redis (heartbeats; notices). No Celery, no reactor."""

@@ -1,0 +1,166 @@
+"""The Lua scripts of every package (``celery_crawl/<package>/lua``), loaded once and
+registered per client.
+
+Each script lives beside the module that calls it: ``queue/lua/lease.lua`` is run by
+``queue/queues.py``. Two kinds of file, in two folders of a package:
+
+- ``<package>/lua/NAME.lua`` is an entry script, run as ``script(client, "NAME")``. Its
+  header lists its KEYS and ARGV and what it returns.
+- ``<package>/lua/include/NAME.lua`` is a fragment, never run alone: local functions and
+  constants that entry scripts (or other fragments) pull in, from any package. Its header
+  says what it defines and what it uses from the including script.
+
+A name is the library's, not a package's: two files of one kind and one name are an error.
+
+Two directives, each a line of its own, put fragments into a script:
+
+- ``--!include NAME`` is replaced by the fragment ``include/NAME.lua``, once per
+  script: a fragment already put in further up is not put in again (a fragment
+  may include what it uses, and an entry script include it too).
+- ``--!slot NAME`` is replaced by the fragment the caller names with the
+  keyword argument ``NAME``: the scripts that enqueue take the configured
+  dupefilter's fragment as ``dupefilter="dedup_bloom"``.
+
+A slot is never named like a file, so a slot and a fragment cannot be confused
+(``tests/unit/test_scripts.py`` checks it). An unknown script or fragment, an
+unfilled slot, a keyword no slot takes and an include cycle raise
+:class:`~celery_crawl.core.errors.ScriptError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from importlib import resources
+from importlib.resources.abc import Traversable
+from typing import Any
+
+from redis.commands.core import Script
+
+from celery_crawl.core.errors import ScriptError
+
+_PACKAGE = resources.files("celery_crawl")
+# every package's lua folder
+_FOLDERS: list[Traversable] = sorted(
+    (folder.joinpath("lua") for folder in _PACKAGE.iterdir() if folder.joinpath("lua").is_dir()),
+    key=str,
+)
+_DIRECTIVE = re.compile(r"^--!(\S*)[ \t]*(.*?)[ \t]*$", re.MULTILINE)
+_NAME = re.compile(r"\w+")
+
+
+def entry_scripts() -> list[str]:
+    """The names of the entry scripts, ``<package>/lua/*.lua``."""
+    return sorted(files(""))
+
+
+def fragments() -> list[str]:
+    """The names of the fragments, ``<package>/lua/include/*.lua``."""
+    return sorted(files("include"))
+
+
+def owner(name: str) -> str:
+    """The package whose ``lua`` folder holds entry script ``name`` (``"queue"`` for lease)."""
+    return files("")[name].parent.name if name in files("") else ""
+
+
+def files(sub: str) -> dict[str, Any]:
+    """Name -> file, for the ``.lua`` files of every package's ``lua/<sub>``."""
+    found: dict[str, Any] = {}
+    for folder in _FOLDERS:
+        place = folder.joinpath(sub) if sub else folder
+        if not place.is_dir():
+            continue
+        for file in place.iterdir():
+            name = file.name.removesuffix(".lua")
+            if not file.name.endswith(".lua"):
+                continue
+            if name in found:
+                raise ScriptError(
+                    f"two Lua files named {file.name} in lua/{sub}: {found[name]}, {file}"
+                )
+            found[name] = file
+    return found
+
+
+def slots(name: str) -> list[str]:
+    """The slots of entry script ``name`` and of the fragments it includes."""
+    found: list[str] = []
+    _expand((f"{name}.lua",), None, found, set())
+    return sorted(set(found))
+
+
+@functools.cache
+def source(name: str, **fills: str) -> str:
+    """Entry script ``name``, each slot filled with the fragment ``fills`` names for it."""
+    found: list[str] = []
+    text = _expand((f"{name}.lua",), fills, found, set())
+    unused = sorted(set(fills) - set(found))
+    if unused:
+        raise ScriptError(f"{name}.lua has no slot {', '.join(unused)}")
+    return text
+
+
+def _expand(
+    chain: tuple[str, ...], fills: dict[str, str] | None, found: list[str], done: set[str]
+) -> str:
+    """The file ``chain[-1]``, included through ``chain``, with its directives replaced.
+
+    Its slots are appended to ``found``; with ``fills`` None they are left as they are.
+    ``done`` holds the fragments already put in: each goes in once.
+    """
+    if chain[-1] in chain[:-1]:
+        raise ScriptError(f"{' > '.join(chain)}: an include cycle")
+
+    def replace(match: re.Match[str]) -> str:
+        fragment = _fragment(chain, match, fills, found)
+        if fragment is None:
+            return match.group(0)
+        path = f"include/{fragment}.lua"
+        if path in done and path not in chain:
+            return f"-- {path}: put in further up"
+        done.add(path)
+        return _expand((*chain, path), fills, found, done)
+
+    return _DIRECTIVE.sub(replace, _read(chain))
+
+
+def _fragment(
+    chain: tuple[str, ...], match: re.Match[str], fills: dict[str, str] | None, found: list[str]
+) -> str | None:
+    """The name of the fragment that directive ``match`` of ``chain[-1]`` stands for."""
+    directive, name = match.groups()
+    if directive == "include":
+        return name
+    where = " > ".join(chain)
+    if directive != "slot":
+        raise ScriptError(f"{where}: unknown directive {match.group(0)!r}")
+    found.append(name)
+    if fills is None:
+        return None
+    if name not in fills:
+        raise ScriptError(f"{where}: slot {name!r} is not filled (pass {name}=<fragment name>)")
+    return fills[name]
+
+
+def _read(chain: tuple[str, ...]) -> str:
+    """The text of ``chain[-1]``: an entry script if the chain has only it, else a fragment."""
+    path, folder = chain[-1], "include/" if len(chain) > 1 else ""
+    name = path.removeprefix(folder).removesuffix(".lua")
+    found = files(folder.rstrip("/"))
+    if path == f"{folder}{name}.lua" and _NAME.fullmatch(name) and name in found:
+        return str(found[name].read_text())
+    kind = "fragment" if folder else "entry script"
+    where = f"{' > '.join(chain[:-1])}: " if folder else ""
+    raise ScriptError(f"{where}no Lua {kind} {name!r} (celery_crawl/<package>/lua/{path})")
+
+
+_registered: dict[tuple[int, str, tuple[tuple[str, str], ...]], Script] = {}
+
+
+def script(client: Any, name: str, **fills: str) -> Script:
+    """The registered script ``name`` for ``client`` (EVALSHA with a load fallback)."""
+    key = (id(client), name, tuple(sorted(fills.items())))
+    if key not in _registered:
+        _registered[key] = client.register_script(source(name, **fills))
+    return _registered[key]

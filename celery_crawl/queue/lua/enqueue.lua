@@ -1,0 +1,125 @@
+-- Enqueue a batch of requests, each checked against the dedup filter first;
+-- add per-job stats; keep the records of requests that could not be queued
+-- in the dead-letter list; then finish (ack) the leases of the requests that
+-- produced them. One atomic step, so a crash never leaves a finished parent
+-- whose children were not enqueued, or whose dropped children went unrecorded.
+--
+-- A call may reach Redis twice: its reply lost (Redis stopped, a connection
+-- cut) after it ran, the client sends it again. A writer (a scheduler's
+-- write-behind buffer) numbers its calls; the number and the flags of its last
+-- applied call are kept in KEYS[8], and a call whose number is already there
+-- changes nothing and returns those flags: job counters and dead letters are
+-- added once.
+--
+-- KEYS[1]  queue levels: sorted set of priority levels, score = -priority
+-- KEYS[2]  signal list: wake-up tokens for blocked pops
+-- KEYS[3]  dupefilter key (bucket keys are derived from it)
+-- KEYS[4]  dupefilter count
+-- KEYS[5]  in-flight leases: sorted set, score = lease deadline (ms)
+-- KEYS[6]  job key prefix: a job's hash is KEYS[6] .. job id
+-- KEYS[7]  dead-letter list: newest first
+-- KEYS[8]  the writer's record: string '<number>:<flags>' of its last applied
+--          call (not read or written when ARGV[7] is '')
+-- KEYS[9..] four per other spider of the group whose queue takes requests
+--          (the vertical split): its queue levels, signal, dupefilter key and
+--          dupefilter count; lane j is KEYS[5 + 4j .. 8 + 4j], lane 0 the own
+-- ARGV[1]  number of requests n
+-- ARGV[2]  number of job stat changes s
+-- ARGV[3]  number of leases to ack m
+-- ARGV[4]  number of dead-letter records d
+-- ARGV[5]  the most records the dead-letter list keeps
+-- ARGV[6]  dedup scope: 'job' (a job's requests are checked against the job's
+--          own set) or 'spider' (against the spider's filter)
+-- ARGV[7]  the writer's number for this call ('' = none: the call is not recorded)
+-- ARGV[8]  milliseconds the writer's record is kept
+-- ARGV[9]  the writer's participant id (its scheduler's id, jobs/lua/job_join.lua); '' = none:
+--          its job stats are never judged late
+-- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
+--          payload, lane (0 = this spider's queue), site ('' = none: no site limits)
+-- then s groups: job id, field, delta; a job that has ended (or is gone) takes them as
+--          late when the writer is not (or no longer) among its participants: a process
+--          cut off whose registration lapsed, dropped by jobs/lua/job_settle.lua, so Job.wait()
+--          may have returned. They go to its fields late/<field>, its counters untouched
+--          (purged, the count of its requests discarded after its end, is its own). A
+--          participant closing its part of the job still adds to its counters.
+-- then m lease members to ack
+-- then d dead-letter records (JSON text), pushed in order
+-- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
+-- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
+--          (for a call already applied: the flags it returned then), followed by the
+--          ids of the jobs whose stats in this call came late (none for a call
+--          applied before); or, when a key
+--          it would write, of any lane, is damaged, an error that names it
+--          (include/keytypes.lua), and nothing written
+-- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
+--          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
+--
+-- The level list of priority p is KEYS[1] .. ':' .. p, in the same hash tag;
+-- every lane's keys are in it too, so children for another spider of the
+-- group and the parent's ack are still one atomic step.
+
+local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
+local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 10
+local DEDUP_ARGV = FIRST + 6 * n + 3 * s + m + d
+--!slot dupefilter
+--!include jobs
+--!include push
+
+-- a call applied before: its flags again, nothing changed (a record of the
+-- wrong type is no record; the SET below replaces it)
+if CALL ~= '' then
+    local last = redis.pcall('GET', KEYS[8])
+    if type(last) == 'string' and string.sub(last, 1, #CALL + 1) == CALL .. ':' then
+        local flags = {}
+        for i = #CALL + 2, #last do flags[#flags + 1] = tonumber(string.sub(last, i, i)) end
+        return flags
+    end
+end
+
+local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
+for j = 1, (#KEYS - 8) / 4 do
+    local at = 5 + 4 * j
+    lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
+end
+local base = FIRST + 6 * n
+-- every key it writes checked first (include/keytypes.lua): refused whole, or run whole
+local spec = {}
+spec_add(spec, KEYS[7], 'list')
+for i = 0, s - 1 do job_guard(spec, ARGV[base + 3 * i]) end
+ack_guard(spec, KEYS[5], ARGV, base + 3 * s, base + 3 * s + m - 1)
+push_guard(spec, lanes, ARGV, FIRST, n)
+local refused = refuse_damaged(spec)
+if refused then return refused end
+
+-- a job's stats that reach it after it ended from a process no longer among its
+-- participants (cut off, back late) are kept apart: decided per job before any write,
+-- so a limit this call reaches keeps its own call's changes on the job
+local late, late_jobs = {}, {}
+for i = 0, s - 1 do
+    local job = ARGV[base + 3 * i]
+    if late[job] == nil then
+        late[job] = PARTICIPANT ~= '' and job_late(job, PARTICIPANT)
+        if late[job] then late_jobs[#late_jobs + 1] = job end
+    end
+end
+local accepted = push_requests(lanes, ARGV, FIRST, n)
+for i = 0, s - 1 do
+    local job, field = ARGV[base + 3 * i], ARGV[base + 3 * i + 1]
+    if late[job] and field ~= 'purged' then
+        job_add(job, 'late/' .. field, ARGV[base + 3 * i + 2])
+    else
+        job_add(job, field, ARGV[base + 3 * i + 2])
+        job_check_limits(job, field)
+    end
+end
+local letters = base + 3 * s + m
+for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
+if d > 0 then redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[5]) - 1) end
+base = base + 3 * s
+ack_leases(KEYS[5], ARGV, base, base + m - 1)
+if CALL ~= '' then
+    redis.call('SET', KEYS[8], CALL .. ':' .. table.concat(accepted), 'PX', ARGV[8])
+end
+for _, job in ipairs(late_jobs) do accepted[#accepted + 1] = job end
+return accepted

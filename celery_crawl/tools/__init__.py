@@ -1,0 +1,2 @@
+"""Layer 4: what a person runs: the command line, the status screen, the Prometheus
+exporter and its HTTP server, the embedded Valkey."""

