@@ -33,6 +33,7 @@ import functools
 import re
 from importlib import resources
 from importlib.resources.abc import Traversable
+from pathlib import Path
 from typing import Any
 
 from redis.commands.core import Script
@@ -61,7 +62,8 @@ def fragments() -> list[str]:
 
 def owner(name: str) -> str:
     """The package whose ``lua`` folder holds entry script ``name`` (``"queue"`` for lease)."""
-    return files("")[name].parent.name if name in files("") else ""
+    found = files("")
+    return Path(str(found[name])).parents[1].name if name in found else ""
 
 
 def files(sub: str) -> dict[str, Any]:

@@ -124,7 +124,7 @@ def test_every_name_on_the_path_exists() -> None:
 
 def test_every_lua_file_cited_exists() -> None:
     cited_files = set(re.findall(r"`(\w+/lua/[\w/]+\.lua)`", DOC))
-    assert len(cited_files) > 10
+    assert len(cited_files) > 5
     for cited in cited_files:
         assert (PACKAGE / cited).is_file(), cited
 
