@@ -22,7 +22,7 @@ Two directives, each a line of its own, put fragments into a script:
   dupefilter's fragment as ``dupefilter="dedup_bloom"``.
 
 A slot is never named like a file, so a slot and a fragment cannot be confused
-(``tests/unit/test_scripts.py`` checks it). An unknown script or fragment, an
+(``tests/unit/core/test_scripts.py`` checks it). An unknown script or fragment, an
 unfilled slot, a keyword no slot takes and an include cycle raise
 :class:`~celery_crawl.core.errors.ScriptError`.
 """

@@ -26,7 +26,7 @@ from celery_crawl.queue.queues import FifoQueue, LifoQueue, PriorityQueue
 from celery_crawl.scheduler.scheduler import Scheduler
 from celery_crawl.stats.collector import RedisStatsCollector
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOC = (ROOT / "docs" / "migrating-from-scrapy-redis.md").read_text()
 REFUSED = "refused"
 IMPORT = "change the import"
