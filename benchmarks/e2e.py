@@ -62,7 +62,7 @@ from typing import Any
 import redis
 
 from benchmarks.common import median, redis_url, table
-from tasks.site import SiteConfig, SiteThread, run_in_thread
+from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = (

@@ -8,7 +8,7 @@
 ITEMS is a feed path, or ``redis`` for scrapy-redis's RedisPipeline (items
 pushed to a Redis list, as in scrapy-redis's example project).
 
-They reuse ``tasks.spiders.forum.ForumSpider``'s parsing, so all the
+They reuse ``celery_crawl.demo.spiders.ForumSpider``'s parsing, so all the
 systems do the same work per page. ``redis-idle`` runs COUNT copies of the
 scrapy-redis spider, under other names, in one process: the anchor of
 ``benchmarks.idle``. ``plain-frozen`` freezes the startup heap out of the
@@ -29,8 +29,8 @@ from scrapy.crawler import CrawlerProcess
 from scrapy.settings import Settings
 from scrapy_redis.spiders import RedisMixin
 
+from celery_crawl.demo.spiders import ForumSpider
 from celery_crawl.hosting.host import freeze_startup_heap, gc_threshold
-from tasks.spiders.forum import ForumSpider
 
 COMMON = {
     "CONCURRENT_REQUESTS": 32,
@@ -40,7 +40,7 @@ COMMON = {
     "RETRY_TIMES": 3,
     "LOG_LEVEL": "INFO",
     # %(pid)s in feed paths, as in the forum app
-    "FEED_URI_PARAMS": "tasks.feeds.uri_params",
+    "FEED_URI_PARAMS": "celery_crawl.demo.feeds.uri_params",
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from tasks.spiders.forum import ForumSpider
+from celery_crawl.demo.spiders import ForumSpider
 
 HOSTED = int(os.environ.get("BENCH_HOSTED_SPIDERS", "2"))
 IDLE_NAMES = [f"idle_{n:02d}" for n in range(max(0, HOSTED - 2))]

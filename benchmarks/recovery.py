@@ -31,7 +31,7 @@ import redis
 
 from benchmarks.common import median, redis_url, table
 from benchmarks.e2e import Feeds, Processes, env_for, wait_for
-from tasks.site import SiteConfig, SiteThread, run_in_thread
+from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 
 WORKERS = 2
 

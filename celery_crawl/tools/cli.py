@@ -40,7 +40,7 @@ PLUGIN_GROUP = "celery_crawl.commands"
 APP_ENVVAR = "CELERY_CRAWL_APP"
 NO_APP = (
     f"error: no Celery app: pass --app (e.g. --app myproject.celery) or set {APP_ENVVAR}; "
-    "for the bundled example, --app tasks"
+    "for the bundled example, --app celery_crawl.demo"
 )
 
 err = Console(stderr=True)
@@ -100,15 +100,15 @@ HELP = f"""Scrapy crawls on Celery workers that share one Redis queue.
 New here? celery-crawl demo runs everything on this machine (Ctrl-C stops it).
 
 The other commands need your Celery app: --app/-A, as in celery -A (--app
-myproject.celery; --app tasks for the bundled example), or {APP_ENVVAR}. They
-reach the crawl state in the Redis at REDIS_URL (default
+myproject.celery; --app celery_crawl.demo for the bundled example), or
+{APP_ENVVAR}. They reach the crawl state in the Redis at REDIS_URL (default
 redis://localhost:6379/0).
 
 Examples:
 
-  celery-crawl crawl -A tasks forum 00001 --wait
+  celery-crawl crawl -A celery_crawl.demo forum 00001 --wait
 
-  celery-crawl status -A tasks --watch
+  celery-crawl status -A celery_crawl.demo --watch
 
 Installed packages add commands through the {PLUGIN_GROUP} entry-point group;
 the bundled example adds demo and site."""
@@ -138,7 +138,7 @@ AppOption = Annotated[
         "-A",
         envvar=APP_ENVVAR,
         help="your Celery app, as in `celery -A`: module or module:attribute "
-        "(e.g. myproject.celery); `--app tasks` for the bundled example",
+        "(e.g. myproject.celery); `--app celery_crawl.demo` for the bundled example",
         show_default=False,
     ),
 ]
@@ -278,7 +278,7 @@ def open_app(app: str | None) -> Any:
         err.print(
             f"[red]error:[/red] cannot load the app {app!r}: {exc}. Pass the module that"
             " defines your Celery app, as for celery -A (run from the folder that holds it,"
-            " or put that folder on PYTHONPATH); --app tasks is the bundled example"
+            " or put that folder on PYTHONPATH); --app celery_crawl.demo is the bundled example"
         )
         raise typer.Exit(2) from None
 

@@ -65,7 +65,7 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
     """
     import os
 
-    from tasks.site import SiteConfig
+    from celery_crawl.demo.site import SiteConfig
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
     items = tmp_path / "items"
@@ -259,18 +259,25 @@ def test_each_error_a_newcomer_meets_names_the_next_step(tmp_path: Path) -> None
         done.stderr = " ".join(done.stderr.split())  # as read, whatever the wrapping
         return done
 
-    no_redis = run("crawl", "-A", "tasks", "forum", "00001", REDIS_URL="redis://127.0.0.1:1/0")
+    no_redis = run(
+        "crawl", "-A", "celery_crawl.demo", "forum", "00001", REDIS_URL="redis://127.0.0.1:1/0"
+    )
     assert no_redis.returncode != 0 and "point REDIS_URL at yours" in no_redis.stderr
     assert "celery-crawl demo" in no_redis.stderr
     no_app = run("status", "-A", "no_such_app_module")
-    assert no_app.returncode == 2 and "--app tasks is the bundled example" in no_app.stderr
-    no_spider = run("crawl", "-A", "tasks", "nope", "00001")
+    assert (
+        no_app.returncode == 2 and "--app celery_crawl.demo is the bundled example" in no_app.stderr
+    )
+    no_spider = run("crawl", "-A", "celery_crawl.demo", "nope", "00001")
     assert no_spider.returncode == 2 and "this project has: forum, forum_detail" in no_spider.stderr
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = str(taken.getsockname()[1])
-        for args in (("site", "--port", port), ("exporter", "-A", "tasks", "--port", port)):
+        for args in (
+            ("site", "--port", port),
+            ("exporter", "-A", "celery_crawl.demo", "--port", port),
+        ):
             busy = run(*args)
             assert busy.returncode == 2, busy.stderr
             assert f"cannot serve on 127.0.0.1:{port}" in busy.stderr and "--port" in busy.stderr
@@ -284,7 +291,7 @@ def test_the_demo_without_flower_says_which_extra_to_install(tmp_path: Path) -> 
     code = (
         "import importlib.util as u; real = u.find_spec\n"
         "u.find_spec = lambda name, *a: None if name == 'flower' else real(name, *a)\n"
-        "from tasks.demo import run\n"
+        "from celery_crawl.demo.runner import run\n"
         "raise SystemExit(run())\n"
     )
     done = subprocess.run(

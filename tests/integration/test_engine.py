@@ -10,7 +10,7 @@ from pathlib import Path
 import redis
 
 from celery_crawl.core.keys import SpiderKeys
-from tasks.site import SiteConfig, run_in_thread
+from celery_crawl.demo.site import SiteConfig, run_in_thread
 from tests.support import ROOT
 
 

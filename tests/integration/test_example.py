@@ -1,4 +1,8 @@
-"""The library apart from its example: no import of it, an app asked for, commands by plugin.
+"""The library apart from its examples: no import of them, an app asked for, commands by plugin.
+
+There are two: the checkout's application (``tasks``, not installed) and the
+forum application the wheel ships for the demo (``celery_crawl.demo``), which
+is built on the library and never imports ``tasks``.
 
 Every command runs the installed ``celery-crawl`` script in a fresh folder
 outside the checkout, as a user would.
@@ -17,8 +21,9 @@ import pytest
 from tests.support import ROOT
 
 LIBRARY = ROOT / "celery_crawl"
+DEMO = LIBRARY / "demo"
 SCRIPT = str(Path(sys.executable).with_name("celery-crawl"))
-EXAMPLE = "tasks"
+EXAMPLES = ("tasks", "celery_crawl.demo")
 
 
 def celery_crawl(
@@ -36,32 +41,42 @@ def celery_crawl(
     )
 
 
-def names_the_example(value: str) -> bool:
-    return value == EXAMPLE or value.startswith((f"{EXAMPLE}.", f"{EXAMPLE}:"))
+def names_the_example(value: str, examples: tuple[str, ...] = EXAMPLES) -> bool:
+    return any(value == name or value.startswith((f"{name}.", f"{name}:")) for name in examples)
 
 
-def example_references(tree: ast.AST) -> list[str]:
-    """Imports of the example, and module names of it in strings (``import_module("tasks")``)."""
+def example_references(tree: ast.AST, examples: tuple[str, ...] = EXAMPLES) -> list[str]:
+    """Imports of an example, and module names of it in strings (``import_module("tasks")``)."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [alias.name for alias in node.names if names_the_example(alias.name)]
+            found += [alias.name for alias in node.names if names_the_example(alias.name, examples)]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found += [node.module] if names_the_example(node.module) else []
+            found += [node.module] if names_the_example(node.module, examples) else []
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            found += [node.value] if names_the_example(node.value) else []
+            found += [node.value] if names_the_example(node.value, examples) else []
     return found
 
 
-def test_no_library_module_imports_the_example() -> None:
-    modules = sorted(LIBRARY.rglob("*.py"))
-    assert len(modules) > 10
-    found = {
+def references(paths: list[Path], examples: tuple[str, ...]) -> dict[str, list[str]]:
+    return {
         str(path.relative_to(LIBRARY)): refs
-        for path in modules
-        if (refs := example_references(ast.parse(path.read_text(), str(path))))
+        for path in paths
+        if (refs := example_references(ast.parse(path.read_text(), str(path)), examples))
     }
-    assert found == {}
+
+
+def test_no_library_module_imports_the_example() -> None:
+    modules = sorted(p for p in LIBRARY.rglob("*.py") if not p.is_relative_to(DEMO))
+    assert len(modules) > 10
+    assert references(modules, EXAMPLES) == {}
+
+
+def test_the_demo_application_needs_no_checkout() -> None:
+    """What the wheel ships for the demo never names the checkout's ``tasks``."""
+    modules = sorted(DEMO.rglob("*.py"))
+    assert len(modules) >= 6
+    assert references(modules, ("tasks",)) == {}
 
 
 def test_the_scan_sees_every_kind_of_reference() -> None:
@@ -69,6 +84,12 @@ def test_the_scan_sees_every_kind_of_reference() -> None:
     found = example_references(ast.parse(source))
     assert sorted(found) == ["tasks", "tasks.demo", "tasks.site", "tasks:app"]
     assert example_references(ast.parse('import tasksets\n"--app tasks for the example"')) == []
+    source = (
+        'from celery_crawl.demo.site import x\nimport celery_crawl.demo\n"celery_crawl.demo:app"'
+    )
+    found = example_references(ast.parse(source))
+    assert sorted(found) == ["celery_crawl.demo", "celery_crawl.demo.site", "celery_crawl.demo:app"]
+    assert example_references(ast.parse('import celery_crawl.demos\n"-A celery_crawl.demo"')) == []
 
 
 @pytest.mark.parametrize("args", [("crawl", "forum", "00001"), ("status",), ("exporter",)])
@@ -77,7 +98,7 @@ def test_a_command_without_an_app_says_what_to_pass(args: tuple[str, ...], tmp_p
     assert done.returncode == 2
     assert done.stderr.splitlines() == [
         "error: no Celery app: pass --app (e.g. --app myproject.celery) or set "
-        "CELERY_CRAWL_APP; for the bundled example, --app tasks"
+        "CELERY_CRAWL_APP; for the bundled example, --app celery_crawl.demo"
     ]
     assert "Traceback" not in done.stdout + done.stderr
 
@@ -109,7 +130,8 @@ def test_the_example_adds_demo_and_site_through_the_entry_point(tmp_path: Path) 
     from importlib.metadata import entry_points
 
     plugins = {ep.name: ep.value for ep in entry_points(group="celery_crawl.commands")}
-    assert plugins["demo"] == "tasks.demo:command" and plugins["site"] == "tasks.site:command"
+    assert plugins["demo"] == "celery_crawl.demo.runner:command"
+    assert plugins["site"] == "celery_crawl.demo.site:command"
     done = celery_crawl("--help", cwd=tmp_path, env={"COLUMNS": "200"})
     assert done.returncode == 0 and done.stderr == ""
     listed = [line.split()[1] for line in done.stdout.splitlines() if line.startswith("│ ")]

@@ -19,8 +19,8 @@ from celery import Celery
 
 from celery_crawl import crawl, create_app
 from celery_crawl.core.keys import job_spider
+from celery_crawl.demo.site import SiteConfig, run_in_thread
 from celery_crawl.hosting.project import project_of
-from tasks.site import SiteConfig, run_in_thread
 from tests.support import ROOT
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
 from tests.support.paths_spider import EXPECTED_ITEMS, KINDS, PathsSite
@@ -424,7 +424,7 @@ def test_a_faulty_site_is_crawled_with_errors_counted_and_no_stuck_job(
 
 def changed_posts(before: SiteConfig, after: SiteConfig) -> tuple[int, int]:
     """Pages a versioned re-crawl must fetch beyond the list pages: (pages, 404s)."""
-    from tasks.site import list_page, post_page
+    from celery_crawl.demo.site import list_page, post_page
 
     pages = not_found = 0
     for forum in after.forum_ids():

@@ -22,8 +22,8 @@ from celery import Celery
 
 from celery_crawl import crawl
 from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.demo.site import Arrival, SiteConfig, SiteThread
 from celery_crawl.tools.status import snapshot
-from tasks.site import Arrival, SiteConfig, SiteThread
 from tests.support.workers import Worker, started_workers
 
 LIMITED = {"concurrency": 4, "rate": 10, "burst": 1}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.site import SiteConfig
+from celery_crawl.demo.site import SiteConfig
 
 FORUM = SiteConfig(forums=3, posts_per_forum=60, hot_every=20, hot_comment_pages=6)
 

@@ -3,7 +3,7 @@
 from tasks.settings import *  # noqa: F403
 
 SPIDER_MODULES = [
-    "tasks.spiders",
+    "celery_crawl.demo.spiders",
     "tests.support.paths_spider",
     "tests.support.kinds_spiders",
     "tests.support.hosted_members",

@@ -21,14 +21,25 @@ DOC = (ROOT / "docs" / "architecture.md").read_text()
 FORBIDDEN = {0: ("twisted", "celery", "kombu"), 1: ("celery", "kombu"), 2: ("celery",)}
 
 
+def doc_table() -> list[tuple[int, str, list[str]]]:
+    """The doc's layer table, as (number, name, packages): ``| 2 Scrapy side | ... | `a/` |``."""
+    rows = re.findall(r"^\| (\d) ([^|]+)\|[^|]+\|([^|]+)\|$", DOC, re.MULTILINE)
+    return [(int(n), name.strip(), re.findall(r"`(\w+)/`", cell)) for n, name, cell in rows]
+
+
 def doc_layers() -> dict[str, int]:
-    """Package -> layer number, from the doc's table (``| 2 Scrapy side | ... | `a`, `b` |``)."""
-    layers = {}
-    for number, packages in re.findall(r"^\| (\d) [^|]+\|[^|]+\|([^|]+)\|$", DOC, re.MULTILINE):
-        for package in re.findall(r"`(\w+)/`", packages):
+    """Package -> layer number, from the doc's table."""
+    layers: dict[str, int] = {}
+    for number, _, names in doc_table():
+        for package in names:
             assert package not in layers, f"{package} is in two rows of the layer table"
-            layers[package] = int(number)
+            layers[package] = number
     return layers
+
+
+def example_packages() -> set[str]:
+    """The packages of the table's ``example`` row: applications built on the library."""
+    return {package for _, name, names in doc_table() if name == "example" for package in names}
 
 
 def imports(path: Path) -> set[str]:
@@ -129,20 +140,51 @@ def test_every_lua_file_cited_exists() -> None:
         assert (PACKAGE / cited).is_file(), cited
 
 
+def test_the_example_layer_is_the_demo_and_the_top_layer() -> None:
+    """The forum application the wheel ships for the demo: above every library layer."""
+    layers = doc_layers()
+    assert example_packages() == {"demo"}
+    assert layers["demo"] > max(n for p, n in layers.items() if p not in example_packages())
+
+
+def is_example(module: str) -> bool:
+    return module.split(".", maxsplit=1)[0] in example_packages()
+
+
+def within(name: str, modules: list[str]) -> bool:
+    return any(name == module or name.startswith(f"{module}.") for module in modules)
+
+
+def example_imports(module: str) -> set[str]:
+    """What ``module`` imports of an example or the tests: outside the wheel, and, for a
+    library module, the wheel's example layer too."""
+    banned = ["tasks", "tests", "benchmarks"]
+    if not is_example(module):
+        banned += [f"celery_crawl.{package}" for package in example_packages()]
+    return {name for name in imports(module_path(module)) if within(name, banned)}
+
+
 @pytest.mark.parametrize("module", library_modules())
 def test_the_library_never_imports_the_example_or_the_tests(module: str) -> None:
-    used = imports(module_path(module))
-    example = {name for name in used if name.split(".")[0] in {"tasks", "tests", "benchmarks"}}
+    example = example_imports(module)
     assert not example, f"celery_crawl.{module} imports {example}"
 
 
 def test_importing_every_library_module_loads_no_example_module() -> None:
-    names = [f"celery_crawl.{module}" for module in library_modules()]
-    names += [f"celery_crawl.{module}" for module in settings_paths()]
+    """Layers 0 to 4 load neither example; the demo's modules load no ``tasks`` or tests."""
+    library = [f"celery_crawl.{m}" for m in library_modules() if not is_example(m)]
+    library += [f"celery_crawl.{module}" for module in settings_paths()]
+    demo = [f"celery_crawl.{m}" for m in library_modules() if is_example(m)]
+    examples = ["tasks", "tests", *(f"celery_crawl.{p}" for p in example_packages())]
     code = (
         "import importlib, sys\n"
-        f"for name in {names!r}: importlib.import_module(name)\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in {'tasks', 'tests'}))\n"
+        "def loaded(names):\n"
+        "    return sorted(m for m in sys.modules if any(m == n or m.startswith(n + '.')"
+        " for n in names))\n"
+        f"for name in {library!r}: importlib.import_module(name)\n"
+        f"print(loaded({examples!r}))\n"
+        f"for name in {demo!r}: importlib.import_module(name)\n"
+        "print(loaded(['tasks', 'tests']))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code],
@@ -153,7 +195,8 @@ def test_importing_every_library_module_loads_no_example_module() -> None:
         timeout=120,
     )
     assert out.returncode == 0, out.stderr[-2000:]
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.splitlines() == ["[]", "[]"]
+    assert demo, "no module of the example layer was imported"
 
 
 # scripts run from outside their package today; each is a seam to close, not a rule to keep

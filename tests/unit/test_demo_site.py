@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tasks.site import SiteConfig, SiteThread, run_in_thread
+from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 
 SMALL = SiteConfig(forums=2, posts_per_forum=30)
 MAX_FOLLOW = 1000  # bound on next_page chains; far above any page count used here

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tasks.site import (
+from celery_crawl.demo.site import (
     Arrival,
     DemoSite,
     Request,

@@ -6,10 +6,11 @@ producer, and Flower on localhost with a generated password. Then it shows
 live progress until Ctrl-C, or, with ``--once``, until the first round of
 jobs is done, and prints a summary.
 
-The Celery processes run with a temporary folder as their working directory,
-so ``-A tasks`` always finds this example, never a ``tasks.py`` of the folder
-the demo was started from. ``celery-crawl demo`` is this module's command,
-added through the ``celery_crawl.commands`` entry points.
+The Celery processes run the installed forum application (``-A
+celery_crawl.demo``), with a temporary folder as their working directory, so
+nothing in the folder the demo was started from can stand in for it.
+``celery-crawl demo`` is this module's command, added through the
+``celery_crawl.commands`` entry points.
 """
 
 from __future__ import annotations
@@ -43,10 +44,11 @@ from rich.table import Table
 
 from celery_crawl.core import connection
 from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 from celery_crawl.tools.embedded import die_with_parent, redis_url
 from celery_crawl.tools.exporter import read
-from tasks.site import SiteConfig, SiteThread, run_in_thread
 
+APP = "celery_crawl.demo"  # the Celery processes' app: a package, never a module of their folder
 PERIOD = 60.0  # seconds between beat's producer ticks
 SITE_RATE_LIMIT = 250.0  # the demo site answers 429 above it; the forum app stays below (SITE_RATE)
 FINISHED = (b"done", b"incomplete", b"failed", b"cancelled", b"closed")
@@ -71,7 +73,7 @@ class Services:
 
     def start(self, name: str, *args: str) -> None:
         log = (self.logs / f"{name}.log").open("wb")
-        command = [sys.executable, "-m", "celery", "-A", "tasks", *args]
+        command = [sys.executable, "-m", "celery", "-A", APP, *args]
         self.procs[name] = subprocess.Popen(
             command,
             cwd=self.logs,
@@ -336,8 +338,8 @@ def introduction(redis: str, site: str, flower: str, items: Path) -> str:
         f"items       {items}/<job id>/, JSON lines\n"
         f"While it runs, in another terminal:\n"
         f"  export REDIS_URL={redis}\n"
-        f"  celery-crawl status -A tasks\n"
-        f"  celery-crawl crawl -A tasks forum 00001 --wait\n"
+        f"  celery-crawl status -A {APP}\n"
+        f"  celery-crawl crawl -A {APP} forum 00001 --wait\n"
         f"Beat produces a job per forum every {PERIOD:.0f} s; after the first round, only new"
         f" and changed posts are fetched (incremental). Ctrl-C stops everything."
     )

@@ -31,7 +31,7 @@ end, status), and the site keeps the highest number of requests it served at
 once (:attr:`ArrivalLog.max_in_flight`).
 
 :meth:`SiteConfig.expected` gives the totals a complete crawl must reach.
-``python -m tasks.site --port 8000`` (or ``celery-crawl site``) serves a forum
+``python -m celery_crawl.demo.site --port 8000`` (or ``celery-crawl site``) serves a forum
 until Ctrl-C.
 """
 

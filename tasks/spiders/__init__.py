@@ -1,1 +1,0 @@
-"""Spiders of the forum application."""
