@@ -47,7 +47,7 @@ def test_every_page_starts_with_what_a_reader_gets() -> None:
 def test_the_example_runs_as_written(
     page: str, index: int, env: dict[str, str], tmp_path: Path
 ) -> None:
-    # the example app's own feed layout (tasks/settings.py), in a folder of the test's
+    # the example app's own feed layout (celery_crawl/demo/settings.py), in a folder of the test's
     feed = tmp_path / "items" / "%(job)s" / "%(name)s-%(worker)s.jsonl"
     env = {**env, "FORUM_FEED": str(feed)}
     with started_workers(env, tmp_path) as start_worker:
