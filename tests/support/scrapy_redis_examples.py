@@ -19,7 +19,7 @@ from scrapy.http import Response
 from scrapy.linkextractors import LinkExtractor
 from scrapy.spiders import CrawlSpider, Rule
 
-from celery_crawl.hosting.spiders import RedisCrawlSpider, RedisSpider  # was: scrapy_redis.spiders
+from celery_crawl.spiders import RedisCrawlSpider, RedisSpider  # was: scrapy_redis.spiders
 
 PAGES = r"/page/\d+\.html$"
 
