@@ -93,6 +93,38 @@ def test_the_doc_places_every_package_in_one_layer() -> None:
     assert sorted(doc_layers()) == packages()
 
 
+def doc_tree() -> dict[str, tuple[int, set[str], set[str]]]:
+    """Package -> (layer, modules, entry scripts) as the doc's package tree draws them."""
+    block = DOC.split("```text\ncelery_crawl/\n", 1)[1].split("```", 1)[0]
+    tree: dict[str, tuple[int, set[str], set[str]]] = {}
+    package = ""
+    for line in block.splitlines():
+        start = re.match(r"^  (\w+)/\s+(\d)\s+(.*)$", line)
+        if start:
+            package, text = start.group(1), start.group(3)
+            tree[package] = (int(start.group(2)), set(), set())
+        elif package and line.startswith(" " * 18):
+            text = line.strip()
+        else:
+            package = ""
+            continue
+        names, _, lua = re.sub(r"\([^)]*\)", "", text).partition("lua:")
+        tree[package][1].update(re.findall(r"\b\w+\b", names))
+        tree[package][2].update(word for word in lua.split() if re.fullmatch(r"\w+", word))
+    return tree
+
+
+def test_the_doc_draws_each_package_with_its_modules_layer_and_scripts() -> None:
+    tree, layers = doc_tree(), doc_layers()
+    assert sorted(tree) == packages()
+    for package, (layer, modules, lua) in tree.items():
+        assert layer == layers[package], f"{package}/: layer {layer} in the tree"
+        found = {p.stem for p in (PACKAGE / package).glob("*.py") if p.stem != "__init__"}
+        assert modules == found, f"{package}/: the tree draws {sorted(modules)}"
+        owned = {name for name in scripts.entry_scripts() if scripts.owner(name) == package}
+        assert lua <= owned, f"{package}/: no scripts {sorted(lua - owned)} there"
+
+
 @pytest.mark.parametrize("module", library_modules())
 def test_a_module_imports_only_its_own_layer_and_below(module: str) -> None:
     layers = doc_layers()
