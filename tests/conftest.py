@@ -7,6 +7,7 @@ of the test's own and the sites the workers crawl (integration and ha).
 from __future__ import annotations
 
 import itertools
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,7 +28,23 @@ from tests.support.stub_spider import ForumSpider
 
 HERE = Path(__file__).parent
 SLOW_FOLDERS = [HERE / "integration", HERE / "ha", HERE / "faults"]
-_databases = itertools.cycle(range(1, 16))
+
+
+def _own_databases() -> Iterator[int]:
+    """Databases 1-15 (0 holds the crawl state, apart by key prefix), shared out among
+    pytest-xdist's workers when they share one server (``REDIS_URL``): each cycles its slice.
+    With an embedded server each worker has a server, and so all fifteen, of its own."""
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw"))
+    if not os.environ.get("REDIS_URL") or count == 1:
+        return itertools.cycle(range(1, 16))
+    if count > 15:
+        raise pytest.UsageError("with REDIS_URL set, run at most 15 xdist workers (-n 15)")
+    size = 15 // count
+    return itertools.cycle(range(1 + worker * size, 1 + (worker + 1) * size))
+
+
+_databases = _own_databases()
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects
