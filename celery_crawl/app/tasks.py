@@ -252,18 +252,10 @@ def report_progress(
 
 def run_producer(task: Task, spider: str) -> dict[str, Any]:
     """The body of ``celery_crawl.produce``: one backpressure-aware tick (see producer)."""
-    from celery_crawl.producer.producer import Producer
-
     project = project_of(task.app)
-    settings = project.settings
-    spidercls = project.spider_class(spider)
-    producer = Producer(
-        project.client,
-        project.keys(spider),
-        job_cap=setting(settings, "PRODUCER_JOB_CAP"),
-        queue_cap=setting(settings, "PRODUCER_QUEUE_CAP"),
-        group=project.job_spans(spider),
-    )
+    crawler = project.crawler(spider)  # the spider's settings, its custom_settings included
+    settings, spidercls = crawler.settings, crawler.spidercls
+    producer = project.components(crawler).producer(spider)
 
     limits, args = producer_job_settings(settings)
 

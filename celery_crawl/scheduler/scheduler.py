@@ -60,7 +60,7 @@ from celery_crawl.core import compat, connection
 from celery_crawl.core.defaults import SETTINGS, setting
 from celery_crawl.core.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.core.heartbeat import Heartbeat
-from celery_crawl.core.keys import SpiderKeys, group_members
+from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.notices import notices_of
 from celery_crawl.core.repair import Repairer, retried
 from celery_crawl.dupefilter.filters import RFPDupeFilter
@@ -74,10 +74,10 @@ from celery_crawl.jobs.job import (
     job_of,
 )
 from celery_crawl.politeness import middleware as politeness
-from celery_crawl.politeness.sites import SitePolicy, SiteState
+from celery_crawl.politeness.sites import SiteState
 from celery_crawl.queue.queues import Base, Entry, Lease
 from celery_crawl.scheduler.buffer import Pending, WriteBehind, reactor_call_later
-from celery_crawl.scheduler.components import dupefilter_class, queue_class
+from celery_crawl.scheduler.components import Components
 from celery_crawl.scheduler.crawl_limits import CrawlLimits
 from celery_crawl.scheduler.crawl_state import START_MODES, Crawl, Opened, start_once
 from celery_crawl.scheduler.engine import EngineHooks
@@ -186,29 +186,16 @@ class Scheduler(BaseScheduler):
     def from_crawler(cls, crawler: Crawler) -> Self:
         settings = crawler.settings
         compat.check_settings(settings, crawler.spidercls)
-        client = connection.from_settings(settings)
-        dupefilter = dupefilter_class(settings).from_crawler(crawler)
-        queue = queue_class(settings)(
-            client,
-            dupefilter.keys,
-            lease_seconds=setting(settings, "SCHEDULER_LEASE_SECONDS"),
-            dedup=dupefilter.script,
-            ack_replicas=setting(settings, "CELERY_CRAWL_ACK_REPLICAS"),
-            ack_timeout=setting(settings, "CELERY_CRAWL_ACK_TIMEOUT"),
-            deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),
-            dedup_scope=setting(settings, "DUPEFILTER_SCOPE"),
-            sites=SitePolicy.from_settings(settings),
-        )
+        components = Components.from_crawler(crawler)
+        dupefilter = components.dupefilter(crawler.spidercls.name, crawler)
+        queue = components.queue(dupefilter.keys)
         return cls(
             queue,
             dupefilter,
             codec_from_settings(settings, crawler.spidercls),
             crawler=crawler,
-            router=Router(queue, settings),
-            group=[
-                SpiderKeys.from_settings(spider, settings)
-                for spider in group_members(queue.keys.spider, settings)
-            ],
+            router=Router(queue, components),
+            group=components.group(queue.keys.spider),
             persist=setting(settings, "SCHEDULER_PERSIST"),
             flush_on_start=setting(settings, "SCHEDULER_FLUSH_ON_START"),
             start_requests=setting(settings, "SCHEDULER_START_REQUESTS"),
