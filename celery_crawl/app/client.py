@@ -93,7 +93,7 @@ def start_job(
     args: dict[str, str] | None = None,
     crawler: Crawler | None = None,
 ) -> tuple[Job, bool]:
-    """Create the job and enqueue its seeds; an existing job id is joined.
+    """Create the job and enqueue its seeds; a job that exists already is left as it is.
 
     ``crawler`` is the spider's crawler if the caller made one already
     (:meth:`~celery_crawl.hosting.project.Project.crawler`); else one is made here.

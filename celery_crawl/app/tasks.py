@@ -53,7 +53,8 @@ def run_job(
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The body of ``celery_crawl.crawl``: start or join the job, report, return stats.
+    """The body of ``celery_crawl.crawl``: start the job (or find it started), watch it,
+    report, return stats.
 
     Its arguments come from a message, which anyone may send: they are checked
     as ``crawl()`` checks them (:mod:`celery_crawl.jobs.inputs`) before anything is written.

@@ -131,7 +131,7 @@ class Scheduler(BaseScheduler):
         self._room_since = float("-inf")  # when writes went through again after that
         self._empty_since: float | None = None
         self._maintenance: Any = None
-        self._closing: dict[str, str] = {}  # job -> reason: CloseSpider, closed at the ack
+        self._ending: dict[str, str] = {}  # job -> reason: CloseSpider, ended at the ack
 
     def _participation(self) -> Participation:
         return Participation(
@@ -190,7 +190,7 @@ class Scheduler(BaseScheduler):
         # so the leases that expired meanwhile are left to them for one lease time
         self._room_since = time.monotonic()
         if self.engine.engine is not None:
-            self.engine.on_request_done(self.ack)
+            self.engine.ack_when_done(self.ack)
             self._start_maintenance()
             self.heartbeat.start()
             self.wakeup.listen()
@@ -202,7 +202,7 @@ class Scheduler(BaseScheduler):
             check_installed(self.crawler.settings)
             politeness.check_installed(self.crawler.settings)
             self.job_stats.connect(self.crawler.signals)
-            self.crawler.signals.connect(self.close_job, signal=job_close)
+            self.crawler.signals.connect(self.end_job_after, signal=job_close)
 
     @property
     def starts_once(self) -> bool:
@@ -261,24 +261,24 @@ class Scheduler(BaseScheduler):
                 still_open,
             )
 
-    def close_job(self, response: Any, reason: str) -> None:
+    def end_job_after(self, response: Any, reason: str) -> None:
         """A callback of the job raised CloseSpider: the job ends ``closed``; the crawler stays.
 
         It ends once the engine is done with that response (:meth:`ack`), so
         that what the callback yielded before it raised is counted in the job.
         """
-        self._closing[job_of(response)] = reason
+        self._ending[job_of(response)] = reason
 
-    def _close_job(self, job: str, reason: str) -> None:
+    def _end_job(self, job: str, reason: str) -> None:
         try:
             self.flush()  # the job's counts first
-            closed = self.queue.close_job(job, reason)
+            ended = self.queue.close_job(job, reason)
         except connection.TRANSIENT_ERRORS as exc:  # tried again at the job's next ack
-            logger.warning("Redis unreachable, job %s not closed yet: %s", job, exc)
-            self._closing[job] = reason
+            logger.warning("Redis unreachable, job %s not ended yet: %s", job, exc)
+            self._ending[job] = reason
             return
-        if closed:
-            logger.info("job %s closed by its spider: %s", job, reason)
+        if ended:
+            logger.info("job %s ended closed by its spider: %s", job, reason)
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
@@ -426,9 +426,9 @@ class Scheduler(BaseScheduler):
 
     def ack(self, request: Request) -> None:
         """The engine is done with ``request``: finish its lease at the next flush."""
-        if self._closing and job_of(request) in self._closing:
+        if self._ending and job_of(request) in self._ending:
             job = job_of(request)
-            self._close_job(job, self._closing.pop(job))  # before this ack could end it done
+            self._end_job(job, self._ending.pop(job))  # before this ack could end it done
         member = self.prefetch.finish(request)
         if member is not None:
             self.buffer.ack(member)
