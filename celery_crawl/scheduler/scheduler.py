@@ -78,6 +78,7 @@ from celery_crawl.scheduler.crawl_limits import CrawlLimits
 from celery_crawl.scheduler.crawl_state import Crawl, Opened, start_once
 from celery_crawl.scheduler.dead_letters import DeadLetters, drop_kind
 from celery_crawl.scheduler.engine import EngineHooks
+from celery_crawl.scheduler.memory import OutOfMemory
 from celery_crawl.scheduler.participation import JobInfo, Participation
 from celery_crawl.scheduler.prefetch import Prefetch
 from celery_crawl.scheduler.routing import Router, target_of
@@ -127,8 +128,7 @@ class Scheduler(BaseScheduler):
         self.crawl = Crawl(queue.client, queue.keys, self.id)
         self.limits: CrawlLimits | None = None  # CLOSESPIDER_* for the whole crawl
         self.jobs = self._participation()
-        self.out_of_memory_since: float | None = None  # Redis refused a write for memory
-        self._room_since = float("-inf")  # when writes went through again after that
+        self.memory = OutOfMemory(queue.keys.spider, queue.lease_seconds, self.stats)
         self._empty_since: float | None = None
         self._maintenance: Any = None
         self._ending: dict[str, str] = {}  # job -> reason: CloseSpider, ended at the ack
@@ -185,10 +185,7 @@ class Scheduler(BaseScheduler):
         if self.queue.sites.enabled:
             SiteState(self.queue.client, self.queue.keys, self.queue.sites).publish_limits()
         self.df.open()
-        # as after an out-of-memory spell: Redis may have refused its holders' renewals
-        # until just now (this process may be opening because writes went through again),
-        # so the leases that expired meanwhile are left to them for one lease time
-        self._room_since = time.monotonic()
+        self.memory.opened()
         if self.engine.engine is not None:
             self.engine.ack_when_done(self.ack)
             self._start_maintenance()
@@ -327,39 +324,8 @@ class Scheduler(BaseScheduler):
         goes through again (:meth:`renew` tries one each beat)."""
         self._inc("celery_crawl/redis_errors")
         if isinstance(error, connection.OUT_OF_MEMORY):
-            self._full(error)
+            self.memory.refused(error, len(self.prefetch.held()))
         self.repairer.after(error)
-
-    def _full(self, error: Exception) -> None:
-        """Redis refused a write for memory: this process leases nothing more, keeps its leases."""
-        if self.out_of_memory_since is None:
-            self.out_of_memory_since = time.monotonic()
-            self._inc("celery_crawl/redis_out_of_memory")
-            logger.error(
-                "Redis is out of memory (%s): %s keeps the %d requests it holds and leases no"
-                " more until Redis takes writes again; free memory in Redis or raise maxmemory",
-                error,
-                self.queue.keys.spider,
-                len(self.prefetch.held()),
-            )
-
-    def _room_again(self) -> None:
-        """A write went through after Redis ran out of memory: leasing goes on."""
-        if self.out_of_memory_since is not None:
-            gone = time.monotonic() - self.out_of_memory_since
-            spider = self.queue.keys.spider
-            logger.warning("Redis takes writes again after %.0f s out of memory (%s)", gone, spider)
-            self.out_of_memory_since = None
-            self._room_since = time.monotonic()
-            self.wakeup.on_push()  # the engine asks again now, not at its next heartbeat
-
-    @property
-    def requeue_due(self) -> bool:
-        """No expired lease is requeued for a lease time after Redis was out of memory:
-        their holders, who could not renew them meanwhile, renew them first."""
-        if self.out_of_memory_since is not None:
-            return False
-        return time.monotonic() - self._room_since >= self.queue.lease_seconds
 
     def renew(self) -> None:
         """The heartbeat, in its own thread: renew this process's leases and registration,
@@ -368,16 +334,17 @@ class Scheduler(BaseScheduler):
         A thread, not the reactor: a callback that holds the reactor longer than
         a lease must not let another process take the requests this one works on.
         While Redis is out of memory the renewals are refused (their leases are
-        kept, see :attr:`requeue_due`), and a write that changes nothing
+        kept: :mod:`celery_crawl.scheduler.memory`), and a write that changes nothing
         (:meth:`~celery_crawl.queue.Base.check_room`) tells when it takes writes again.
         """
         try:
             self.queue.extend(self.prefetch.held())
-            if self.out_of_memory_since is not None:
+            if self.memory.full:
                 self.queue.check_room()
             self.queue.join(self.id, self.registration_seconds)
-            self._room_again()
-            requeued = self.queue.requeue_expired() if self.requeue_due else 0
+            if self.memory.room_again():
+                self.wakeup.on_push()  # the engine asks again now, not at its next heartbeat
+            requeued = self.queue.requeue_expired() if self.memory.requeue_due else 0
         except redis.ResponseError as exc:  # a damaged key: repaired, renewed next beat
             from twisted.internet import reactor
 
@@ -504,10 +471,8 @@ class Scheduler(BaseScheduler):
         return None
 
     def _next_lease(self) -> Lease | None:
-        if self.out_of_memory_since is not None and not self.prefetch.waiting:
-            return (
-                None  # Redis would refuse it (queue/lua/include/room.lua); renew() sees room first
-            )
+        if self.memory.full and not self.prefetch.waiting:
+            return None  # Redis would refuse it (queue/lua/include/room.lua)
         try:
             if not self.prefetch.waiting:  # a lease is due: our own children first
                 self.flush()
