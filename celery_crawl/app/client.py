@@ -12,13 +12,16 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery_crawl.core import connection
 from celery_crawl.core.keys import job_spider
 from celery_crawl.hosting.project import Project, project_of
 from celery_crawl.jobs.inputs import check_job, check_limits
 from celery_crawl.jobs.job import ARGS_FIELD, Job, limit_fields
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
 JOB_TASK = "celery_crawl.crawl"
@@ -67,9 +70,12 @@ def crawl(
     app = app or current_app
     project = project_of(app)
     project.check_hostable(spider)
-    limits = check_limits(project.job_limits(spider, given.limits))  # the settings' too
+    crawler = project.crawler(spider)  # the one crawler of this crawl: settings, seed requests
+    limits = check_limits(project.job_limits(crawler, given.limits))  # the settings' too
     seeds, args = given.seeds, given.args
-    job, _ = start_job(project, spider, seeds, priority, job_id, limits=limits, args=args)
+    job, _ = start_job(
+        project, spider, seeds, priority, job_id, limits=limits, args=args, crawler=crawler
+    )
     job.app = app
     kwargs = {"priority": priority, "limits": limits, "args": args}
     app.send_task(JOB_TASK, args=(spider, seeds), kwargs=kwargs, task_id=job.id)
@@ -85,18 +91,23 @@ def start_job(
     *,
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
+    crawler: Crawler | None = None,
 ) -> tuple[Job, bool]:
-    """Create the job and enqueue its seeds; an existing job id is joined.
+    """Create the job and enqueue its seeds; a job that exists already is left as it is.
+
+    ``crawler`` is the spider's crawler if the caller made one already
+    (:meth:`~celery_crawl.hosting.project.Project.crawler`); else one is made here.
 
     A full Redis refuses a new job (``OutOfMemoryError``, raised). Redis checks
     memory as a script starts, so the job may be created and only its index entry
     refused: the job exists, and the job task writes the entry at its next report
     (:func:`celery_crawl.app.tasks.write_index`), so the start goes on without it.
     """
-    entries = project.seed_entries(spider, seeds, job_id, priority, args or {})
-    queue = project.queue(spider)
+    crawler = crawler if crawler is not None else project.crawler(spider)
+    entries = project.seed_entries(crawler, seeds, job_id, priority, args or {})
+    queue = project.queue(crawler)
     fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
-    fields["keep"] = str(int(project.job_keep(spider)))
+    fields["keep"] = str(int(project.job_keep(crawler)))
     fields.update(limit_fields(limits or {}))
     if args:
         fields[ARGS_FIELD] = json.dumps(args, separators=(",", ":"))
@@ -106,7 +117,7 @@ def start_job(
             queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
         except connection.OUT_OF_MEMORY:
             logger.warning("job %s: its index entry not written yet: Redis is full", job_id)
-    spans = project.job_spans(spider)
+    spans = project.job_spans(crawler)
     return Job(job_id, spider, queue.client, queue.keys, spans, dedup=queue.dedup), created
 
 
@@ -117,5 +128,6 @@ def find_job(app: Any, job_id: str) -> Job | None:
     if spider is None:
         return None
     name = spider.decode()
-    keys, spans, dedup = project.keys(name), project.job_spans(name), project.queue(name).dedup
+    components = project.components(name)
+    keys, spans, dedup = project.keys(name), components.group(name), components.dedup
     return Job(job_id, name, project.client, keys, spans, app=app, dedup=dedup)

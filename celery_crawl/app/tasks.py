@@ -53,7 +53,8 @@ def run_job(
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The body of ``celery_crawl.crawl``: start or join the job, report, return stats.
+    """The body of ``celery_crawl.crawl``: start the job (or find it started), watch it,
+    report, return stats.
 
     Its arguments come from a message, which anyone may send: they are checked
     as ``crawl()`` checks them (:mod:`celery_crawl.jobs.inputs`) before anything is written.
@@ -252,18 +253,10 @@ def report_progress(
 
 def run_producer(task: Task, spider: str) -> dict[str, Any]:
     """The body of ``celery_crawl.produce``: one backpressure-aware tick (see producer)."""
-    from celery_crawl.producer.producer import Producer
-
     project = project_of(task.app)
-    settings = project.settings
-    spidercls = project.spider_class(spider)
-    producer = Producer(
-        project.client,
-        project.keys(spider),
-        job_cap=setting(settings, "PRODUCER_JOB_CAP"),
-        queue_cap=setting(settings, "PRODUCER_QUEUE_CAP"),
-        group=project.job_spans(spider),
-    )
+    crawler = project.crawler(spider)  # the spider's settings, its custom_settings included
+    settings, spidercls = crawler.settings, crawler.spidercls
+    producer = project.components(crawler).producer(spider)
 
     limits, args = producer_job_settings(settings)
 

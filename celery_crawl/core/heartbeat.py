@@ -25,11 +25,11 @@ logger = logging.getLogger(__name__)
 
 
 class Heartbeat:
-    """Call ``beat()`` every ``interval`` seconds, off the reactor, until :meth:`stop`."""
+    """Call ``renew()`` every ``interval`` seconds, off the reactor, until :meth:`stop`."""
 
-    def __init__(self, name: str, beat: Callable[[], None], interval: float) -> None:
+    def __init__(self, name: str, renew: Callable[[], None], interval: float) -> None:
         self.name = name
-        self.beat = beat
+        self.renew = renew
         self.interval = interval
         self.beating = threading.Lock()  # held while a beat runs
         self._started = False
@@ -57,7 +57,7 @@ class Heartbeat:
             if self._stopped:
                 return
             try:
-                self.beat()
+                self.renew()
             except TRANSIENT_ERRORS as exc:
                 logger.warning("%s: Redis unreachable, will retry: %s", self.name, exc)
             except Exception:

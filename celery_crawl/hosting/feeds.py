@@ -287,7 +287,7 @@ class JobFeedExporter(FeedExporter):
         crawler.signals.connect(exporter.open_spider, signals.spider_opened)
         crawler.signals.connect(exporter.close_spider, signals.spider_closed)
         crawler.signals.connect(exporter.route_item, signals.item_scraped)
-        crawler.signals.connect(exporter.close_job, job_finished)
+        crawler.signals.connect(exporter.store_job_feeds, job_finished)
         crawler.signals.connect(exporter.settle, acks_due)
         return exporter
 
@@ -325,7 +325,7 @@ class JobFeedExporter(FeedExporter):
         finally:
             self.slots, self._job = shared, ""
 
-    async def close_job(self, job_id: str, stats: dict[str, Any], spider: Spider) -> None:
+    async def store_job_feeds(self, job_id: str, stats: dict[str, Any], spider: Spider) -> None:
         """On ``job_finished``: store the job's files."""
         for slot in self.job_slots.pop(job_id, []):
             await self._close_slot(slot, spider)

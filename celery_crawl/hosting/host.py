@@ -42,7 +42,7 @@ from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.heartbeat import Heartbeat
 from celery_crawl.core.keys import SpiderKeys, workers_key
 from celery_crawl.core.repair import Repairer
-from celery_crawl.hosting.registry import WorkerBeat
+from celery_crawl.hosting.registry import WorkerRegistration
 
 logger = logging.getLogger(__name__)
 
@@ -126,7 +126,7 @@ class CrawlerHost:
         prefix = setting(settings, "CELERY_CRAWL_KEY_PREFIX")
         client = connection.from_settings(settings)
         first = SpiderKeys.from_settings(self.spiders[0], settings) if self.spiders else None
-        self.registration = WorkerBeat(
+        self.registration = WorkerRegistration(
             client,
             workers_key(prefix),
             self.spiders,
@@ -135,7 +135,7 @@ class CrawlerHost:
         )
         self.heartbeat = Heartbeat(
             "worker registry",
-            self.registration.beat,
+            self.registration.renew,
             setting(settings, "CELERY_CRAWL_HEARTBEAT_SECONDS"),
         )
 
@@ -145,7 +145,7 @@ class CrawlerHost:
 
         setup_reactor()
         crochet.run_in_reactor(self._start)().wait(timeout)
-        self.registration.beat()
+        self.registration.renew()
         self.heartbeat.start()
         logger.info("hosting crawlers for %s", ", ".join(self.spiders))
         if setting(self.settings, "CELERY_CRAWL_GC_FREEZE"):
@@ -229,7 +229,7 @@ class CrawlerHost:
         self._stopping = True
         self.heartbeat.stop()
         try:
-            self.registration.leave()
+            self.registration.unregister()
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("could not leave the worker registry: %s", exc)
         try:

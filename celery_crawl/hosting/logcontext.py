@@ -25,7 +25,7 @@ a coroutine holds for what it runs and starts, and nowhere else:
   goes through the downloader middlewares, and
   :class:`LogContextSpiderMiddleware` as a response goes to its callback,
   the items it yields to the pipelines, and the requests to the scheduler;
-- ``celery_crawl.scheduler.participation`` sets them while it closes a job's part.
+- ``celery_crawl.scheduler.participation`` sets them while the process leaves a job.
 
 A job of the context counts only inside a coroutine (an asyncio task): a
 plain reactor call made from a job's callback (the engine's next loop)

@@ -26,14 +26,15 @@ from celery_crawl.codec.serializer import codec_from_settings
 from celery_crawl.core import connection
 from celery_crawl.core.defaults import SETTINGS, setting
 from celery_crawl.core.errors import BadSeed, ConfigError, EncodeError, UnknownSpider, cut, quote
-from celery_crawl.core.keys import SpiderKeys, group_members
+from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import RFPDupeFilter
 from celery_crawl.hosting.spiders import RedisMixin
 from celery_crawl.jobs.job import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META, LIMITS
 from celery_crawl.politeness.sites import SitePolicy
 from celery_crawl.queue.queues import Base, Entry
-from celery_crawl.scheduler.components import dupefilter_class, queue_class
+from celery_crawl.scheduler.components import Components
 
+SpiderOrCrawler = str | Crawler  # a spider's name, or a crawler of it made once per crawl()
 MAX_START_REQUESTS = 100_000  # start() requests one job takes; more is a job for a RedisSpider
 HOSTED_SETTINGS: dict[str, Any] = {
     "SCHEDULER": "celery_crawl.scheduler.Scheduler",
@@ -125,9 +126,24 @@ class Project:
             known = ", ".join(self.spider_names()) or "none"
             raise UnknownSpider(f"unknown spider {name!r}; this project has: {known}") from None
 
-    def spider_settings(self, spider: str) -> Settings:
+    def crawler(self, spider: SpiderOrCrawler) -> Crawler:
+        """A crawler of ``spider`` on the project's settings, or ``spider`` if it is one.
+
+        The methods that need a spider's settings (its ``custom_settings``
+        included) take its name or a crawler: one ``crawl()`` builds the crawler
+        once (:func:`celery_crawl.app.client.crawl`) and passes it to each.
+        """
+        if isinstance(spider, Crawler):
+            return spider
+        return Crawler(self.spider_class(spider), self.settings)
+
+    def components(self, spider: SpiderOrCrawler) -> Components:
+        """The factory of ``spider``'s queues and dedup filters, on the project's client."""
+        return Components(self.crawler(spider).settings, self.client)
+
+    def spider_settings(self, spider: SpiderOrCrawler) -> Settings:
         """The settings as ``spider`` sees them: the project's, with its ``custom_settings``."""
-        return Crawler(self.spider_class(spider), self.settings).settings
+        return self.crawler(spider).settings
 
     def hosted_spiders(self) -> list[str]:
         """``CELERY_CRAWL_SPIDERS``: the spiders a worker may host (default: all of them)."""
@@ -156,37 +172,36 @@ class Project:
     def keys(self, spider: str) -> SpiderKeys:
         return SpiderKeys.from_settings(spider, self.settings)
 
-    def job_spans(self, spider: str) -> list[SpiderKeys]:
+    def job_spans(self, spider: SpiderOrCrawler) -> list[SpiderKeys]:
         """The spiders a job of ``spider`` may span: its whole group."""
-        return [self.keys(name) for name in group_members(spider, self.settings)]
+        crawler = self.crawler(spider)
+        return self.components(crawler).group(crawler.spidercls.name)
 
-    def queue(self, spider: str) -> Base:
-        """The spider's queue, of the class and with the dedup its scheduler uses."""
-        settings = self.spider_settings(spider)
-        dedup = dupefilter_class(settings).script_from_settings(settings)
-        scope = setting(settings, "DUPEFILTER_SCOPE")
-        return queue_class(settings)(self.client, self.keys(spider), dedup=dedup, dedup_scope=scope)
+    def queue(self, spider: SpiderOrCrawler) -> Base:
+        """The spider's queue, built as its scheduler builds it (``scheduler.components``)."""
+        crawler = self.crawler(spider)
+        return self.components(crawler).queue(crawler.spidercls.name)
 
-    def dupefilter(self, spider: str) -> RFPDupeFilter:
+    def dupefilter(self, spider: SpiderOrCrawler) -> RFPDupeFilter:
         """The spider's shared filter (``DUPEFILTER_CLASS``), to inspect or reset it."""
-        settings = self.spider_settings(spider)
-        cls = dupefilter_class(settings)
-        params = cls.params_class.from_settings(settings)
-        return cls(self.client, self.keys(spider), None, params=params)
+        crawler = self.crawler(spider)
+        return self.components(crawler).dupefilter(crawler.spidercls.name)
 
-    def dedup_scope(self, spider: str) -> str:
+    def dedup_scope(self, spider: SpiderOrCrawler) -> str:
         """``DUPEFILTER_SCOPE`` as the spider sees it (its own settings included)."""
         settings = self.spider_settings(spider)
         return str(setting(settings, "DUPEFILTER_SCOPE"))
 
-    def job_keep(self, spider: str) -> float:
+    def job_keep(self, spider: SpiderOrCrawler) -> float:
         """Seconds a finished job of ``spider`` stays: ``CELERY_CRAWL_JOB_KEEP_SECONDS``."""
         keep = float(setting(self.spider_settings(spider), "CELERY_CRAWL_JOB_KEEP_SECONDS"))
         if keep < 1:
             raise ConfigError(f"CELERY_CRAWL_JOB_KEEP_SECONDS is {keep}: it must be 1 s or more")
         return keep
 
-    def job_limits(self, spider: str, limits: dict[str, float] | None) -> dict[str, float]:
+    def job_limits(
+        self, spider: SpiderOrCrawler, limits: dict[str, float] | None
+    ) -> dict[str, float]:
         """A job's limits: the spider's ``CLOSESPIDER_*`` settings, then ``limits`` over them."""
         settings = self.spider_settings(spider)
         found = {
@@ -197,7 +212,7 @@ class Project:
 
     def seed_entries(
         self,
-        spider: str,
+        spider: SpiderOrCrawler,
         seeds: Sequence[Any],
         job_id: str,
         priority: int,
@@ -207,8 +222,8 @@ class Project:
 
         No seeds: the requests of the spider's ``start()`` (its ``start_urls``).
         """
-        spidercls = self.spider_class(spider)
-        crawler = Crawler(spidercls, self.settings)
+        crawler = self.crawler(spider)
+        spidercls = crawler.spidercls
         instance = spidercls.from_crawler(crawler, **(args or {}))  # as `scrapy crawl -a` does
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler

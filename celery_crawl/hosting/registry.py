@@ -6,7 +6,7 @@ set with one member per worker process that hosts crawlers: its JSON entry
 heartbeat in unix ms, taken from the server's clock (``hosting/lua/worker_beat.lua``).
 
 A process beats every ``CELERY_CRAWL_HEARTBEAT_SECONDS`` from a thread of its
-own (:class:`WorkerBeat`, run by :class:`celery_crawl.core.heartbeat.Heartbeat`),
+own (:class:`WorkerRegistration`, run by :class:`celery_crawl.core.heartbeat.Heartbeat`),
 and counts as live until it has missed three beats. A clean stop removes its
 entry at once; a killed process's entry stays, shown as lost, for an hour.
 
@@ -60,8 +60,9 @@ class WorkerInfo:
         }
 
 
-class WorkerBeat:
-    """One process's entry in the registry; :meth:`beat` stamps it, :meth:`leave` removes it."""
+class WorkerRegistration:
+    """One process's entry in the registry; :meth:`renew` stamps it, :meth:`unregister`
+    removes it."""
 
     def __init__(
         self,
@@ -74,7 +75,7 @@ class WorkerBeat:
         self.client = client
         self.key = key
         # a registry of another type is refused (nothing written); moved aside, counted
-        # with the first spider the process hosts, and the beat sent again
+        # with the first spider the process hosts, and the renewal sent again
         self.repairer = repairer
         hostname = hostname or socket.gethostname()
         pid = os.getpid()
@@ -90,7 +91,7 @@ class WorkerBeat:
             separators=(",", ":"),
         )
 
-    def beat(self) -> None:
+    def renew(self) -> None:
         args: list[str | int] = [self.entry, int(FORGET_AFTER * 1000)]
         beat = scripts.script(self.client, "worker_beat")
         if self.repairer is None:
@@ -98,7 +99,7 @@ class WorkerBeat:
         else:
             retried(self.repairer, lambda: beat(keys=[self.key], args=args))
 
-    def leave(self) -> None:
+    def unregister(self) -> None:
         self.client.zrem(self.key, self.entry)
 
 

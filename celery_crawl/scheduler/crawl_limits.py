@@ -131,4 +131,4 @@ class CrawlLimits:
         self.reason = LIMITS[name][1]
         logger.info("crawl-wide limit %s reached: closing (%s)", LIMITS[name][0], self.reason)
         self.stop()
-        EngineHooks(self.crawler).close(self.reason)
+        EngineHooks(self.crawler).close_spider(self.reason)

@@ -11,7 +11,7 @@ spider's queue, and ends when the last one closes. Its state is one hash,
 - ``pages``, ``items``, ``errors``  the crawl-wide counts the ``CLOSESPIDER_*``
   limits are held to.
 
-``scheduler/lua/crawl_open.lua`` registers a scheduler and begins or joins the crawl in
+``scheduler/lua/crawl_open.lua`` registers a scheduler and begins the crawl, or takes part in it, in
 one step (with ``SCHEDULER_PERSIST`` off, a new crawl starts with fresh
 stats); ``scheduler/lua/crawl_start.lua`` tells where the start requests stand;
 ``queue/lua/scheduler_leave.lua`` deletes the hash with the last scheduler.
@@ -67,7 +67,7 @@ class Crawl:
         self.id = scheduler_id
 
     def open(self, seconds: float, *, fresh_stats: bool) -> Opened:
-        """Register for ``seconds`` and join the crawl, or begin one
+        """Register for ``seconds`` and take part in the crawl, or begin one
         (``scheduler/lua/crawl_open.lua``)."""
         keys = [self.keys.open_schedulers, self.keys.crawl, self.keys.stats, self.keys.stats_types]
         args: list[str | int] = [self.id, max(1, int(seconds * 1000)), int(fresh_stats)]

@@ -6,7 +6,8 @@ The scheduler needs things Scrapy's public API does not give:
   through the callback and every request the callback yielded reached the
   scheduler, or the request failed for good), so that its lease is acked
   only then. The engine's slot calls ``remove_request(request)`` at exactly
-  that moment; :meth:`EngineHooks.on_request_done` wraps it.
+  that moment; :meth:`EngineHooks.ack_when_done` wraps it: the one place the
+  scheduler's ``ack`` is called from, and the only change made to the engine;
 - to know whether the engine has **work** besides its start requests
   (:func:`has_work`), which ``Spider.start()`` of a
   :class:`~celery_crawl.spiders.RedisSpider` needs to measure idle time while
@@ -16,7 +17,11 @@ The scheduler needs things Scrapy's public API does not give:
   others waiting on it (:meth:`EngineHooks.wrap_start`, ``engine._start``);
 - to **wake** the engine's scheduling loop as soon as another process
   pushes work, instead of at its next 5-second heartbeat:
-  ``slot.nextcall.schedule(delay)``.
+  ``slot.nextcall.schedule(delay)``;
+- to **close the spider** when a crawl-wide limit is reached, as Scrapy's
+  ``CloseSpider`` extension does (:meth:`EngineHooks.close_spider`);
+- to reach the item **pipelines**, whose ``open_job`` and ``close_job`` hooks
+  run as a process joins and leaves a job (``engine.scraper.itemproc``).
 
 Checked against Scrapy 2.19 (``ExecutionEngine._slot``, ``_start``, a ``_Slot`` with
 ``remove_request``, ``nextcall`` and ``scheduler``; ``engine.downloader.active``,
@@ -51,8 +56,12 @@ class EngineHooks:
         except RuntimeError:  # Crawler.engine before the crawl started
             return None
 
-    def on_request_done(self, callback: Callable[[Any], None]) -> None:
-        """Call ``callback(request)`` each time the engine is done with a request."""
+    def ack_when_done(self, ack: Callable[[Any], None]) -> None:
+        """Call ``ack(request)`` each time the engine is done with a request.
+
+        The engine's slot is patched here, and nowhere else: its
+        ``remove_request`` runs, then ``ack``.
+        """
         slot = getattr(self.engine, "_slot", None)
         if slot is None or not hasattr(slot, "remove_request"):
             raise ConfigError(
@@ -61,11 +70,11 @@ class EngineHooks:
             )
         remove_request = slot.remove_request
 
-        def remove_and_notify(request: Any) -> None:
+        def remove_then_ack(request: Any) -> None:
             remove_request(request)
-            callback(request)
+            ack(request)
 
-        slot.remove_request = remove_and_notify
+        slot.remove_request = remove_then_ack
 
     def wrap_start(self, wrapper: Callable[[Any], Any]) -> None:
         """Put ``wrapper(start)`` in place of the spider's start output the engine reads.
@@ -86,13 +95,18 @@ class EngineHooks:
         if engine._start is not None:
             engine._start = wrapper(engine._start)
 
-    def close(self, reason: str) -> None:
+    def close_spider(self, reason: str) -> None:
         """Close the spider with ``reason``, as Scrapy's ``CloseSpider`` extension does."""
         from scrapy.utils.defer import deferred_from_coro
 
         engine = self.engine
         if engine is not None and engine.spider is not None:
             deferred_from_coro(engine.close_spider_async(reason=reason))
+
+    def pipelines(self) -> list[Any]:
+        """The item pipelines of the running engine (none without an engine)."""
+        itemproc = getattr(getattr(self.engine, "scraper", None), "itemproc", None)
+        return list(getattr(itemproc, "middlewares", ()))
 
     def wake(self, delay: float = 0.0) -> None:
         """Ask the engine for its next request ``delay`` seconds from now (no-op when closed)."""

@@ -1,4 +1,4 @@
-"""A worker process's part in the jobs it works on: open it, run it, close it.
+"""A worker process's part in the jobs it works on: join, run, leave.
 
 Hosted crawlers serve every job of their spider, so Scrapy's per-crawl hooks
 (``open_spider``, ``close_spider``, ``spider_closed``, feeds) run only when a
@@ -14,7 +14,7 @@ moments, in every process that works on it:
    (``jobs/lua/include/jobs.lua``); a thread of each process waits on its own.
    Should a notice be lost (Redis restarted), the scheduler's maintenance
    finds the end anyway, from the states of the jobs joined (:meth:`Participation.check`).
-3. **Close.** Once the process holds no more leases of the job (its last
+3. **Leave.** Once the process holds no more leases of the job (its last
    responses went through their callbacks, and their items through the
    pipelines), pipelines' ``close_job(job_id, stats)`` run, then the
    ``job_finished(job_id, stats, spider)`` signal is sent (``%(job)s`` feeds
@@ -56,8 +56,8 @@ if TYPE_CHECKING:
     from celery_crawl.queue.queues import Base
 
 logger = logging.getLogger(__name__)
-MAX_JOBS_KEPT = 4096  # jobs a process remembers having closed its part of
-RETRY_SECONDS = 1.0  # closing a job's part again, after Redis was away
+MAX_JOBS_KEPT = 4096  # jobs a process remembers having left
+RETRY_SECONDS = 1.0  # leaving a job again, after Redis was away
 MAX_ENDED_TAKEN = 1000  # job ids taken off the list of ended jobs per notice
 
 
@@ -89,11 +89,11 @@ class Participation:
         self.holds = holds  # whether this process still holds a lease of the job
         self.flush = flush  # writes this process's acks and job stats
         self.joined: dict[str, JobInfo] = {}
-        self.ending: set[str] = set()  # ended, this process's part not closed yet
-        self.closing: set[str] = set()
+        self.ending: set[str] = set()  # ended, not left yet
+        self.leaving: set[str] = set()
         self.done: OrderedDict[str, None] = OrderedDict()  # ended here: requests discarded
         self._opening: dict[str, list[Any]] = {}  # job -> open_job awaitables
-        self._hooks_run: set[str] = set()  # closing: close_job and job_finished done
+        self._hooks_run: set[str] = set()  # leaving: close_job and job_finished done
         self._stop_listening: Callable[[], None] | None = None
 
     # -- join ---------------------------------------------------------------
@@ -159,7 +159,7 @@ class Participation:
             reactor.callFromThread(self.ended, job)
 
     def ended(self, job: str) -> None:
-        """In the reactor: ``job`` ended; close this process's part once it holds none of it."""
+        """In the reactor: ``job`` ended; this process leaves it once it holds none of it."""
         if job not in self.joined:
             return
         self.ending.add(job)
@@ -167,12 +167,13 @@ class Participation:
 
     def request_done(self, job: str) -> None:
         """The engine is done with a request of ``job``: was it the last one held here?"""
-        if job in self.ending and job not in self.closing and not self.holds(job):
-            self.closing.add(job)
-            deferred_from_coro(self.close(job))
+        if job in self.ending and job not in self.leaving and not self.holds(job):
+            self.leaving.add(job)
+            deferred_from_coro(self.leave(job))
 
-    async def close(self, job: str) -> None:
-        """Close this process's part of an ended job; tried again while Redis is away.
+    async def leave(self, job: str) -> None:
+        """Leave an ended job: run the hooks, write what is buffered, then leave
+        (``jobs/lua/job_leave.lua``); tried again while Redis is away.
 
         The hooks run once: a retry only writes what is buffered and leaves.
         """
@@ -185,14 +186,14 @@ class Participation:
             self.flush()
             self.queue.leave_job(job, self.id)
         except connection.TRANSIENT_ERRORS as exc:
-            logger.warning("Redis unreachable, job %s not closed here yet: %s", job, exc)
+            logger.warning("Redis unreachable, job %s not left yet: %s", job, exc)
             self._retry(job)
             return
         except Exception:  # never into the reactor: the job's participants expire instead
-            logger.exception("closing this process's part of job %s failed", job)
+            logger.exception("leaving job %s failed", job)
         self.joined.pop(job, None)
         self.ending.discard(job)
-        self.closing.discard(job)
+        self.leaving.discard(job)
         self._hooks_run.discard(job)
         self._remember_done(job)
 
@@ -227,7 +228,7 @@ class Participation:
                 self.ended(job)
 
     def _retry(self, job: str) -> None:
-        self.closing.discard(job)
+        self.leaving.discard(job)
         reactor_call_later(RETRY_SECONDS, lambda: self.request_done(job))
 
     def _remember_done(self, job: str) -> None:
@@ -244,18 +245,16 @@ class Participation:
     # -- the pipelines' hooks ------------------------------------------------
 
     def _pipelines(self) -> list[Any]:
-        engine = EngineHooks(self.crawler).engine
-        itemproc = getattr(getattr(engine, "scraper", None), "itemproc", None)
-        return list(getattr(itemproc, "middlewares", ()))
+        return EngineHooks(self.crawler).pipelines()
 
     def _call(self, job: str, name: str, hook: Any, *args: Any, pending: list[Any]) -> None:
-        """Call a pipeline's hook; an awaitable it returns is awaited before the job closes."""
+        """Call a pipeline's hook; an awaitable it returns is awaited before the job is left."""
         try:
             result = hook(*args)
         except Exception as exc:
             self._failed(job, name, hook, exc)
             return
-        if inspect.isawaitable(result):  # started now, awaited before the job closes here
+        if inspect.isawaitable(result):  # started now, awaited before the job is left
             pending.append((name, hook, deferred_from_coro(result)))
 
     async def _await(self, job: str, name: str, hook: Any, *args: Any) -> None:

@@ -14,14 +14,11 @@ spiders share a base class).
 
 from __future__ import annotations
 
-from typing import Any
-
 from scrapy import Request
 
 from celery_crawl.core.errors import ConfigError
-from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.queue.queues import Base
-from celery_crawl.scheduler.components import queue_class
+from celery_crawl.scheduler.components import Components
 
 SPIDER_META = "celery_crawl.spider"
 
@@ -40,28 +37,24 @@ def target_of(request: Request, own: str) -> str | None:
 
 
 class Router:
-    """The queues of the other spiders of one spider's group, built on first use."""
+    """The queues of the other spiders of one spider's group, built on first use
+    by the same factory as the spider's own queue."""
 
-    def __init__(self, own: Base, settings: Any) -> None:
+    def __init__(self, own: Base, components: Components) -> None:
         self.own = own
-        self.settings = settings
+        self.components = components
         self._queues: dict[str, Base] = {}
 
     def queue(self, spider: str) -> Base:
         """``spider``'s queue; :class:`ConfigError` if it is outside the own group."""
         queue = self._queues.get(spider)
         if queue is None:
-            keys = SpiderKeys.from_settings(spider, self.settings)
+            keys = self.components.keys(spider)
             if keys.group != self.own.keys.group:
                 raise ConfigError(
                     f"cannot route a request from {self.own.keys.spider!r} to {spider!r}: "
                     f"not in its group {self.own.keys.group!r} (CELERY_CRAWL_SPIDER_GROUPS)"
                 )
-            queue = queue_class(self.settings)(
-                self.own.client,
-                keys,
-                lease_seconds=self.own.lease_seconds,
-                dedup=self.own.dedup,
-            )
+            queue = self.components.queue(keys)
             self._queues[spider] = queue
         return queue

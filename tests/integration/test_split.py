@@ -17,6 +17,7 @@ from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys, group_members
 from celery_crawl.hosting.project import project_of
 from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.scheduler.components import Components
 from celery_crawl.scheduler.routing import Router
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
 from tests.support.workers import Worker
@@ -96,7 +97,7 @@ def test_routing_outside_the_group_is_refused_with_a_clear_error(redis_url: str)
     settings = Settings({"CELERY_CRAWL_SPIDER_GROUPS": {"forum_detail": "forum"}})
     client = redis.Redis.from_url(redis_url)
     own = PriorityQueue(client, SpiderKeys.from_settings("forum", settings))
-    router = Router(own, settings)
+    router = Router(own, Components(settings, client))
 
     assert router.queue("forum_detail").keys.spider == "forum_detail"
     with pytest.raises(ConfigError, match="not in its group 'forum'"):

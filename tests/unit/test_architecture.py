@@ -258,3 +258,52 @@ def test_each_script_is_run_by_its_own_package() -> None:
     assert {name for name, _ in calls} == set(scripts.entry_scripts())  # every script is run
     crossings = {(name, package) for name, package in calls if scripts.owner(name) != package}
     assert crossings == CROSSINGS
+
+
+# what Scrapy's engine keeps private, and the attributes through which it is reached
+ENGINE_PRIVATE = {
+    "_slot",
+    "_start",
+    "remove_request",
+    "nextcall",
+    "scraper",
+    "itemproc",
+    "downloader",
+}
+
+
+def engine_reaches(path: Path) -> list[str]:
+    """``x.<private name>`` (not ``self``'s own), ``getattr(x, "<private name>")`` and
+    ``setattr(...)`` in ``path``: line and text."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and node.attr in ENGINE_PRIVATE:
+            owner = node.value
+            if not (isinstance(owner, ast.Name) and owner.id == "self"):
+                found.append(f"{node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            found += [f"{node.lineno}: {what}" for what in reflection(node.func.id, node.args)]
+    return found
+
+
+def reflection(function: str, args: list[ast.expr]) -> list[str]:
+    """``setattr`` anything, or ``getattr``/``hasattr`` an engine's private name."""
+    if function == "setattr":
+        return ["setattr"]
+    if function not in ("getattr", "hasattr") or len(args) < 2:
+        return []
+    name = args[1]
+    if isinstance(name, ast.Constant) and name.value in ENGINE_PRIVATE:
+        return [f"{function}({name.value!r})"]
+    return []
+
+
+def test_only_the_engine_hooks_reach_into_scrapys_engine() -> None:
+    engine = PACKAGE / "scheduler" / "engine.py"
+    assert engine_reaches(engine), "the scan finds nothing: ENGINE_PRIVATE is out of date"
+    elsewhere = {
+        path.relative_to(PACKAGE).as_posix(): found
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if path != engine and (found := engine_reaches(path))
+    }
+    assert not elsewhere

@@ -113,7 +113,7 @@ request.meta.get("NOT_A_SETTING_READ")
     }
     modules = {r.where.split(":")[0] for r in READS}
     assert {
-        "scheduler/scheduler.py",
+        "scheduler/config.py",
         "app/factory.py",
         "hosting/host.py",
         "core/keys.py",

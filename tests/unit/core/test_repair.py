@@ -578,14 +578,16 @@ def case_job_reconcile_participants(client: redis.Redis, prefix: str) -> Any:
 
 def case_worker_beat_registry(client: redis.Redis, prefix: str) -> Any:
     from celery_crawl.core.keys import workers_key
-    from celery_crawl.hosting.registry import WorkerBeat
+    from celery_crawl.hosting.registry import WorkerRegistration
 
     forum, _ = _forum_group(client, prefix)
     key = workers_key(prefix)
     _wrong_type(client, key)
-    plain = WorkerBeat(client, key, ["forum"])  # no repairer: the refusal reaches the caller
-    hosted = WorkerBeat(client, key, ["forum"], repairer=Repairer(client, forum.keys))
-    return plain.beat, lambda: hosted.beat() is None and client.zcard(key) == 1, key
+    plain = WorkerRegistration(
+        client, key, ["forum"]
+    )  # no repairer: the refusal reaches the caller
+    hosted = WorkerRegistration(client, key, ["forum"], repairer=Repairer(client, forum.keys))
+    return plain.renew, lambda: hosted.renew() is None and client.zcard(key) == 1, key
 
 
 AUDITED = {

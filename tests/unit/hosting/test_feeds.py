@@ -266,7 +266,7 @@ def test_scrapy_counts_a_spooled_feed_under_its_storage_class(
     exporter.route_item({"path": "/a"}, response, spider)
     (slot,) = exporter.job_slots["1"]
     assert type(slot.storage).__name__ == "FolderFeedStorage"
-    asyncio.run(exporter.close_job("1", {}, spider))
+    asyncio.run(exporter.store_job_feeds("1", {}, spider))
     stats = exporter.crawler.stats
     assert stats.get_value("feedexport/success_count/FolderFeedStorage") == 1
     assert stats.get_value("feedexport/success_count/SpooledStorage") is None

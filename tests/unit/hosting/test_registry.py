@@ -7,25 +7,25 @@ import time
 import redis
 
 from celery_crawl.core.keys import workers_key
-from celery_crawl.hosting.registry import Registry, WorkerBeat, waiting_reason
+from celery_crawl.hosting.registry import Registry, WorkerRegistration, waiting_reason
 
 
 def test_a_beating_process_is_live_and_hosts_its_spiders(client: redis.Redis, prefix: str) -> None:
     registry = Registry(workers_key(prefix), heartbeat=5.0)
-    beat = WorkerBeat(client, registry.key, ["paths", "forum"], "w1@host")
-    beat.beat()
+    beat = WorkerRegistration(client, registry.key, ["paths", "forum"], "w1@host")
+    beat.renew()
     (worker,) = registry.read(client)
     assert (worker.id, worker.spiders, worker.live) == (beat.id, ["forum", "paths"], True)
     assert worker.age < 5.0
     assert waiting_reason([worker], "paths") == ""
     assert waiting_reason([worker], "other") == "waiting: no live worker hosts other"
-    beat.leave()
+    beat.unregister()
     assert registry.read(client) == []
 
 
 def test_a_process_that_stopped_beating_is_lost(client: redis.Redis, prefix: str) -> None:
     registry = Registry(workers_key(prefix), heartbeat=5.0)
-    beat = WorkerBeat(client, registry.key, ["paths"], "w2@host")
+    beat = WorkerRegistration(client, registry.key, ["paths"], "w2@host")
     client.zadd(registry.key, {beat.entry: 1})  # its last beat, long ago
     (worker,) = registry.read(client)
     assert not worker.live
@@ -34,7 +34,7 @@ def test_a_process_that_stopped_beating_is_lost(client: redis.Redis, prefix: str
 
 def test_entries_that_are_not_ours_are_skipped(client: redis.Redis, prefix: str) -> None:
     registry = Registry(workers_key(prefix), heartbeat=5.0)
-    WorkerBeat(client, registry.key, ["paths"], "w3@host").beat()
+    WorkerRegistration(client, registry.key, ["paths"], "w3@host").renew()
     now_ms = int(time.time() * 1000)  # recent: no beat prunes them before the read
     client.zadd(registry.key, {b"not json": now_ms, b'{"id": 1}': now_ms, b"[]": now_ms})
     assert client.zcard(registry.key) == 4
