@@ -17,8 +17,10 @@ from typing import Any
 from celery_crawl.core import connection
 from celery_crawl.core.keys import job_spider
 from celery_crawl.hosting.project import Project, project_of
-from celery_crawl.jobs.inputs import check_job, check_limits
-from celery_crawl.jobs.job import ARGS_FIELD, Job, limit_fields
+from celery_crawl.jobs.handle import Job
+from celery_crawl.jobs.inputs import check_job
+from celery_crawl.jobs.limits import check_limits, limit_fields
+from celery_crawl.jobs.store import ARGS_FIELD
 
 logger = logging.getLogger(__name__)
 JOB_TASK = "celery_crawl.crawl"

@@ -52,8 +52,9 @@
 -- The keys the bookkeeping of a job writes are in job_guard, those of an ack in
 -- ack_guard, for a script's check before its first write (include/keytypes.lua).
 --
--- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries).
--- Defines: job_seen_add, job_running, job_late, job_add, job_phase,
+-- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries); its
+-- tables FINAL, JOB_COUNTERS and LIMITED are generated from celery_crawl.jobs.store.
+-- Defines: FINAL, JOB_COUNTERS, LIMITED, job_seen_add, job_running, job_late, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
 -- job_notify, job_guard(spec, job), ack_guard(spec, inflight, args, first, last).
 
@@ -65,7 +66,9 @@ local JOB_TTL = 7 * 24 * 3600  -- a running job's participants; a finished job: 
 local DONE_TOKENS = 16
 local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
 
-local FINAL = {done = true, incomplete = true, failed = true, cancelled = true, closed = true}
+-- FINAL: the final states, as a set; JOB_COUNTERS: a job hash's counters; LIMITED: the
+-- limits checked as a job's field grows -> the reason it is closed with when reached
+--!generated celery_crawl.jobs.store:lua_tables
 
 -- A job hash of another type (damaged) counts as no job: core/lua/repair.lua moves it aside.
 local function job_exists(job)
@@ -217,13 +220,7 @@ function job_close(job, reason)
 end
 
 -- After the job's stat field grew: close the job if it reached that field's limit
--- (pages: closespider_pagecount, items: closespider_itemcount, errors:
--- closespider_errorcount, as Scrapy names them).
-local LIMITED = {
-    pages = 'closespider_pagecount',
-    items = 'closespider_itemcount',
-    errors = 'closespider_errorcount',  -- callback errors (Scrapy's spider_error)
-}
+-- (LIMITED, from celery_crawl.jobs.limits: pages, items, errors, with Scrapy's reasons).
 local function job_check_limits(job, field)
     if not LIMITED[field] or not job_exists(job) then return end
     local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/' .. field, field)
