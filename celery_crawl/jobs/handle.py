@@ -275,7 +275,7 @@ class Job:
             return status, True
         remaining = _left(deadline, poll)
         if remaining > 0:
-            done_key = self.keys.job(self.id) + ":done"
+            done_key = self.keys.job_done(self.id)
             self.client.blpop([done_key], timeout=max(min(remaining, poll), 0.01))
         return status, False
 

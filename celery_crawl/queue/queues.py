@@ -261,7 +261,7 @@ class Base:
         """Finish leases now: the requests are done, and their jobs count them."""
         if not members:
             return 0
-        keys = [self.keys.inflight, self.keys.job_prefix]
+        keys = [self.keys.inflight, self.keys.job_prefix, self.keys.queue]
         return int(self._acking(self._script("ack"), keys, list(members)))
 
     def _acking(self, script: Script, keys: list[str], args: list[Any]) -> Any:

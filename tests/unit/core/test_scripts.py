@@ -303,16 +303,35 @@ def test_generated_tables_are_what_python_holds(client: redis.Redis, folder: Pat
 
 
 def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
+    from celery_crawl.core import keys
     from celery_crawl.jobs import limits, store
 
     copies = [limit.reason for limit in limits.LIMITS.values() if limit.reason]
     copies += [f"{state} = true" for state in store.TERMINAL_STATES]
     copies += ["'" + "', '".join(store.COUNTERS[:3])]
+    job_keys = (keys.JOB_PARTICIPANTS, keys.JOB_DONE, keys.JOB_SEEN, keys.JOB_STATES)
+    copies += [f"'{suffix}'" for suffix in (*job_keys, keys.ACTIVE_JOBS, keys.JOB_ENDED)]
     files = [*scripts.files("").values(), *scripts.files("include").values()]
     for file in files:
         text = re.sub(r"--.*", "", file.read_text())  # the code: comments may name them
         held = [copy for copy in copies if copy in text]
         assert not held, f"{file}: {held}, generated from Python instead (--!generated)"
+
+
+def test_the_generated_job_keys_are_those_python_names(client: redis.Redis, folder: Path) -> None:
+    from celery_crawl.core.keys import SpiderKeys
+
+    keys = SpiderKeys.build("spider", prefix="p")
+    (folder / "main.lua").write_text(
+        "local JOB_PREFIX = KEYS[1]\n"
+        "--!generated celery_crawl.core.keys:lua_job_keys\n"
+        "return {job_participants_key('j'), job_done_key('j'), job_seen_key('j'),"
+        " JOB_STATES_KEY, ACTIVE_JOBS_KEY, job_ended_key('s')}\n"
+    )
+    found = client.eval(scripts.source("main"), 1, keys.job_prefix)
+    expected = [keys.job_participants("j"), keys.job_done("j"), keys.job_seen("j")]
+    expected += [keys.job_states, keys.active_jobs, keys.job_ended("s")]
+    assert [key.decode() for key in found] == expected
 
 
 def test_a_generated_directive_names_a_library_function(folder: Path) -> None:
