@@ -13,7 +13,7 @@ nor Scrapy, and changes nothing in either)::
 - :func:`crawl`, :func:`find_job`: start a job, or find one by id
   (:mod:`celery_crawl.app.client`);
 - :class:`Job`, :class:`JobStatus`: the handle ``crawl()`` returns, and a
-  job's live progress (:mod:`celery_crawl.jobs.job`);
+  job's live progress (:mod:`celery_crawl.jobs.handle`);
 - for spiders and pipelines: :func:`job_args` (a job's spider arguments),
   :func:`item_job` (an item's job), and the signals :data:`job_opened` and
   :data:`job_finished` (:mod:`celery_crawl.scheduler.participation`);
@@ -33,12 +33,12 @@ _EXPORTS = {
     "create_app": "celery_crawl.app.factory",
     "crawl": "celery_crawl.app.client",
     "find_job": "celery_crawl.app.client",
-    "Job": "celery_crawl.jobs.job",
-    "JobStatus": "celery_crawl.jobs.job",
-    "job_args": "celery_crawl.jobs.job",
-    "item_job": "celery_crawl.jobs.job",
-    "job_opened": "celery_crawl.jobs.job",
-    "job_finished": "celery_crawl.jobs.job",
+    "Job": "celery_crawl.jobs.handle",
+    "JobStatus": "celery_crawl.jobs.handle",
+    "job_args": "celery_crawl.jobs.signals",
+    "item_job": "celery_crawl.jobs.signals",
+    "job_opened": "celery_crawl.jobs.signals",
+    "job_finished": "celery_crawl.jobs.signals",
     **{
         name: "celery_crawl.core.errors"
         for name in (
@@ -104,7 +104,8 @@ if TYPE_CHECKING:
         UnknownJob,
         UnknownSpider,
     )
-    from celery_crawl.jobs.job import Job, JobStatus, item_job, job_args, job_finished, job_opened
+    from celery_crawl.jobs.handle import Job, JobStatus
+    from celery_crawl.jobs.signals import item_job, job_args, job_finished, job_opened
 
 
 def __getattr__(name: str) -> Any:

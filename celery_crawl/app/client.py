@@ -17,8 +17,10 @@ from typing import TYPE_CHECKING, Any
 from celery_crawl.core import connection
 from celery_crawl.core.keys import job_spider
 from celery_crawl.hosting.project import Project, project_of
-from celery_crawl.jobs.inputs import check_job, check_limits
-from celery_crawl.jobs.job import ARGS_FIELD, Job, limit_fields
+from celery_crawl.jobs.handle import Job
+from celery_crawl.jobs.inputs import check_job
+from celery_crawl.jobs.limits import check_limits, limit_fields
+from celery_crawl.jobs.store import ARGS_FIELD
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

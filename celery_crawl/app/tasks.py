@@ -35,8 +35,9 @@ from celery_crawl.core.errors import (
 from celery_crawl.core.keys import job_spider, stopping_worker
 from celery_crawl.hosting.project import Project, parse_seed, project_of
 from celery_crawl.hosting.registry import Registry, WorkerInfo, waiting_reason
-from celery_crawl.jobs.inputs import JobInput, check_args, check_job, check_limits, check_seeds
-from celery_crawl.jobs.job import Job, JobStatus
+from celery_crawl.jobs.handle import Job, JobStatus
+from celery_crawl.jobs.inputs import JobInput, check_args, check_job, check_seeds
+from celery_crawl.jobs.limits import check_limits, time_limited
 
 logger = logging.getLogger(__name__)
 HAND_BACK = "worker shutting down; another worker joins the job"
@@ -171,8 +172,8 @@ def close_if_out_of_time(job: Job, status: JobStatus) -> None:
     Redis compares the job's age with its limit on its own clock, so a worker
     whose clock is off closes it neither early nor late.
     """
-    limit = (status.limits or {}).get("seconds")
-    if not limit or status.finished:
+    limit = time_limited(status.limits, status.finished)
+    if not limit:
         return
     try:
         closed = job.close_if_out_of_time()

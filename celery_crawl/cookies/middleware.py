@@ -53,7 +53,7 @@ from celery_crawl.core.defaults import SETTINGS, setting
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
-from celery_crawl.jobs.job import job_finished, job_of
+from celery_crawl.jobs.signals import job_finished, job_of
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler

@@ -20,6 +20,7 @@ from typing import Any
 
 from celery_crawl.core.defaults import SETTINGS, setting
 from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.scripts import lua_value
 
 DEFAULT_PREFIX: str = SETTINGS["CELERY_CRAWL_KEY_PREFIX"].default
 
@@ -30,9 +31,34 @@ DEADLETTER_TEMPLATE: str = SETTINGS["SCHEDULER_DEADLETTER_KEY"].default
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
 PRODUCER_TEMPLATE = "%(prefix)s:%(spider)s:producer"
 COOKIES_TEMPLATE = "%(prefix)s:%(spider)s:cookies"
+# the keys beside a group's job hashes, after its job prefix (``SpiderKeys.job_prefix``):
+# each job's, after its id, and the prefix's own; the Lua's names for them are generated
+# from these (:func:`lua_job_keys`)
+JOB_PARTICIPANTS = ":participants"
+JOB_DONE = ":done"
+JOB_SEEN = ":seen"
+JOB_STATES = "~states"
+ACTIVE_JOBS = "~active"
+JOB_ENDED = "~ended:"
 # a writer's record of its last numbered call (``written``, ``stats_written``): kept past
 # any outage a retry could wait out, then gone with the writer (a stopped process)
 WRITTEN_KEPT_MS = 3_600_000
+
+
+def lua_job_keys() -> str:
+    """The Lua names of the keys beside the job hashes of ``JOB_PREFIX`` (``jobs/lua``)."""
+    per_job = {"participants": JOB_PARTICIPANTS, "done": JOB_DONE, "seen": JOB_SEEN}
+    lines = [
+        f"local JOB_STATES_KEY = JOB_PREFIX .. {lua_value(JOB_STATES)}",
+        f"local ACTIVE_JOBS_KEY = JOB_PREFIX .. {lua_value(ACTIVE_JOBS)}",
+        "local function job_ended_key(participant)",
+        f"    return JOB_PREFIX .. {lua_value(JOB_ENDED)} .. participant",
+        "end",
+    ]
+    for name, suffix in per_job.items():
+        lines += [f"local function job_{name}_key(job)"]
+        lines += [f"    return JOB_PREFIX .. job .. {lua_value(suffix)}", "end"]
+    return "\n".join(lines)
 
 
 def job_spider(prefix: str, job_id: str) -> str:
@@ -198,11 +224,19 @@ class SpiderKeys:
 
     def job_participants(self, job_id: str) -> str:
         """Hash: the schedulers working on a job -> their registration key (``lua/job_join``)."""
-        return self.job_prefix + job_id + ":participants"
+        return self.job_prefix + job_id + JOB_PARTICIPANTS
+
+    def job_done(self, job_id: str) -> str:
+        """List: the tokens that wake ``Job.wait()`` once the job has ended and been left."""
+        return self.job_prefix + job_id + JOB_DONE
+
+    def job_seen(self, job_id: str) -> str:
+        """Set: the fingerprints of a job's requests, under the job dedup scope."""
+        return self.job_prefix + job_id + JOB_SEEN
 
     def job_ended(self, scheduler_id: str) -> str:
         """List of the ended jobs a scheduler worked on, until it closes its part of them."""
-        return f"{self.job_prefix}~ended:{scheduler_id}"
+        return self.job_prefix + JOB_ENDED + scheduler_id
 
     def cookie_jar(self, job: str, jar: str) -> str:
         """A shared cookie jar (``celery_crawl.cookies.store``): one per job and jar name.
@@ -246,12 +280,12 @@ class SpiderKeys:
     def job_states(self) -> str:
         """Jobs per phase: queued, running, done, cancelled
         (kept by ``jobs/lua/include/jobs.lua``)."""
-        return self.job_prefix + "~states"
+        return self.job_prefix + JOB_STATES
 
     @property
     def active_jobs(self) -> str:
         """Ids of the queued and running jobs (kept by ``jobs/lua/include/jobs.lua``)."""
-        return self.job_prefix + "~active"
+        return self.job_prefix + ACTIVE_JOBS
 
     @classmethod
     def build(

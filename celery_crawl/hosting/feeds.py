@@ -54,7 +54,7 @@ from scrapy.extensions.feedexport import (
 from scrapy.utils.defer import deferred_from_coro, maybe_deferred_to_future
 
 from celery_crawl.core.errors import ConfigError
-from celery_crawl.jobs.job import acks_due, job_finished, job_of
+from celery_crawl.jobs.signals import acks_due, job_finished, job_of
 
 if TYPE_CHECKING:
     from scrapy import Spider

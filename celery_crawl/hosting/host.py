@@ -13,7 +13,7 @@ A crawler that closes while the process runs (``CloseSpider`` from an
 extension, an error) is opened again; one that cannot be opened again makes
 the process exit non-zero, so that its supervisor replaces it. Jobs end on
 their own: ``CloseSpider`` in a job's callback and the ``CLOSESPIDER_*``
-limits close that job, not the crawler (:mod:`celery_crawl.jobs.job`).
+limits close that job, not the crawler (:mod:`celery_crawl.jobs.limits`).
 
 Once the crawlers are open, the process's startup heap (modules, the Celery
 app, the crawlers and their components) is frozen out of the cyclic garbage

@@ -41,7 +41,7 @@ import logging
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Self
 
-from celery_crawl.jobs.job import job_of
+from celery_crawl.jobs.signals import job_of
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider

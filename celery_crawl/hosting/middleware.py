@@ -20,8 +20,8 @@ from scrapy.exceptions import CloseSpider
 from scrapy.spidermiddlewares.depth import DepthMiddleware
 
 from celery_crawl.hosting.spiders import RedisMixin
-from celery_crawl.jobs.job import (
-    JOB_DEPTH_META,
+from celery_crawl.jobs.limits import depth_limit
+from celery_crawl.jobs.signals import (
     JOB_META,
     JOB_PRIORITY_META,
     forget_item,
@@ -113,7 +113,7 @@ class JobDepthMiddleware(DepthMiddleware):
     def get_processed_request(self, request: Request, response: Any) -> Request | None:
         if response is None or not job_of(response):
             return super().get_processed_request(request, response)
-        crawler_limit, self.maxdepth = self.maxdepth, int(response.meta.get(JOB_DEPTH_META) or 0)
+        crawler_limit, self.maxdepth = self.maxdepth, depth_limit(response)
         try:
             return super().get_processed_request(request, response)
         finally:

@@ -29,9 +29,11 @@ from celery_crawl.core.errors import BadSeed, ConfigError, EncodeError, UnknownS
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import RFPDupeFilter
 from celery_crawl.hosting.spiders import RedisMixin
-from celery_crawl.jobs.job import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META, LIMITS
+from celery_crawl.jobs.limits import from_settings as limits_from_settings
+from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META
 from celery_crawl.politeness.sites import SitePolicy
-from celery_crawl.queue.queues import Base, Entry
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.components import Components
 
 SpiderOrCrawler = str | Crawler  # a spider's name, or a crawler of it made once per crawl()
@@ -43,7 +45,7 @@ HOSTED_SETTINGS: dict[str, Any] = {
     "SCHEDULER_PERSIST": True,
     # a job's requests run in whichever process leases them: no crawl-wide start requests
     "SCHEDULER_START_REQUESTS": "every",
-    # CLOSESPIDER_* are each job's own limits (celery_crawl.jobs.job.LIMITS), not the crawler's
+    # CLOSESPIDER_* are each job's own limits (celery_crawl.jobs.limits.LIMITS), not the crawler's
     "CLOSESPIDER_SCOPE": "job",
     "TELNETCONSOLE_ENABLED": False,
     "REMOTE_CONTROL_ENABLED": False,
@@ -61,7 +63,7 @@ HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
         "celery_crawl.middleware.JobDepthMiddleware": 900,
     },
     "EXTENSIONS_BASE": {
-        # CLOSESPIDER_* are per job limits when hosted (celery_crawl.jobs.job.LIMITS): the
+        # CLOSESPIDER_* are per job limits when hosted (celery_crawl.jobs.limits.LIMITS): the
         # extension would close the crawler that every job of the spider shares
         "scrapy.extensions.closespider.CloseSpider": None,
         # FEEDS with %(job)s: a file per job, stored when the job ends
@@ -204,9 +206,7 @@ class Project:
     ) -> dict[str, float]:
         """A job's limits: the spider's ``CLOSESPIDER_*`` settings, then ``limits`` over them."""
         settings = self.spider_settings(spider)
-        found = {
-            name: settings.getfloat(name_setting) for name, (name_setting, _) in LIMITS.items()
-        }
+        found = limits_from_settings(settings)
         found.update(limits or {})
         return {name: value for name, value in found.items() if value}
 

@@ -1,3 +1,8 @@
-"""Layer 1: a job in Redis: its hash, counters, limits and states (``job_*.lua``), the
-handle :class:`~celery_crawl.jobs.job.Job` that application code waits on, and the checks of
-a job's input."""
+"""Layer 1: a job in Redis and what travels with it.
+
+``store`` owns the job's hash, its state machine and every ``job_*.lua`` call;
+``handle`` the :class:`~celery_crawl.jobs.handle.Job` that application code waits on,
+and :class:`~celery_crawl.jobs.handle.JobStatus`; ``limits`` the table of a job's limits
+and their checks; ``stats`` the per-job stats gathered from signals; ``signals`` the meta
+keys, the signals and the item -> job map; ``inputs`` the checks of a job's input.
+"""

@@ -14,9 +14,9 @@ with :func:`check_job`; a refusal raises :class:`~celery_crawl.core.errors.BadIn
   at most :data:`MAX_SEED_BYTES` as JSON, all together :data:`MAX_SEEDS_BYTES`:
   a string is not a list of seeds.
 - **Priority**: an integer (not a bool) within ±:data:`MAX_PRIORITY`.
-- **Limits**: names of ``celery_crawl.jobs.job.LIMITS``; numbers, finite, not
-  negative, at most :data:`MAX_LIMIT`; 0 or None means no limit; every limit
-  but ``seconds`` a whole number.
+- **Limits**: checked by :func:`celery_crawl.jobs.limits.check_limits`: names of
+  ``celery_crawl.jobs.limits.LIMITS``; numbers, finite, not negative, at most
+  :data:`MAX_LIMIT`; 0 or None means no limit; every limit but ``seconds`` a whole number.
 - **Spider arguments**: at most :data:`MAX_ARGS`, names identifiers, values
   strings of at most :data:`MAX_SEED_BYTES` bytes as JSON.
 
@@ -27,15 +27,14 @@ Every message quotes the input it refuses, cut to a readable length
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from celery_crawl.core.errors import BadInput, quote
-from celery_crawl.jobs.job import LIMITS
-from celery_crawl.queue.queues import MAX_JOB_ID
+from celery_crawl.jobs.limits import check_limits
+from celery_crawl.queue.entries import MAX_JOB_ID
 
 JOB_ID = re.compile(f"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_JOB_ID - 1}}}")
 MAX_SPIDER_NAME = 200
@@ -43,9 +42,7 @@ MAX_PRIORITY = 2**31 - 1
 MAX_SEEDS = 10_000
 MAX_SEED_BYTES = 16 * 1024
 MAX_SEEDS_BYTES = 1024 * 1024
-MAX_LIMIT = 2**53  # Lua counts in doubles: exact up to here
 MAX_ARGS = 100
-FRACTIONAL_LIMITS = ("seconds",)  # the others count pages, items, errors or levels
 
 
 @dataclass(frozen=True)
@@ -122,35 +119,6 @@ def seed_size(index: int, seed: Any) -> int:
             f"seed {index} {quote(seed)}: {size:,} bytes as JSON, at most {MAX_SEED_BYTES:,}"
         )
     return size
-
-
-def check_limits(limits: Any) -> dict[str, float]:
-    """The limits as numbers; 0 (or None) stays: it lifts the spider's own limit."""
-    if limits is None:
-        return {}
-    if not isinstance(limits, Mapping):
-        raise BadInput(f"limits {quote(limits)}: a dict of limit name -> number")
-    return {check_limit_name(name): check_limit(name, value) for name, value in limits.items()}
-
-
-def check_limit_name(name: Any) -> str:
-    if name not in LIMITS:
-        raise BadInput(f"job limit {quote(name)}: the limits are {', '.join(LIMITS)}")
-    return str(name)
-
-
-def check_limit(name: str, value: Any) -> float:
-    if value is None:
-        return 0.0
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise BadInput(f"job limit {name}={quote(value)}: a number")
-    if not (math.isfinite(value) and value >= 0):
-        raise BadInput(f"job limit {name}={value}: a finite number, 0 (no limit) or more")
-    if value > MAX_LIMIT:
-        raise BadInput(f"job limit {name}={value}: at most 2**53")
-    if name not in FRACTIONAL_LIMITS and not float(value).is_integer():
-        raise BadInput(f"job limit {name}={value}: a whole number")
-    return float(value)
 
 
 def check_args(args: Any) -> dict[str, str]:

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 from celery_crawl.core.exports import lazy
 
 if TYPE_CHECKING:
+    from celery_crawl.queue.entries import Entry
     from celery_crawl.queue.queues import (
         Base,
-        Entry,
         FifoQueue,
         LifoPriorityQueue,
         LifoQueue,
@@ -22,8 +22,9 @@ __all__ = ["Base", "Entry", "FifoQueue", "LifoPriorityQueue", "LifoQueue", "Prio
 __getattr__ = lazy(
     __name__,
     {
+        "Entry": "celery_crawl.queue.entries",
         **dict.fromkeys(
-            ("Base", "Entry", "FifoQueue", "LifoPriorityQueue", "LifoQueue", "PriorityQueue"),
+            ("Base", "FifoQueue", "LifoPriorityQueue", "LifoQueue", "PriorityQueue"),
             "celery_crawl.queue.queues",
         ),
     },

@@ -36,10 +36,8 @@ and the scheduler moves on only once the replicas hold the ack, or the timeout p
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import redis
@@ -50,70 +48,38 @@ from celery_crawl.core import connection, scripts
 from celery_crawl.core.defaults import SETTINGS
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import WRITTEN_KEPT_MS, SpiderKeys
+from celery_crawl.core.scripts import DUPEFILTER_PARAMETERS, Argv
 from celery_crawl.dupefilter.filters import EXACT_DEDUP, DedupScript
+from celery_crawl.jobs.store import JobStore
 from celery_crawl.politeness.sites import SitePolicy
+from celery_crawl.queue.entries import ENTRY_ARGV, Entry, Lease
 
 logger = logging.getLogger(__name__)
 
-MAX_JOB_ID = 63  # bytes; an entry's length byte keeps two bits: fingerprint and site follow
 MAX_BLOCK_SECONDS = 10.0  # one BLPOP wait; stays below the client's socket timeout
 MIN_BLOCK_SECONDS = 0.01  # BLPOP's timeout 0 would block for good
 DEDUP_SCOPES = ("job", "spider")  # DUPEFILTER_SCOPE: whose filter a job's requests meet
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A request taken from the queue but not yet acknowledged."""
-
-    member: bytes
-
-    @property
-    def priority(self) -> int:
-        return int(struct.unpack_from(">i", self.member, 8)[0])
-
-    @property
-    def job(self) -> str:
-        return self.member[13 : 13 + (self.member[12] & 0x3F)].decode()
-
-    @property
-    def site(self) -> str:
-        """The site the request counts against, ``""`` when it carries none."""
-        flags, at = self.member[12], self._after_fingerprint()
-        return self.member[at + 1 : at + 1 + self.member[at]].decode() if flags & 0x40 else ""
-
-    @property
-    def payload(self) -> bytes:
-        """The encoded request: after the job id, and the fingerprint and site when carried."""
-        at = self._after_fingerprint()
-        if self.member[12] & 0x40:
-            at += 1 + self.member[at]
-        return self.member[at:]
-
-    def _after_fingerprint(self) -> int:
-        flags = self.member[12]
-        at = 13 + (flags & 0x3F)
-        return at + 1 + self.member[at] if flags & 0x80 else at
-
-
-@dataclass(frozen=True)
-class Entry:
-    """A request ready to enqueue: ``fingerprint`` is None for ``dont_filter``."""
-
-    payload: bytes
-    priority: int = 0
-    fingerprint: bytes | None = None
-    job: str = ""
-    site: str = ""  # held to that site's limits; "" none (celery_crawl.politeness.sites)
-
-    def args(self, uses_priority: bool, lane: int = 0) -> list[Any]:
-        """The six script arguments of this entry (see ``queue/lua/include/push.lua``).
-
-        ``lane`` 0 is the script's own queue; ``lane`` j > 0 the j-th routed queue.
-        """
-        if len(self.job.encode()) > MAX_JOB_ID:
-            raise ValueError(f"job id longer than {MAX_JOB_ID} bytes: {self.job[:40]}...")
-        priority = self.priority if uses_priority else 0
-        return [priority, self.fingerprint or b"", self.job, self.payload, lane, self.site]
+ENQUEUE = Argv(
+    "enqueue",
+    (
+        "requests",
+        "job_stat_changes",
+        "leases_to_ack",
+        "dead_letter_records",
+        "most_records",
+        "dedup_scope",
+        "writer_number",
+        "milliseconds_record_kept",
+        "participant_id",
+    ),
+    (
+        ENTRY_ARGV,
+        ("job_id", "field", "delta"),
+        ("lease_members",),
+        ("dead_letter_records",),
+        DUPEFILTER_PARAMETERS,
+    ),
+)
 
 
 class Base:
@@ -149,6 +115,7 @@ class Base:
         self.ack_replicas = ack_replicas
         self.ack_timeout = ack_timeout
         self.deadletter_max = max(1, deadletter_max)
+        self.job_store = JobStore(client, keys)  # the jobs its requests belong to
         if ack_replicas and connection.is_cluster(client):
             raise ConfigError("CELERY_CRAWL_ACK_REPLICAS is not supported on a Redis Cluster")
 
@@ -189,14 +156,23 @@ class Base:
         count = sum(len(batch) for batch in batches)
         if not (count or acks or job_stats or dead_letters):
             return []
-        args: list[Any] = [count, len(job_stats), len(acks), len(dead_letters)]
         writer, number = call if call else ("", "")
-        args += [self.deadletter_max, self.dedup_scope, number, WRITTEN_KEPT_MS, participant]
+        args = ENQUEUE.build(
+            requests=count,
+            job_stat_changes=len(job_stats),
+            leases_to_ack=len(acks),
+            dead_letter_records=len(dead_letters),
+            most_records=self.deadletter_max,
+            dedup_scope=self.dedup_scope,
+            writer_number=number,
+            milliseconds_record_kept=WRITTEN_KEPT_MS,
+            participant_id=participant,
+        )
         for lane, batch in enumerate(batches):
             for entry in batch:
-                args += entry.args(self.uses_priority, lane)
+                args += entry.args(self.uses_priority, lane)  # ENTRY_ARGV
         for stat in job_stats:
-            args += stat
+            args += stat  # (job id, field, delta): JobStats.drain's tuples
         args += [*acks, *dead_letters, *self.dedup.params]
         keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
         keys += [key for queue, _ in routed for key in queue._lane_keys()]
@@ -218,38 +194,17 @@ class Base:
     def start_job(
         self, job: str, seeds: Sequence[Entry], fields: dict[str, str]
     ) -> tuple[bool, int]:
-        """Create job ``job`` with its seeds, unless it exists: (created, seeds accepted)."""
-        args: list[Any] = [job, len(seeds), len(fields), self.dedup_scope]
-        for entry in seeds:
-            args += entry.args(self.uses_priority)
-        for pair in fields.items():
-            args += pair
-        args += self.dedup.params
-        created, accepted = self._script("job_start", dupefilter=self.dedup.lua)(
-            keys=self._push_keys(), args=args
+        """Create job ``job`` with its seeds in this queue, unless it exists: (created,
+        seeds accepted). The job store runs it (``jobs/lua/job_start.lua``)."""
+        return self.job_store.start(
+            job,
+            self._push_keys(),
+            seeds,
+            fields,
+            uses_priority=self.uses_priority,
+            dedup=self.dedup,
+            dedup_scope=self.dedup_scope,
         )
-        return bool(created), int(accepted)
-
-    def close_job(self, job: str, reason: str) -> bool:
-        """End running job ``job`` now, ``closed`` with ``reason`` (``jobs/lua/job_close.lua``)."""
-        closed = self._script("job_close")(keys=[self.keys.job_prefix], args=[job, reason])
-        return bool(closed)
-
-    def join_job(self, job: str, scheduler_id: str) -> tuple[str, str, str]:
-        """Join ``job`` as a participant while it runs: (state, args as JSON, depth limit)."""
-        args = [job, scheduler_id, self.keys.open_schedulers]
-        reply = self._script("job_join")(keys=[self.keys.job_prefix], args=args)
-        state, job_args, depth = (bytes(value).decode() for value in reply)
-        return state, job_args, depth
-
-    def leave_job(self, job: str, scheduler_id: str) -> int:
-        """Leave an ended job's participants; how many are still working on it."""
-        return int(self._script("job_leave")(keys=[self.keys.job_prefix], args=[job, scheduler_id]))
-
-    def take_ended_jobs(self, scheduler_id: str, most: int) -> list[str]:
-        """Take up to ``most`` ids off the list of jobs this scheduler joined that ended."""
-        taken = self.client.lpop(self.keys.job_ended(scheduler_id), most) or []
-        return [job.decode() if isinstance(job, bytes) else str(job) for job in taken]
 
     def _push_keys(self) -> list[str]:
         return [*self._lane_keys(), self.keys.inflight, self.keys.job_prefix]
@@ -306,7 +261,7 @@ class Base:
         """Finish leases now: the requests are done, and their jobs count them."""
         if not members:
             return 0
-        keys = [self.keys.inflight, self.keys.job_prefix]
+        keys = [self.keys.inflight, self.keys.job_prefix, self.keys.queue]
         return int(self._acking(self._script("ack"), keys, list(members)))
 
     def _acking(self, script: Script, keys: list[str], args: list[Any]) -> Any:

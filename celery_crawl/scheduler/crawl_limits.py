@@ -25,7 +25,7 @@ from scrapy import signals
 from celery_crawl.core import connection
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
-from celery_crawl.jobs.job import LIMITS
+from celery_crawl.jobs.limits import LIMITS
 from celery_crawl.scheduler.buffer import reactor_call_later
 from celery_crawl.scheduler.crawl_state import Crawl, Opened
 from celery_crawl.scheduler.engine import EngineHooks

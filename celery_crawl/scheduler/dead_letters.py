@@ -26,13 +26,14 @@ from typing import TYPE_CHECKING, Any
 
 from celery_crawl.core import connection
 from celery_crawl.core.errors import DecodeError
-from celery_crawl.jobs.job import job_of
+from celery_crawl.jobs.signals import job_of
 
 if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
-    from celery_crawl.queue.queues import Base, Lease
+    from celery_crawl.queue.entries import Lease
+    from celery_crawl.queue.queues import Base
     from celery_crawl.scheduler.buffer import WriteBehind
 
 logger = logging.getLogger(__name__)

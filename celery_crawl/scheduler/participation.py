@@ -21,7 +21,7 @@ moments, in every process that works on it:
    are stored on it: :mod:`celery_crawl.hosting.feeds`), then the process leaves the
    job (``jobs/lua/job_leave.lua``).
 
-:meth:`celery_crawl.jobs.job.Job.wait` returns once the job has ended and no
+:meth:`celery_crawl.jobs.handle.Job.wait` returns once the job has ended and no
 participant is left, so its feed files are complete and closed by then. A
 process that dies without leaving stops counting when its scheduler
 registration lapses (30 s).
@@ -46,7 +46,9 @@ from scrapy.utils.defer import deferred_from_coro, ensure_awaitable, maybe_defer
 from celery_crawl.core import connection
 from celery_crawl.core.notices import notices_of
 from celery_crawl.hosting import logcontext
-from celery_crawl.jobs.job import TERMINAL_STATES, Job, JobStats, job_finished, job_opened
+from celery_crawl.jobs.handle import Job
+from celery_crawl.jobs.signals import job_finished, job_opened
+from celery_crawl.jobs.stats import JobStats
 from celery_crawl.scheduler.buffer import reactor_call_later
 from celery_crawl.scheduler.engine import EngineHooks
 
@@ -108,7 +110,7 @@ class Participation:
         found = self.joined.get(job)
         if found is not None:
             return found
-        state, args, depth = self.queue.join_job(job, self.id if self.listening else "")
+        state, args, depth = self.queue.job_store.join(job, self.id if self.listening else "")
         if state != "running":
             self._remember_done(job)
             return None
@@ -146,7 +148,7 @@ class Participation:
             self._stop_listening = None
         for job in list(self.joined):
             try:
-                self.queue.leave_job(job, self.id)
+                self.queue.job_store.leave(job, self.id)
             except connection.REFUSED_OR_TRANSIENT as exc:  # its registration lapses instead
                 logger.warning("job %s not left (%s): its registration lapses instead", job, exc)
         self.joined.clear()
@@ -155,7 +157,7 @@ class Participation:
         """In the notices thread: take every job id off this scheduler's list of ended jobs."""
         from twisted.internet import reactor
 
-        for job in self.queue.take_ended_jobs(self.id, MAX_ENDED_TAKEN):
+        for job in self.queue.job_store.take_ended(self.id, MAX_ENDED_TAKEN):
             reactor.callFromThread(self.ended, job)
 
     def ended(self, job: str) -> None:
@@ -184,7 +186,7 @@ class Participation:
                 await self._run_hooks(job, stats)
                 self._hooks_run.add(job)
             self.flush()
-            self.queue.leave_job(job, self.id)
+            self.queue.job_store.leave(job, self.id)
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("Redis unreachable, job %s not left yet: %s", job, exc)
             self._retry(job)
@@ -219,13 +221,8 @@ class Participation:
         running = [job for job in self.joined if job not in self.ending]
         if not running:
             return
-        with self.queue.client.pipeline(transaction=False) as pipe:
-            for job in running:
-                pipe.hget(self.queue.keys.job(job), "state")
-            states = pipe.execute()
-        for job, state in zip(running, states, strict=True):
-            if state is None or state.decode() in TERMINAL_STATES:
-                self.ended(job)
+        for job in self.queue.job_store.ended(running):
+            self.ended(job)
 
     def _retry(self, job: str) -> None:
         self.leaving.discard(job)

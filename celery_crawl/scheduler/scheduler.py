@@ -60,17 +60,12 @@ from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
 from celery_crawl.dupefilter.filters import RFPDupeFilter
 from celery_crawl.hosting.spiders import RedisMixin
-from celery_crawl.jobs.job import (
-    JOB_ARGS_META,
-    JOB_DEPTH_META,
-    acks_due,
-    end_lost_jobs,
-    job_close,
-    job_of,
-)
+from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, acks_due, job_close, job_of
+from celery_crawl.jobs.store import end_lost_jobs
 from celery_crawl.politeness import middleware as politeness
 from celery_crawl.politeness.sites import SiteState
-from celery_crawl.queue.queues import Base, Entry, Lease
+from celery_crawl.queue.entries import Entry, Lease
+from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.scheduler.components import Components
 from celery_crawl.scheduler.config import SchedulerSettings
@@ -269,13 +264,13 @@ class Scheduler(BaseScheduler):
     def _end_job(self, job: str, reason: str) -> None:
         try:
             self.flush()  # the job's counts first
-            ended = self.queue.close_job(job, reason)
+            ended = self.queue.job_store.close(job, reason)
         except connection.TRANSIENT_ERRORS as exc:  # tried again at the job's next ack
             logger.warning("Redis unreachable, job %s not ended yet: %s", job, exc)
             self._ending[job] = reason
             return
         if ended:
-            logger.info("job %s ended closed by its spider: %s", job, reason)
+            logger.info("job %s ended by its spider: %s", job, reason)
 
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""

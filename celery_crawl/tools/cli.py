@@ -233,7 +233,7 @@ def start_jobs(
 
 def parse_limits(texts: list[str]) -> dict[str, float]:
     """``["pages=50", "seconds=600"]`` -> ``{"pages": 50.0, "seconds": 600.0}``."""
-    from celery_crawl.jobs.job import LIMITS
+    from celery_crawl.jobs.limits import LIMITS
 
     limits = {}
     for text in texts:

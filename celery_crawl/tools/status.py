@@ -27,7 +27,8 @@ from celery_crawl.core.bad_values import BadValues
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.hosting.project import project_of
 from celery_crawl.hosting.registry import Registry, waiting_reason
-from celery_crawl.jobs.job import parse_status, server_time
+from celery_crawl.jobs.handle import parse_status
+from celery_crawl.jobs.store import server_time
 from celery_crawl.politeness.sites import read_sites
 from celery_crawl.tools.exporter import Reading, read, read_registry
 

@@ -15,9 +15,10 @@ from celery_crawl.core import connection
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import RFPDupeFilter
-from celery_crawl.jobs.job import Job
+from celery_crawl.jobs.handle import Job
 from celery_crawl.producer.producer import Producer
-from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.tools.exporter import read
 from tests.support.failover import assert_nothing_lost, ha_app
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
@@ -313,7 +314,7 @@ def test_shared_cookie_jars_live_in_their_spiders_slot_on_the_cluster(
     from scrapy.http import Response
 
     from celery_crawl.cookies.middleware import SharedCookiesMiddleware
-    from celery_crawl.jobs.job import JOB_META
+    from celery_crawl.jobs.signals import JOB_META
 
     url = cluster_url(cluster)
     login, other = (

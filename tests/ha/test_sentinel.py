@@ -16,8 +16,9 @@ from celery_crawl.app.factory import transport_conf
 from celery_crawl.core import connection, scripts
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.jobs.job import Job
-from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.jobs.handle import Job
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import PriorityQueue
 from tests.support.failover import assert_nothing_lost, ha_app
 from tests.support.forum import FORUM
 from tests.support.ha_servers import SentinelSet, wait_for

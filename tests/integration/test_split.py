@@ -16,7 +16,8 @@ from celery_crawl import crawl
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys, group_members
 from celery_crawl.hosting.project import project_of
-from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.scheduler.components import Components
 from celery_crawl.scheduler.routing import Router
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds

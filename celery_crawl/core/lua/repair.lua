@@ -22,8 +22,6 @@ local JOB_PREFIX = KEYS[2]
 --!include jobs
 --!include keytypes
 
-local COUNTERS = {'pending', 'leased', 'done', 'pages', 'items', 'retries', 'duplicates',
-    'purged', 'dropped'}
 local n = tonumber(ARGV[1])
 local moved, ended = {}, {}
 
@@ -32,9 +30,9 @@ local function integer(value)
 end
 
 local function check_counters(key)
-    local values = redis.call('HMGET', key, unpack(COUNTERS))
+    local values = redis.call('HMGET', key, unpack(JOB_COUNTERS))
     local bad = nil
-    for i, counter in ipairs(COUNTERS) do
+    for i, counter in ipairs(JOB_COUNTERS) do
         local value = values[i]
         if value and not integer(value) then
             redis.call('HSET', key, counter .. '~damaged', value, counter, 0)

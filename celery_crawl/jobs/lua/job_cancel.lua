@@ -81,7 +81,7 @@ refused = refuse_damaged(spec)
 if refused then return refused end
 
 redis.call('HSET', key, 'state', 'cancelled')
-redis.call('DEL', key .. ':seen')  -- the job's own dedup set, if it has one
+redis.call('DEL', job_seen_key(job))  -- the job's own dedup set, if it has one
 job_phase(job, 'cancelled')
 
 local unfiltered, purged = 0, 0

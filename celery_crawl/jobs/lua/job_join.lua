@@ -22,9 +22,9 @@ local key = JOB_PREFIX .. job
 local fields = redis.pcall('HMGET', key, 'state', 'args', 'limit/depth')
 if fields['err'] then return {'', '', ''} end  -- a job hash of the wrong type: no job
 if fields[1] == 'running' and ARGV[2] ~= '' then
-    local refused = refuse_damaged({key .. ':participants', 'hash'})
+    local refused = refuse_damaged({job_participants_key(job), 'hash'})
     if refused then return refused end
-    redis.call('HSET', key .. ':participants', ARGV[2], ARGV[3])
-    redis.call('EXPIRE', key .. ':participants', JOB_TTL)
+    redis.call('HSET', job_participants_key(job), ARGV[2], ARGV[3])
+    redis.call('EXPIRE', job_participants_key(job), JOB_TTL)
 end
 return {fields[1] or '', fields[2] or '', fields[3] or ''}

@@ -13,7 +13,7 @@ local JOB_PREFIX = KEYS[1]
 --!include jobs
 
 local job = ARGV[1]
-local participants = JOB_PREFIX .. job .. ':participants'
+local participants = job_participants_key(job)
 local spec = {}  -- every key it writes checked first (include/keytypes.lua)
 job_guard(spec, job)
 local refused = refuse_damaged(spec)

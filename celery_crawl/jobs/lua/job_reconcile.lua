@@ -35,7 +35,7 @@ job_guard(spec, '')
 local refused = refuse_damaged(spec)
 if refused then return refused end
 local active = {}
-for _, job in ipairs(redis.call('SMEMBERS', JOB_PREFIX .. '~active')) do
+for _, job in ipairs(redis.call('SMEMBERS', ACTIVE_JOBS_KEY)) do
     if job_exists(job) then
         active[#active + 1] = job
         job_guard(spec, job)

@@ -10,7 +10,8 @@
 
 --!include keytypes
 local JOB_PREFIX = KEYS[1]
-local participants = JOB_PREFIX .. ARGV[1] .. ':participants'
+--!generated celery_crawl.core.keys:lua_job_keys
+local participants = job_participants_key(ARGV[1])
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 local refused = refuse_damaged({participants, 'hash'})  -- include/keytypes.lua

@@ -117,7 +117,7 @@ local letters = base + 3 * s + m
 for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
 if d > 0 then redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[5]) - 1) end
 base = base + 3 * s
-ack_leases(KEYS[5], ARGV, base, base + m - 1)
+ack_leases(KEYS[1], KEYS[5], ARGV, base, base + m - 1)
 if CALL ~= '' then
     redis.call('SET', KEYS[8], CALL .. ':' .. table.concat(accepted), 'PX', ARGV[8])
 end

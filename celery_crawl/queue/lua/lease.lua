@@ -65,7 +65,7 @@ if redis.call('EXISTS', levels, parked_key) == 0 then return {{}, -1} end
 
 local checked = {}  -- lists already checked
 local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'counter', DEADLETTER, 'list',
-    STATS, 'hash', JOB_PREFIX .. '~states', 'hash', JOB_PREFIX .. '~active', 'set'}
+    STATS, 'hash', JOB_STATES_KEY, 'hash', ACTIVE_JOBS_KEY, 'set'}
 local function guard_key(key, wanted)
     guard[#guard + 1] = key
     guard[#guard + 1] = wanted

@@ -45,7 +45,7 @@ end
 if #members == 0 then return 0 end  -- the common case: a heartbeat that finds none expired
 
 local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'list', DEADLETTER, 'list',
-    STATS, 'hash', JOB_PREFIX .. '~states', 'hash', JOB_PREFIX .. '~active', 'set',
+    STATS, 'hash', JOB_STATES_KEY, 'hash', ACTIVE_JOBS_KEY, 'set',
     KEYS[7], 'counter'}
 for _, member in ipairs(members) do
     if #member >= 13 and not entry_problem(string.sub(member, 13)) then

@@ -23,7 +23,7 @@ from celery_crawl.cookies.store import CookieStore, decode_cookie, encode_cookie
 from celery_crawl.core.errors import ConfigError, CookieError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.hosting.project import load_settings
-from celery_crawl.jobs.job import JOB_META, job_finished
+from celery_crawl.jobs.signals import JOB_META, job_finished
 from tests.support.ports import free_port
 
 SITE = "http://www.site.test"

@@ -84,9 +84,12 @@ def call_reads(call: ast.Call, where: str) -> Iterator[Read]:
 
 
 def package_reads() -> list[Read]:
+    """The library's reads; the example (``demo/``) reads its own application settings."""
     reads = []
     for path in sorted(PACKAGE.rglob("*.py")):
         name = path.relative_to(PACKAGE).as_posix()
+        if name.startswith("demo/"):
+            continue
         reads += reads_in(path.read_text(encoding="utf-8"), name)
     return reads
 

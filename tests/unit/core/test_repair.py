@@ -10,8 +10,9 @@ from scrapy import Request
 
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repair, Repairer, repair, retried
-from celery_crawl.jobs.job import end_lost_jobs
-from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.jobs.store import end_lost_jobs
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import PriorityQueue
 from tests.support.schedulers import drain, open_scheduler
 
 DAMAGED = "celery_crawl/damaged/keys"
@@ -209,7 +210,7 @@ def test_joining_a_job_whose_hash_has_the_wrong_type_finds_no_job(
 ) -> None:
     queue = PriorityQueue(client, SpiderKeys.build("r", prefix=prefix))
     client.set(queue.keys.job("j"), "not a hash")
-    assert queue.join_job("j", "s1") == ("", "", "")
+    assert queue.job_store.join("j", "s1") == ("", "", "")
 
 
 def test_entries_of_a_job_hash_of_the_wrong_type_are_dead_lettered(
@@ -338,7 +339,7 @@ def test_a_routed_enqueue_meeting_a_damaged_key_writes_nothing_and_repair_lets_i
 def _job_with_lease(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, bytes]:
     forum, _ = _forum_group(client, prefix)
     forum.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {})
-    forum.join_job("j", "s1")
+    forum.job_store.join("j", "s1")
     (lease,) = forum.lease(1)
     return forum, lease.member
 
@@ -351,10 +352,13 @@ SCRIPT_DAMAGE = {
     "dead_letter: list": (lambda q, m: q.dead_letter(m, "{}", "codec"), lambda k: k.deadletter),
     "extend: in-flight set": (lambda q, m: q.extend([m]), lambda k: k.inflight),
     "job_close: participants": (
-        lambda q, m: q.close_job("j", "test"),
+        lambda q, m: q.job_store.close("j", "test"),
         lambda k: k.job_participants("j"),
     ),
-    "job_leave: done list": (lambda q, m: q.leave_job("j", "s1"), lambda k: k.job("j") + ":done"),
+    "job_leave: done list": (
+        lambda q, m: q.job_store.leave("j", "s1"),
+        lambda k: k.job("j") + ":done",
+    ),
     "job_start: dedup count": (
         lambda q, m: q.start_job("k", [Entry(b"c", fingerprint=b"\x02" * 20, job="k")], {}),
         lambda k: k.dupefilter_count,
@@ -419,7 +423,7 @@ def _cancel_raw(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> A
 
 
 def _cancel(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> int:
-    from celery_crawl.jobs.job import Job
+    from celery_crawl.jobs.handle import Job
 
     return Job("j", "forum", client, forum, [forum, detail]).cancel()
 
@@ -562,7 +566,7 @@ def case_job_reconcile_participants(client: redis.Redis, prefix: str) -> Any:
 
     forum, detail = _forum_group(client, prefix)
     forum.start_job("j", [Entry(b"seed", job="j")], {})
-    forum.join_job("j", "s1")
+    forum.job_store.join("j", "s1")
     client.hset(forum.keys.job("j"), "state", "garbled")
     client.delete(forum.keys.queue)
     participants = forum.keys.job_participants("j")

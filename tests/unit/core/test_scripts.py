@@ -167,3 +167,177 @@ def test_each_name_is_one_file_of_one_package(
     monkeypatch.setattr(scripts, "_FOLDERS", [tmp_path / "one", tmp_path / "two"])
     with pytest.raises(ScriptError, match=r"two Lua files named same\.lua"):
         scripts.entry_scripts()
+
+
+# -- ARGV layouts, declared once beside each caller -----------------------------------
+
+# entry scripts whose ARGV layout is not declared yet; each is a contract to write once
+UNDECLARED = {
+    "ack",
+    "cookies_read",
+    "cookies_write",
+    "crawl_open",
+    "crawl_start",
+    "dead_letter",
+    "dedup",
+    "extend",
+    "lease",
+    "produce",
+    "queue_clear",
+    "queue_pending",
+    "queue_size",
+    "repair",
+    "requeue",
+    "scheduler_join",
+    "scheduler_leave",
+    "site_feedback",
+    "spider_size",
+    "stats_update",
+    "worker_beat",
+    "workers_read",
+}
+TAG = re.compile(r"^-- ?(KEYS|ARGV|Returns|Slot|then)\b")
+
+
+def layouts() -> dict[str, scripts.Argv]:
+    """Every declared layout: importing the callers declares them."""
+    import celery_crawl.jobs.store
+    import celery_crawl.queue.queues  # noqa: F401
+
+    return dict(scripts.LAYOUTS)
+
+
+def words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
+def in_order(wanted: list[str], text: str) -> bool:
+    """Whether ``wanted`` are words of ``text``, in that order."""
+    found = iter(words(text))
+    return all(word in found for word in wanted)
+
+
+def header_parts(name: str) -> tuple[dict[int, str], list[str]]:
+    """A script header's ``ARGV[i]`` lines by i, and its ``then ...`` paragraphs, in order."""
+    fixed: dict[int, str] = {}
+    groups: list[str] = []
+    current: list[str] | None = None
+    for line in header(scripts.files("")[name].read_text()).splitlines():
+        tag = TAG.match(line)
+        single = re.match(r"^-- ARGV\[(\d+)\]\s+(.*)$", line)
+        if single:
+            fixed[int(single.group(1))] = single.group(2)
+        current = None if tag else current
+        if tag and tag.group(1) == "then":
+            groups.append(line)
+            current = groups
+        elif current is not None and re.match(r"^--\s{2,}\S", line):
+            groups[-1] += " " + line
+    return fixed, groups
+
+
+def test_every_entry_script_outside_the_undeclared_has_one_layout() -> None:
+    declared = set(layouts())
+    assert declared <= set(scripts.entry_scripts())
+    assert set(scripts.entry_scripts()) - declared == UNDECLARED
+
+
+@pytest.mark.parametrize("name", sorted(layouts()))
+def test_a_layout_matches_its_script_header(name: str) -> None:
+    layout = layouts()[name]
+    fixed, groups = header_parts(name)
+    assert sorted(fixed) == list(range(1, len(layout.fields) + 1)), f"{name}.lua's ARGV[i]"
+    for index, field in enumerate(layout.fields, 1):
+        assert in_order(field.split("_"), fixed[index]), f"{name}.lua ARGV[{index}] is not {field}"
+    assert len(groups) == len(layout.groups), f"{name}.lua's 'then' groups"
+    for group, text in zip(layout.groups, groups, strict=True):
+        wanted = [word for field in group for word in field.split("_")]
+        assert in_order(wanted, text), f"{name}.lua: {text!r} is not {group}"
+
+
+def test_a_layout_takes_its_fields_by_name_and_no_others() -> None:
+    close = layouts()["job_close"]
+    assert close.build(reason="r", job_id="j") == ["j", "r"]
+    with pytest.raises(ScriptError, match=r"^job_close\.lua takes job_id, reason: not job_id$"):
+        close.build(job_id="j")
+    with pytest.raises(ScriptError, match=r"two ARGV layouts for job_close\.lua"):
+        scripts.Argv("job_close", ("job_id",))
+
+
+def test_an_entry_builds_its_arguments_in_the_declared_order() -> None:
+    from celery_crawl.queue.entries import ENTRY_ARGV, Entry
+
+    entry = Entry(b"payload", 7, b"fp", "job-1", "example.com")
+    expected = {
+        "priority": 7,
+        "fingerprint": b"fp",
+        "job_id": "job-1",
+        "payload": b"payload",
+        "lane": 2,
+        "site": "example.com",
+    }
+    assert dict(zip(ENTRY_ARGV, entry.args(True, 2), strict=True)) == expected
+    assert layouts()["enqueue"].groups[0] == layouts()["job_start"].groups[0] == ENTRY_ARGV
+
+
+# -- tables Lua shares with Python, generated from the Python side ---------------------
+
+
+def test_generated_tables_are_what_python_holds(client: redis.Redis, folder: Path) -> None:
+    from celery_crawl.jobs import limits, store
+
+    (folder / "main.lua").write_text(
+        "--!generated celery_crawl.jobs.store:lua_tables\n"
+        "local final, limited = {}, {}\n"
+        "for state in pairs(FINAL) do final[#final + 1] = state end\n"
+        "for name, reason in pairs(LIMITED) do limited[#limited + 1] = name .. '=' .. reason end\n"
+        "table.sort(final)\n"
+        "table.sort(limited)\n"
+        "return {final, JOB_COUNTERS, limited}\n"
+    )
+    final, counters, limited = client.eval(scripts.source("main"), 0)
+    assert [state.decode() for state in final] == sorted(store.TERMINAL_STATES)
+    assert [counter.decode() for counter in counters] == list(store.COUNTERS)
+    reasons = {f"{name}={limits.LIMITS[name].reason}" for name in limits.COUNTED}
+    assert [pair.decode() for pair in limited] == sorted(reasons)
+
+
+def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
+    from celery_crawl.core import keys
+    from celery_crawl.jobs import limits, store
+
+    copies = [limit.reason for limit in limits.LIMITS.values() if limit.reason]
+    copies += [f"{state} = true" for state in store.TERMINAL_STATES]
+    copies += ["'" + "', '".join(store.COUNTERS[:3])]
+    job_keys = (keys.JOB_PARTICIPANTS, keys.JOB_DONE, keys.JOB_SEEN, keys.JOB_STATES)
+    copies += [f"'{suffix}'" for suffix in (*job_keys, keys.ACTIVE_JOBS, keys.JOB_ENDED)]
+    files = [*scripts.files("").values(), *scripts.files("include").values()]
+    for file in files:
+        text = re.sub(r"--.*", "", file.read_text())  # the code: comments may name them
+        held = [copy for copy in copies if copy in text]
+        assert not held, f"{file}: {held}, generated from Python instead (--!generated)"
+
+
+def test_the_generated_job_keys_are_those_python_names(client: redis.Redis, folder: Path) -> None:
+    from celery_crawl.core.keys import SpiderKeys
+
+    keys = SpiderKeys.build("spider", prefix="p")
+    (folder / "main.lua").write_text(
+        "local JOB_PREFIX = KEYS[1]\n"
+        "--!generated celery_crawl.core.keys:lua_job_keys\n"
+        "return {job_participants_key('j'), job_done_key('j'), job_seen_key('j'),"
+        " JOB_STATES_KEY, ACTIVE_JOBS_KEY, job_ended_key('s')}\n"
+    )
+    found = client.eval(scripts.source("main"), 1, keys.job_prefix)
+    expected = [keys.job_participants("j"), keys.job_done("j"), keys.job_seen("j")]
+    expected += [keys.job_states, keys.active_jobs, keys.job_ended("s")]
+    assert [key.decode() for key in found] == expected
+
+
+def test_a_generated_directive_names_a_library_function(folder: Path) -> None:
+    (folder / "main.lua").write_text("--!generated os:getcwd\nreturn 1\n")
+    with pytest.raises(ScriptError, match=r"^main\.lua: --!generated takes celery_crawl\."):
+        scripts.source("main")
+    (folder / "main.lua").write_text("--!generated celery_crawl.jobs.store:nope\nreturn 1\n")
+    with pytest.raises(ScriptError, match=r"celery_crawl\.jobs\.store has no function 'nope'"):
+        scripts.source("main")

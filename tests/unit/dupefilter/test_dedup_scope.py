@@ -8,8 +8,9 @@ import redis
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
-from celery_crawl.jobs.job import Job
-from celery_crawl.queue.queues import Base, Entry, PriorityQueue
+from celery_crawl.jobs.handle import Job
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import Base, PriorityQueue
 
 FP = b"f" * 16
 
@@ -66,7 +67,7 @@ def test_cancel_and_close_drop_the_jobs_own_set(client: redis.Redis, prefix: str
     start(q, "cancelled", FP, b"g" * 16)
     start(q, "closed", FP)
     Job("cancelled", "paths", client, q.keys).cancel()
-    assert q.close_job("closed", "a reason")
+    assert q.job_store.close("closed", "a reason")
     assert not client.exists(q.keys.job("cancelled") + ":seen", q.keys.job("closed") + ":seen")
 
 

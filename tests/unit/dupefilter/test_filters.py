@@ -22,7 +22,7 @@ from celery_crawl.dupefilter.filters import (
     RFPDupeFilter,
 )
 from celery_crawl.hosting.project import Project, load_settings
-from celery_crawl.queue.queues import Entry
+from celery_crawl.queue.entries import Entry
 from celery_crawl.scheduler.scheduler import Scheduler
 from celery_crawl.tools import exporter
 from tests.support.round_trips import RoundTrips

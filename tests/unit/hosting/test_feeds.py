@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.hosting.feeds import SPOOL_FOLDER, JobFeedExporter, Spool
-from celery_crawl.jobs.job import JOB_META
+from celery_crawl.jobs.signals import JOB_META
 from tests.support.job_hooks import FolderFeedStorage
 from tests.support.stub_spider import ForumSpider
 

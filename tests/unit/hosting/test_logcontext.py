@@ -10,7 +10,7 @@ from scrapy.http import Response
 
 from celery_crawl.hosting import logcontext
 from celery_crawl.hosting.logcontext import CrawlFormatter, crawl_tag
-from celery_crawl.jobs.job import JOB_META
+from celery_crawl.jobs.signals import JOB_META
 
 
 class NamedSpider(Spider):

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from celery_crawl.hosting.project import Project
-from celery_crawl.jobs.job import limit_fields, parse_status
+from celery_crawl.jobs.handle import parse_status
+from celery_crawl.jobs.limits import limit_fields
 
 
 def project(**settings: object) -> Project:

@@ -16,7 +16,8 @@ from scrapy.http import Response
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.politeness.middleware import SiteLimitsMiddleware
 from celery_crawl.politeness.sites import Backoff, Limits, Overload, SitePolicy, SiteState
-from celery_crawl.queue.queues import Entry, Lease, PriorityQueue
+from celery_crawl.queue.entries import Entry, Lease
+from celery_crawl.queue.queues import PriorityQueue
 
 SITE = "a.example"
 CAP = Limits(concurrency=1000)  # leases held are counted: a response is a lease that ended

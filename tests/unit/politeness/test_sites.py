@@ -11,7 +11,7 @@ from scrapy.settings import Settings
 
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.jobs.job import Job
+from celery_crawl.jobs.handle import Job
 from celery_crawl.politeness.sites import (
     AutoThrottle,
     Backoff,
@@ -21,7 +21,8 @@ from celery_crawl.politeness.sites import (
     read_sites,
     retry_after,
 )
-from celery_crawl.queue.queues import Base, Entry, LifoQueue, PriorityQueue
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import Base, LifoQueue, PriorityQueue
 
 
 def queue_with(
@@ -151,7 +152,7 @@ def test_cancelled_jobs_parked_entries_are_purged_not_leased(
     queue.start_job("j1", [entry(f"a{i}", "a.example", job="j1") for i in range(3)], {})
     held = queue.lease(3)
     assert len(held) == 1 and held[0].site == "a.example" and held[0].job == "j1"
-    queue.close_job("j1", "test")
+    queue.job_store.close("j1", "test")
     queue.ack([held[0].member])
     assert queue.lease(3) == []
     assert len(queue) == 0

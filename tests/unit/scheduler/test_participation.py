@@ -9,8 +9,10 @@ import redis
 
 from celery_crawl.core.errors import JobTimeout
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.jobs.job import Job, JobStats
-from celery_crawl.queue.queues import Base, Entry, PriorityQueue
+from celery_crawl.jobs.handle import Job
+from celery_crawl.jobs.stats import JobStats
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import Base, PriorityQueue
 from celery_crawl.scheduler.participation import JobInfo, Participation
 
 
@@ -35,14 +37,14 @@ def test_join_reads_args_and_depth_and_joins_only_a_running_job(
     q = queue(client, prefix)
     start(q, "j", args='{"category": "books"}', **{"limit/depth": "2"})
     q.join(scheduler_id="s1", seconds=30)
-    assert q.join_job("j", "s1") == ("running", '{"category": "books"}', "2")
+    assert q.job_store.join("j", "s1") == ("running", '{"category": "books"}', "2")
     assert client.hkeys(q.keys.job_participants("j")) == [b"s1"]
-    assert q.join_job("j", "") == ("running", '{"category": "books"}', "2")  # read only
+    assert q.job_store.join("j", "") == ("running", '{"category": "books"}', "2")  # read only
     assert client.hlen(q.keys.job_participants("j")) == 1
-    q.close_job("j", "enough")
-    assert q.join_job("j", "s2")[0] == "closed"
+    q.job_store.close("j", "enough")
+    assert q.job_store.join("j", "s2")[0] == "closed"
     assert client.hkeys(q.keys.job_participants("j")) == [b"s1"]
-    assert q.join_job("nope", "s1") == ("", "", "")
+    assert q.job_store.join("nope", "s1") == ("", "", "")
 
 
 def test_the_end_is_told_to_each_participant_and_wait_returns_after_the_last_leaves(
@@ -52,7 +54,7 @@ def test_the_end_is_told_to_each_participant_and_wait_returns_after_the_last_lea
     job = start(q, "j")
     for scheduler in ("s1", "s2"):
         q.join(scheduler, 30)
-        q.join_job("j", scheduler)
+        q.job_store.join("j", scheduler)
     heard = client.pubsub()
     heard.subscribe(q.keys.job_ended("s1"), q.keys.job_ended("s2"))
     finish(q)
@@ -62,24 +64,24 @@ def test_the_end_is_told_to_each_participant_and_wait_returns_after_the_last_lea
     assert sorted(m["channel"] for m in notices if m and m["type"] == "message") == sorted(
         q.keys.job_ended(s).encode() for s in ("s1", "s2")
     )
-    assert q.take_ended_jobs("s1", 10) == ["j"] and q.take_ended_jobs("s2", 10) == ["j"]
-    assert q.take_ended_jobs("s1", 10) == []  # once
+    assert q.job_store.take_ended("s1", 10) == ["j"] and q.job_store.take_ended("s2", 10) == ["j"]
+    assert q.job_store.take_ended("s1", 10) == []  # once
     try:
         job.wait(timeout=0.5)
         raise AssertionError("wait() returned while two processes were still in the job")
     except JobTimeout:
         pass
-    assert q.leave_job("j", "s1") == 1
+    assert q.job_store.leave("j", "s1") == 1
     assert job.participants() == 1
     waited: list[dict[str, object]] = []
     waiter = threading.Thread(target=lambda: waited.append(job.wait(timeout=10)))
     waiter.start()
     time.sleep(0.2)
     assert not waited  # still s2
-    assert q.leave_job("j", "s2") == 0
+    assert q.job_store.leave("j", "s2") == 0
     waiter.join(10)
     assert waited and waited[0]["state"] == "done"
-    assert q.leave_job("j", "s2") == 0  # leaving twice changes nothing
+    assert q.job_store.leave("j", "s2") == 0  # leaving twice changes nothing
 
 
 def test_a_participant_whose_registration_lapsed_is_not_waited_for(
@@ -88,14 +90,14 @@ def test_a_participant_whose_registration_lapsed_is_not_waited_for(
     q = queue(client, prefix)
     job = start(q, "j")
     q.join("dead", 0.2)  # registered for 200 ms, never renewed: a killed process
-    q.join_job("j", "dead")
+    q.job_store.join("j", "dead")
     q.join("alive", 30)
-    q.join_job("j", "alive")
+    q.job_store.join("j", "alive")
     finish(q)
     assert job.participants() == 2
     time.sleep(0.3)
     assert job.participants() == 1
-    q.leave_job("j", "alive")
+    q.job_store.leave("j", "alive")
     assert job.wait(timeout=5)["state"] == "done"
 
 
@@ -107,7 +109,7 @@ def test_a_lost_notice_is_found_by_the_state_check(client: redis.Redis, prefix: 
     # holds: a lease of each is still in the engine, so nothing closes yet
     part = Participation(q, "s1", JobStats(), holds=lambda job: True)
     assert part.info("lost") == part.info("running") == JobInfo()
-    q.close_job("lost", "a reason")
+    q.job_store.close("lost", "a reason")
     client.delete(q.keys.job_ended("s1"))  # the notice is gone
     part.check()
     assert part.ending == {"lost"}
@@ -124,10 +126,10 @@ def test_a_finished_job_is_kept_for_its_keep_time_and_a_week_without_one(
     start(q, "default")
     q.join("s1", 30)
     for job in ("short", "closed", "default"):
-        q.join_job(job, "s1")
+        q.job_store.join(job, "s1")
     running_ttl = client.ttl(q.keys.job_participants("short"))
     assert running_ttl > 6 * 24 * 3600  # a running job's participants are not cut short
-    q.close_job("closed", "enough")
+    q.job_store.close("closed", "enough")
     finish(q)
     for job, keep in (("short", 30), ("closed", 40), ("default", 7 * 24 * 3600)):
         for key in (q.keys.job(job), q.keys.job_participants(job), q.keys.job(job) + ":done"):

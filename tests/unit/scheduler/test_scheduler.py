@@ -12,8 +12,10 @@ import redis
 from scrapy import Request
 
 from celery_crawl.core.errors import ConfigError, RedisUnavailable
-from celery_crawl.jobs.job import JOB_META, Job
-from celery_crawl.queue.queues import Entry, FifoQueue, LifoQueue, PriorityQueue
+from celery_crawl.jobs.handle import Job
+from celery_crawl.jobs.signals import JOB_META
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import FifoQueue, LifoQueue, PriorityQueue
 from celery_crawl.scheduler.routing import to_spider
 from celery_crawl.scheduler.scheduler import Scheduler
 from tests.support.round_trips import RoundTrips

@@ -24,9 +24,9 @@
 -- Job.wait() returned do not move.
 --
 -- A job's phase (field phase) is queued (no request leased yet), running,
--- done, incomplete, failed or cancelled. The hash JOB_PREFIX .. '~states' counts
+-- done, incomplete, failed or cancelled. The hash JOB_STATES_KEY counts
 -- jobs per phase, so the exporter reads them in one command: queued and running
--- are current counts, the final phases only ever grow. The set JOB_PREFIX .. '~active'
+-- are current counts, the final phases only ever grow. The set ACTIVE_JOBS_KEY
 -- holds the ids of the queued and running jobs.
 --
 -- A job ends closed (field reason) when it reaches one of its limits (fields
@@ -52,10 +52,13 @@
 -- The keys the bookkeeping of a job writes are in job_guard, those of an ack in
 -- ack_guard, for a script's check before its first write (include/keytypes.lua).
 --
--- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries).
--- Defines: job_seen_add, job_running, job_late, job_add, job_phase,
+-- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries); its
+-- tables FINAL, JOB_COUNTERS and LIMITED are generated from celery_crawl.jobs.store.
+-- Defines: FINAL, JOB_COUNTERS, LIMITED, job_seen_add, job_running, job_late, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
 -- job_notify, job_guard(spec, job), ack_guard(spec, inflight, args, first, last).
+-- (ack_leases(levels, inflight, args, first, last) takes the queue's levels key and its
+-- in-flight key, both from KEYS.)
 
 --!include counters
 --!include keytypes
@@ -65,7 +68,12 @@ local JOB_TTL = 7 * 24 * 3600  -- a running job's participants; a finished job: 
 local DONE_TOKENS = 16
 local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
 
-local FINAL = {done = true, incomplete = true, failed = true, cancelled = true, closed = true}
+-- FINAL: the final states, as a set; JOB_COUNTERS: a job hash's counters; LIMITED: the
+-- limits checked as a job's field grows -> the reason it is closed with when reached
+--!generated celery_crawl.jobs.store:lua_tables
+-- the keys beside the job hashes: JOB_STATES_KEY, ACTIVE_JOBS_KEY, job_ended_key(participant),
+-- job_participants_key(job), job_done_key(job), job_seen_key(job)
+--!generated celery_crawl.core.keys:lua_job_keys
 
 -- A job hash of another type (damaged) counts as no job: core/lua/repair.lua moves it aside.
 local function job_exists(job)
@@ -74,7 +82,7 @@ end
 
 -- Job dedup scope: true when fp is new to the job (and records it).
 local function job_seen_add(job, fp)
-    return redis.call('SADD', JOB_PREFIX .. job .. ':seen', fp) == 1
+    return redis.call('SADD', job_seen_key(job), fp) == 1
 end
 
 local function job_running(job)  -- pcall: a damaged job hash is not running
@@ -90,7 +98,7 @@ local function job_late(job, participant)
     if not job_exists(job) then return true end
     local key = JOB_PREFIX .. job
     if not FINAL[redis.call('HGET', key, 'state')] then return false end
-    return redis.pcall('HEXISTS', key .. ':participants', participant) ~= 1
+    return redis.pcall('HEXISTS', job_participants_key(job), participant) ~= 1
 end
 
 local job_close  -- defined below; a damaged counter closes its job
@@ -111,14 +119,14 @@ local function job_phase(job, phase)
     local key = JOB_PREFIX .. job
     local old = redis.call('HGET', key, 'phase')
     if old == phase or FINAL[old] then return end
-    local states = JOB_PREFIX .. '~states'
+    local states = JOB_STATES_KEY
     if old then count(states, old, -1) end
     count(states, phase, 1)
     redis.call('HSET', key, 'phase', phase)
     if phase == 'queued' or phase == 'running' then
-        redis.call('SADD', JOB_PREFIX .. '~active', job)
+        redis.call('SADD', ACTIVE_JOBS_KEY, job)
     else
-        redis.call('SREM', JOB_PREFIX .. '~active', job)
+        redis.call('SREM', ACTIVE_JOBS_KEY, job)
     end
 end
 
@@ -162,7 +170,7 @@ end
 
 -- Wake Job.wait(): DONE_TOKENS tokens on the job's done list.
 local function job_wake(job)
-    local done = JOB_PREFIX .. job .. ':done'
+    local done = job_done_key(job)
     for _ = 1, DONE_TOKENS do redis.call('RPUSH', done, 1) end
     redis.call('EXPIRE', done, job_keep(job))
 end
@@ -171,14 +179,14 @@ end
 local function job_expire(job)
     local key, keep = JOB_PREFIX .. job, job_keep(job)
     redis.call('EXPIRE', key, keep)
-    redis.call('EXPIRE', key .. ':participants', keep)
+    redis.call('EXPIRE', job_participants_key(job), keep)
 end
 
 -- Tell every participant of the job that it ended.
 local function job_notify(job)
-    local participants = redis.call('HKEYS', JOB_PREFIX .. job .. ':participants')
+    local participants = redis.call('HKEYS', job_participants_key(job))
     for _, participant in ipairs(participants) do
-        local ended = JOB_PREFIX .. '~ended:' .. participant
+        local ended = job_ended_key(participant)
         redis.call('RPUSH', ended, job)
         redis.call('EXPIRE', ended, ENDED_TTL)
         redis.pcall('PUBLISH', ended, job)  -- its process drains the list; pcall: never fails
@@ -193,7 +201,7 @@ local function job_finish_if_done(job)
     local now = redis.call('TIME')
     local final = state == 'running' and job_outcome(key) or state
     redis.call('HSET', key, 'state', final, 'finished_at', now[1] + now[2] / 1000000)
-    redis.call('DEL', key .. ':seen')
+    redis.call('DEL', job_seen_key(job))
     job_phase(job, final)
     job_wake(job)
     job_notify(job)
@@ -208,7 +216,7 @@ function job_close(job, reason)
     local now = redis.call('TIME')
     redis.call('HSET', key, 'state', 'closed', 'reason', reason,
         'finished_at', now[1] + now[2] / 1000000)
-    redis.call('DEL', key .. ':seen')
+    redis.call('DEL', job_seen_key(job))
     job_phase(job, 'closed')
     job_wake(job)
     job_notify(job)
@@ -217,13 +225,7 @@ function job_close(job, reason)
 end
 
 -- After the job's stat field grew: close the job if it reached that field's limit
--- (pages: closespider_pagecount, items: closespider_itemcount, errors:
--- closespider_errorcount, as Scrapy names them).
-local LIMITED = {
-    pages = 'closespider_pagecount',
-    items = 'closespider_itemcount',
-    errors = 'closespider_errorcount',  -- callback errors (Scrapy's spider_error)
-}
+-- (LIMITED, from celery_crawl.jobs.limits: pages, items, errors, with Scrapy's reasons).
 local function job_check_limits(job, field)
     if not LIMITED[field] or not job_exists(job) then return end
     local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/' .. field, field)
@@ -243,12 +245,12 @@ local function job_ack(job)
     job_finish_if_done(job)
 end
 
--- Finish leases args[first .. last] of the in-flight set; returns how many were held.
+-- Finish leases args[first .. last] of the in-flight set of the queue whose levels key
+-- is levels; returns how many were held.
 -- A member no longer leased (acked before, or requeued) is skipped.
 -- A lease of a site with a cap gives the site its slot back (include/sites.lua).
-local function ack_leases(inflight, args, first, last)
+local function ack_leases(levels, inflight, args, first, last)
     local acked = 0
-    local levels = string.sub(inflight, 1, -10)  -- the queue key: inflight is Q .. ':inflight'
     for i = first, last do
         if redis.call('ZREM', inflight, args[i]) == 1 then
             job_ack(entry_job(args[i], 13))
@@ -263,16 +265,16 @@ end
 -- (job_phase), its participants and done list (job_notify, job_wake). A job hash of
 -- another type is no job (job_exists), and its counters heal (counters.lua).
 local function job_guard(spec, job)
-    spec_add(spec, JOB_PREFIX .. '~states', 'hash')
-    spec_add(spec, JOB_PREFIX .. '~active', 'set')
+    spec_add(spec, JOB_STATES_KEY, 'hash')
+    spec_add(spec, ACTIVE_JOBS_KEY, 'set')
     if job == '' then return end
-    spec_add(spec, JOB_PREFIX .. job .. ':participants', 'hash')
-    spec_add(spec, JOB_PREFIX .. job .. ':done', 'list')
+    spec_add(spec, job_participants_key(job), 'hash')
+    spec_add(spec, job_done_key(job), 'list')
     -- job_notify pushes onto each participant's list of ended jobs
-    local participants = redis.pcall('HKEYS', JOB_PREFIX .. job .. ':participants')
+    local participants = redis.pcall('HKEYS', job_participants_key(job))
     if type(participants) == 'table' and not participants.err then
         for _, participant in ipairs(participants) do
-            spec_add(spec, JOB_PREFIX .. '~ended:' .. participant, 'list')
+            spec_add(spec, job_ended_key(participant), 'list')
         end
     end
 end

@@ -36,7 +36,7 @@ local function push_guard(spec, lanes, args, first, n)
         spec_add(spec, keys[1] .. ':' .. args[at], 'list')
         job_guard(spec, job)
         if fp ~= '' and SCOPE == 'job' and job ~= '' then
-            spec_add(spec, JOB_PREFIX .. job .. ':seen', 'set')
+            spec_add(spec, job_seen_key(job), 'set')
         elseif fp ~= '' then
             fps[lane][#fps[lane] + 1] = fp
         end
