@@ -92,7 +92,7 @@ def run_job(
             if now_waiting != waiting:  # logged when it starts, and when it ends
                 logger.warning("job %s: %s", job.id, now_waiting or "a live worker hosts it now")
                 waiting = now_waiting
-            close_if_out_of_time(job, status)
+            end_if_out_of_time(job, status)
             write_index(job, index, JOB_INDEX_TTL)
             if job.client.exists(stopping):  # the flag in Redis, for a task run elsewhere
                 raise Reject(HAND_BACK, requeue=True)  # noqa: B904
@@ -166,7 +166,7 @@ def start_when_room(task: Task, project: Project, given: JobInput) -> tuple[Job,
         pause(task.request.hostname or "", interval)
 
 
-def close_if_out_of_time(job: Job, status: JobStatus) -> None:
+def end_if_out_of_time(job: Job, status: JobStatus) -> None:
     """The ``seconds`` limit, which only the tracker sees: the job ends ``closed``.
 
     Redis compares the job's age with its limit on its own clock, so a worker
@@ -176,7 +176,7 @@ def close_if_out_of_time(job: Job, status: JobStatus) -> None:
     if not limit:
         return
     try:
-        closed = job.close_if_out_of_time()
+        closed = job.end_if_out_of_time()
     except redis.ResponseError as exc:  # a damaged key of the job: checked again next report
         logger.warning("job %s: its time limit not checked, Redis refused: %s", job.id, exc)
         return

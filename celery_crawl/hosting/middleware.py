@@ -25,7 +25,7 @@ from celery_crawl.jobs.signals import (
     JOB_META,
     JOB_PRIORITY_META,
     forget_item,
-    job_close,
+    job_end_asked,
     job_error,
     job_items,
     job_of,
@@ -94,7 +94,7 @@ class JobSpiderMiddleware:
         if not (job and isinstance(exception, CloseSpider)):
             return None
         reason = exception.reason or "cancelled"
-        self.crawler.signals.send_catch_log(job_close, response=response, reason=reason)
+        self.crawler.signals.send_catch_log(job_end_asked, response=response, reason=reason)
         return []
 
     def _count(self, response: Any, items: int) -> None:

@@ -300,12 +300,12 @@ class Job:
         Unlike :meth:`cancel`, its queued requests are not purged at once: they
         are discarded when a lease reaches them.
         """
-        return self.store.close(self.id, reason)
+        return self.store.end(self.id, reason)
 
-    def close_if_out_of_time(self) -> bool:
+    def end_if_out_of_time(self) -> bool:
         """End the job ``closed`` (``closespider_timeout``) if its ``seconds`` limit has
         passed since it was created, on Redis's clock (``jobs/lua/job_timeout.lua``)."""
-        return self.store.close_if_out_of_time(self.id)
+        return self.store.end_if_out_of_time(self.id)
 
     def cancel(self) -> int:
         """Stop the job and purge its queued requests; other jobs are untouched.

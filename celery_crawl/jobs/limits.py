@@ -7,7 +7,7 @@ Each is enforced where what it counts is known, and asks this module what to do:
   (``job_check_limits`` in ``jobs/lua/include/jobs.lua``, whose table of reasons is
   generated from :data:`LIMITS`, :func:`lua_tables`);
 - ``seconds``: by the job's tracker (the Celery task), on Redis's clock
-  (:meth:`celery_crawl.jobs.store.JobStore.close_if_out_of_time`), when
+  (:meth:`celery_crawl.jobs.store.JobStore.end_if_out_of_time`), when
   :func:`time_limited` says so;
 - ``depth``: by the spider middleware (``celery_crawl.hosting.middleware.JobDepthMiddleware``),
   which reads the job's depth limit from a response with :func:`depth_limit`.

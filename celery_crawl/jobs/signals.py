@@ -21,7 +21,7 @@ job_error = object()
 job_items = object()
 
 # sent by the spider middleware: a callback of a job's response raised CloseSpider
-job_close = object()
+job_end_asked = object()
 
 # sent by the scheduler just before it acks the leases of finished pages (once per
 # write, not per page): a handler holding their items in memory hands them to the OS

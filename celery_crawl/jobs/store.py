@@ -10,7 +10,7 @@ of :class:`JobStore`, one script each:
   ``job_settle`` drops the dead ones);
 - ended, once, in one of :data:`TERMINAL_STATES`: ``done``, ``incomplete`` or
   ``failed`` when its last request is acked (or ``job_reconcile`` finds its requests
-  lost), ``closed`` by a limit or its spider (``job_close``, ``job_timeout``),
+  lost), ``closed`` by a limit or its spider (``job_end``, ``job_timeout``),
   ``cancelled`` (``job_cancel``).
 
 The tables Lua shares with Python (the final states, the counters) are generated into
@@ -59,7 +59,7 @@ START = Argv(
     ("job_id", "seed_requests", "job_fields", "dedup_scope"),
     (ENTRY_ARGV, ("field", "value"), DUPEFILTER_PARAMETERS),
 )
-CLOSE = Argv("job_close", ("job_id", "reason"))
+CLOSE = Argv("job_end", ("job_id", "reason"))
 TIMEOUT = Argv("job_timeout", ("job_id", "reason"))
 JOIN = Argv("job_join", ("job_id", "joining_scheduler", "registration"))
 LEAVE = Argv("job_leave", ("job_id", "leaving_scheduler"))
@@ -162,12 +162,12 @@ class JobStore:
         """
         return int(self._run(SETTLE, [self.keys.job_prefix], SETTLE.build(job_id=job)))
 
-    def close(self, job: str, reason: str) -> bool:
+    def end(self, job: str, reason: str) -> bool:
         """End running ``job`` now, ``closed`` with ``reason``; False if it was not running."""
         args = CLOSE.build(job_id=job, reason=reason)
         return bool(self._run(CLOSE, [self.keys.job_prefix], args))
 
-    def close_if_out_of_time(self, job: str) -> bool:
+    def end_if_out_of_time(self, job: str) -> bool:
         """End the job ``closed`` (``closespider_timeout``) if its ``seconds`` limit has
         passed since it was created, on Redis's clock (``jobs/lua/job_timeout.lua``)."""
         args = TIMEOUT.build(job_id=job, reason=limits.LIMITS["seconds"].reason)

@@ -294,13 +294,13 @@ class Base:
             raise reply
         return reply, int(replicas)
 
-    def extend(self, members: Sequence[bytes], seconds: float | None = None) -> int:
+    def renew(self, members: Sequence[bytes], seconds: float | None = None) -> int:
         """Renew leases still held, ``seconds`` (default: the lease time) from now."""
         if not members:
             return 0
         duration = int((seconds or self.lease_seconds) * 1000)
         keys = [self.keys.inflight, self.keys.job_prefix]
-        return int(self._script("extend")(keys=keys, args=[duration, *members]))
+        return int(self._script("renew")(keys=keys, args=[duration, *members]))
 
     def requeue_expired(self, limit: int = 1000) -> int:
         """Put requests whose lease ran out back at the front of their level."""
@@ -342,12 +342,12 @@ class Base:
     def _queue_keys(self) -> list[str]:
         return [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.signal]
 
-    def join(self, scheduler_id: str, seconds: float) -> int:
+    def register(self, scheduler_id: str, seconds: float) -> int:
         """Register (or renew) an open scheduler for ``seconds``; how many are open."""
         args = [scheduler_id, max(1, int(seconds * 1000))]
         return int(self._script("scheduler_join")(keys=[self.keys.open_schedulers], args=args))
 
-    def leave(self, scheduler_id: str, clear: bool) -> tuple[int, int]:
+    def unregister(self, scheduler_id: str, clear: bool) -> tuple[int, int]:
         """Unregister a scheduler; with ``clear``, the last one open clears queue and dedup.
 
         The last one also ends the crawl they made (``celery_crawl.scheduler.crawl_state``),

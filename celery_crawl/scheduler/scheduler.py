@@ -60,7 +60,7 @@ from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
 from celery_crawl.dupefilter.filters import RFPDupeFilter
 from celery_crawl.hosting.spiders import RedisMixin
-from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, acks_due, job_close, job_of
+from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, acks_due, job_end_asked, job_of
 from celery_crawl.jobs.store import end_lost_jobs
 from celery_crawl.politeness import middleware as politeness
 from celery_crawl.politeness.sites import SiteState
@@ -194,7 +194,7 @@ class Scheduler(BaseScheduler):
             check_installed(self.crawler.settings)
             politeness.check_installed(self.crawler.settings)
             self.job_stats.connect(self.crawler.signals)
-            self.crawler.signals.connect(self.end_job_after, signal=job_close)
+            self.crawler.signals.connect(self.end_job_after, signal=job_end_asked)
 
     @property
     def starts_once(self) -> bool:
@@ -240,9 +240,11 @@ class Scheduler(BaseScheduler):
         self.release_held()
         self.prefetch.clear()
         self.jobs.stop()
-        leave = partial(self.queue.leave, self.id, clear=not self.config.persist)
+        unregister = partial(self.queue.unregister, self.id, clear=not self.config.persist)
         try:
-            still_open, _ = retried(self.repairer, leave)  # a damaged key: repaired, sent again
+            still_open, _ = retried(
+                self.repairer, unregister
+            )  # a damaged key: repaired, sent again
         except redis.ResponseError as exc:  # refused twice: the registration lapses by itself
             logger.warning("scheduler not unregistered, Redis refused: %s", exc)
             return
@@ -264,7 +266,7 @@ class Scheduler(BaseScheduler):
     def _end_job(self, job: str, reason: str) -> None:
         try:
             self.flush()  # the job's counts first
-            ended = self.queue.job_store.close(job, reason)
+            ended = self.queue.job_store.end(job, reason)
         except connection.TRANSIENT_ERRORS as exc:  # tried again at the job's next ack
             logger.warning("Redis unreachable, job %s not ended yet: %s", job, exc)
             self._ending[job] = reason
@@ -333,10 +335,10 @@ class Scheduler(BaseScheduler):
         (:meth:`~celery_crawl.queue.Base.check_room`) tells when it takes writes again.
         """
         try:
-            self.queue.extend(self.prefetch.held())
+            self.queue.renew(self.prefetch.held())
             if self.memory.full:
                 self.queue.check_room()
-            self.queue.join(self.id, self.registration_seconds)
+            self.queue.register(self.id, self.registration_seconds)
             if self.memory.room_again():
                 self.wakeup.on_push()  # the engine asks again now, not at its next heartbeat
             requeued = self.queue.requeue_expired() if self.memory.requeue_due else 0

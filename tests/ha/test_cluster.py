@@ -298,12 +298,12 @@ def test_drops_pending_counts_and_the_last_close_run_on_the_cluster(
     status = Job("j3", "forum", cluster_client, keys).status()
     assert (status.state, status.dropped) == ("incomplete", 1)
     assert queue.pending() == (0, 0)
-    queue.join("a", 60)
-    queue.join("b", 60)
+    queue.register("a", 60)
+    queue.register("b", 60)
     queue.push_many([Entry(b"x", fingerprint=b"fp-x")])
-    assert queue.leave("a", clear=True) == (1, 0)
+    assert queue.unregister("a", clear=True) == (1, 0)
     assert len(queue) == 1 and cluster_client.get(keys.dupefilter_count) == b"2"
-    assert queue.leave("b", clear=True)[0] == 0
+    assert queue.unregister("b", clear=True)[0] == 0
     assert len(queue) == 0 and cluster_client.get(keys.dupefilter_count) is None
 
 

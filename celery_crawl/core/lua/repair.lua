@@ -42,7 +42,7 @@ local function check_counters(key)
     if bad and not FINAL[redis.call('HGET', key, 'state')] then
         local job = string.sub(key, #JOB_PREFIX + 1)
         redis.call('HSET', key, 'state', 'running')  -- whatever it was, it was not final
-        job_close(job, 'damaged: ' .. bad)
+        job_end(job, 'damaged: ' .. bad)
         ended[#ended + 1] = job
     end
 end

@@ -53,7 +53,7 @@ for _, job in ipairs(active) do
     local pending, done = tonumber(values[2] or '0') or 0, values[3] or '0'
     if values[1] and values[1] ~= 'running' and not FINAL[values[1]] then
         redis.call('HSET', key, 'state', 'running')
-        job_close(job, 'damaged: state')
+        job_end(job, 'damaged: state')
         ended[#ended + 1] = job
     elseif values[1] == 'running' and pending > 0 then
         local seen_done, seen_at = string.match(values[4] or '', '^(%-?%d+):(%d+)$')

@@ -12,7 +12,7 @@ local JOB_PREFIX = KEYS[1]
 
 local job = ARGV[1]
 if not job_exists(job) then return 0 end
-local spec = {}  -- every key job_close writes checked first (include/keytypes.lua)
+local spec = {}  -- every key job_end writes checked first (include/keytypes.lua)
 job_guard(spec, job)
 local refused = refuse_damaged(spec)
 if refused then return refused end
@@ -21,4 +21,4 @@ local limit, created = tonumber(values[1] or ''), tonumber(values[2] or '')
 if not (limit and created) or limit <= 0 then return 0 end
 local now = redis.call('TIME')
 if now[1] + now[2] / 1000000 - created < limit then return 0 end
-return job_close(job, ARGV[2])
+return job_end(job, ARGV[2])

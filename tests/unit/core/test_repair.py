@@ -350,9 +350,9 @@ SCRIPT_DAMAGE = {
     "ack: job index": (lambda q, m: q.ack([m]), lambda k: k.active_jobs),
     "ack: job done list": (lambda q, m: q.ack([m]), lambda k: k.job("j") + ":done"),
     "dead_letter: list": (lambda q, m: q.dead_letter(m, "{}", "codec"), lambda k: k.deadletter),
-    "extend: in-flight set": (lambda q, m: q.extend([m]), lambda k: k.inflight),
-    "job_close: participants": (
-        lambda q, m: q.job_store.close("j", "test"),
+    "extend: in-flight set": (lambda q, m: q.renew([m]), lambda k: k.inflight),
+    "job_end: participants": (
+        lambda q, m: q.job_store.end("j", "test"),
         lambda k: k.job_participants("j"),
     ),
     "job_leave: done list": (
@@ -470,9 +470,9 @@ def case_produce_routed_level(client: redis.Redis, prefix: str) -> Any:
 
 def case_scheduler_leave_index(client: redis.Redis, prefix: str) -> Any:
     forum, _ = _routed_job(client, prefix)
-    forum.join("s1", 60)
+    forum.register("s1", 60)
     _wrong_type(client, forum.keys.queue)
-    leave = lambda: forum.leave("s1", clear=True)  # noqa: E731
+    leave = lambda: forum.unregister("s1", clear=True)  # noqa: E731
     return leave, lambda: retried(Repairer(client, forum.keys), leave)[0] == 0, forum.keys.queue
 
 
@@ -486,7 +486,7 @@ def case_queue_clear_parked(client: redis.Redis, prefix: str) -> Any:
 def case_scheduler_join(client: redis.Redis, prefix: str) -> Any:
     forum, _ = _forum_group(client, prefix)
     _wrong_type(client, forum.keys.open_schedulers)
-    join = lambda: forum.join("s1", 60)  # noqa: E731
+    join = lambda: forum.register("s1", 60)  # noqa: E731
     return (
         join,
         lambda: retried(Repairer(client, forum.keys), join) == 1,

@@ -180,12 +180,12 @@ UNDECLARED = {
     "crawl_start",
     "dead_letter",
     "dedup",
-    "extend",
     "lease",
     "produce",
     "queue_clear",
     "queue_pending",
     "queue_size",
+    "renew",
     "repair",
     "requeue",
     "scheduler_join",
@@ -256,12 +256,12 @@ def test_a_layout_matches_its_script_header(name: str) -> None:
 
 
 def test_a_layout_takes_its_fields_by_name_and_no_others() -> None:
-    close = layouts()["job_close"]
+    close = layouts()["job_end"]
     assert close.build(reason="r", job_id="j") == ["j", "r"]
-    with pytest.raises(ScriptError, match=r"^job_close\.lua takes job_id, reason: not job_id$"):
+    with pytest.raises(ScriptError, match=r"^job_end\.lua takes job_id, reason: not job_id$"):
         close.build(job_id="j")
-    with pytest.raises(ScriptError, match=r"two ARGV layouts for job_close\.lua"):
-        scripts.Argv("job_close", ("job_id",))
+    with pytest.raises(ScriptError, match=r"two ARGV layouts for job_end\.lua"):
+        scripts.Argv("job_end", ("job_id",))
 
 
 def test_an_entry_builds_its_arguments_in_the_declared_order() -> None:

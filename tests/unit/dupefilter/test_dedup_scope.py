@@ -67,7 +67,7 @@ def test_cancel_and_close_drop_the_jobs_own_set(client: redis.Redis, prefix: str
     start(q, "cancelled", FP, b"g" * 16)
     start(q, "closed", FP)
     Job("cancelled", "paths", client, q.keys).cancel()
-    assert q.job_store.close("closed", "a reason")
+    assert q.job_store.end("closed", "a reason")
     assert not client.exists(q.keys.job("cancelled") + ":seen", q.keys.job("closed") + ":seen")
 
 

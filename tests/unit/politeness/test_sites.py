@@ -152,7 +152,7 @@ def test_cancelled_jobs_parked_entries_are_purged_not_leased(
     queue.start_job("j1", [entry(f"a{i}", "a.example", job="j1") for i in range(3)], {})
     held = queue.lease(3)
     assert len(held) == 1 and held[0].site == "a.example" and held[0].job == "j1"
-    queue.job_store.close("j1", "test")
+    queue.job_store.end("j1", "test")
     queue.ack([held[0].member])
     assert queue.lease(3) == []
     assert len(queue) == 0
@@ -275,7 +275,7 @@ def test_a_renewed_lease_keeps_its_site_slot(client: redis.Redis, prefix: str) -
     held = queue.lease(2)
     for _ in range(3):
         time.sleep(0.15)
-        assert queue.extend([held[0].member]) == 1
+        assert queue.renew([held[0].member]) == 1
     assert queue.lease(2) == []
 
 

@@ -99,7 +99,7 @@ def test_extend_keeps_a_lease_alive(queue: Base) -> None:
     queue.push(b"a")
     (lease,) = queue.pop()
     time.sleep(0.1)
-    assert queue.extend([lease.member], seconds=5) == 1
+    assert queue.renew([lease.member], seconds=5) == 1
     time.sleep(0.2)
     assert queue.requeue_expired() == 0
     assert queue.in_flight() == 1
@@ -215,34 +215,34 @@ def test_dead_letters_are_kept_newest_first_up_to_the_limit(queue: Base) -> None
 
 def test_the_last_scheduler_to_leave_clears_queue_and_dedup(queue: Base) -> None:
     client, keys = queue.client, queue.keys
-    assert queue.join("a", 60) == 1
-    assert queue.join("b", 60) == 2
-    assert queue.join("a", 60) == 2  # a renewal, not a third
+    assert queue.register("a", 60) == 1
+    assert queue.register("b", 60) == 2
+    assert queue.register("a", 60) == 2  # a renewal, not a third
     queue.push_many([Entry(b"x", fingerprint=b"f" * 20), Entry(b"y", 2, b"g" * 20)])
-    assert queue.leave("a", clear=True) == (1, 0)  # b still has them open
+    assert queue.unregister("a", clear=True) == (1, 0)  # b still has them open
     assert len(queue) == 2 and client.exists(keys.dupefilter_count)
-    assert queue.leave("b", clear=True)[0] == 0
+    assert queue.unregister("b", clear=True)[0] == 0
     assert len(queue) == 0
     assert not client.keys(f"{keys.queue}*") and not client.keys(f"{keys.dupefilter}*")
 
 
 def test_leaving_without_clear_keeps_the_state(queue: Base) -> None:
-    queue.join("a", 60)
+    queue.register("a", 60)
     queue.push_many([Entry(b"x", fingerprint=b"f" * 20)])
-    assert queue.leave("a", clear=False) == (0, 0)
+    assert queue.unregister("a", clear=False) == (0, 0)
     assert len(queue) == 1
     assert not queue.client.exists(queue.keys.open_schedulers)
 
 
 def test_a_registration_not_renewed_stops_counting(queue: Base) -> None:
     """A killed process never blocks the clear for good: its registration runs out."""
-    queue.join("killed", 0.05)
-    queue.join("alive", 60)
+    queue.register("killed", 0.05)
+    queue.register("alive", 60)
     queue.push_many([Entry(b"x")])
     time.sleep(0.1)
-    assert queue.leave("alive", clear=True)[0] == 0
+    assert queue.unregister("alive", clear=True)[0] == 0
     assert len(queue) == 0
-    queue.join("short", 0.05)
+    queue.register("short", 0.05)
     time.sleep(0.1)
     assert not queue.client.exists(queue.keys.open_schedulers)  # the key expires too
 
@@ -279,7 +279,7 @@ def test_a_participant_closing_its_part_of_an_ended_job_still_counts(
     """What a process's in-flight pages give once the job closed counts: wait() waits for it."""
     queue.start_job("j", [Entry(b"seed", job="j")], {"spider": "forum"})
     queue.job_store.join("j", "worker")
-    assert queue.job_store.close("j", "enough")
+    assert queue.job_store.end("j", "enough")
     queue.push_many([], job_stats=[("j", "pages", 1), ("j", "items", 2)], participant="worker")
     counts = job_counts(client, queue, "j")
     assert (counts["state"], counts["pages"], counts["items"]) == ("closed", "1", "2")

@@ -36,12 +36,12 @@ def test_join_reads_args_and_depth_and_joins_only_a_running_job(
 ) -> None:
     q = queue(client, prefix)
     start(q, "j", args='{"category": "books"}', **{"limit/depth": "2"})
-    q.join(scheduler_id="s1", seconds=30)
+    q.register(scheduler_id="s1", seconds=30)
     assert q.job_store.join("j", "s1") == ("running", '{"category": "books"}', "2")
     assert client.hkeys(q.keys.job_participants("j")) == [b"s1"]
     assert q.job_store.join("j", "") == ("running", '{"category": "books"}', "2")  # read only
     assert client.hlen(q.keys.job_participants("j")) == 1
-    q.job_store.close("j", "enough")
+    q.job_store.end("j", "enough")
     assert q.job_store.join("j", "s2")[0] == "closed"
     assert client.hkeys(q.keys.job_participants("j")) == [b"s1"]
     assert q.job_store.join("nope", "s1") == ("", "", "")
@@ -53,7 +53,7 @@ def test_the_end_is_told_to_each_participant_and_wait_returns_after_the_last_lea
     q = queue(client, prefix)
     job = start(q, "j")
     for scheduler in ("s1", "s2"):
-        q.join(scheduler, 30)
+        q.register(scheduler, 30)
         q.job_store.join("j", scheduler)
     heard = client.pubsub()
     heard.subscribe(q.keys.job_ended("s1"), q.keys.job_ended("s2"))
@@ -89,9 +89,9 @@ def test_a_participant_whose_registration_lapsed_is_not_waited_for(
 ) -> None:
     q = queue(client, prefix)
     job = start(q, "j")
-    q.join("dead", 0.2)  # registered for 200 ms, never renewed: a killed process
+    q.register("dead", 0.2)  # registered for 200 ms, never renewed: a killed process
     q.job_store.join("j", "dead")
-    q.join("alive", 30)
+    q.register("alive", 30)
     q.job_store.join("j", "alive")
     finish(q)
     assert job.participants() == 2
@@ -109,7 +109,7 @@ def test_a_lost_notice_is_found_by_the_state_check(client: redis.Redis, prefix: 
     # holds: a lease of each is still in the engine, so nothing closes yet
     part = Participation(q, "s1", JobStats(), holds=lambda job: True)
     assert part.info("lost") == part.info("running") == JobInfo()
-    q.job_store.close("lost", "a reason")
+    q.job_store.end("lost", "a reason")
     client.delete(q.keys.job_ended("s1"))  # the notice is gone
     part.check()
     assert part.ending == {"lost"}
@@ -124,12 +124,12 @@ def test_a_finished_job_is_kept_for_its_keep_time_and_a_week_without_one(
     start(q, "short", keep="30")
     start(q, "closed", keep="40")
     start(q, "default")
-    q.join("s1", 30)
+    q.register("s1", 30)
     for job in ("short", "closed", "default"):
         q.job_store.join(job, "s1")
     running_ttl = client.ttl(q.keys.job_participants("short"))
     assert running_ttl > 6 * 24 * 3600  # a running job's participants are not cut short
-    q.job_store.close("closed", "enough")
+    q.job_store.end("closed", "enough")
     finish(q)
     for job, keep in (("short", 30), ("closed", 40), ("default", 7 * 24 * 3600)):
         for key in (q.keys.job(job), q.keys.job_participants(job), q.keys.job(job) + ":done"):

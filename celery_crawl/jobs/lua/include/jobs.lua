@@ -32,7 +32,7 @@
 -- A job ends closed (field reason) when it reaches one of its limits (fields
 -- limit/pages, limit/items, limit/errors: checked by job_check_limits as its stats
 -- grow), or
--- when a callback raised CloseSpider (jobs/lua/job_close.lua): at once, with its
+-- when a callback raised CloseSpider (jobs/lua/job_end.lua): at once, with its
 -- queued requests left behind to be discarded when a lease reaches them.
 --
 -- With the job dedup scope, the fingerprints of a job's requests are in the set
@@ -55,7 +55,7 @@
 -- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries); its
 -- tables FINAL, JOB_COUNTERS and LIMITED are generated from celery_crawl.jobs.store.
 -- Defines: FINAL, JOB_COUNTERS, LIMITED, job_seen_add, job_running, job_late, job_add, job_phase,
--- job_ack, job_finish_if_done, job_close, job_check_limits, ack_leases, job_wake,
+-- job_ack, job_finish_if_done, job_end, job_check_limits, ack_leases, job_wake,
 -- job_notify, job_guard(spec, job), ack_guard(spec, inflight, args, first, last).
 -- (ack_leases(levels, inflight, args, first, last) takes the queue's levels key and its
 -- in-flight key, both from KEYS.)
@@ -101,12 +101,12 @@ local function job_late(job, participant)
     return redis.pcall('HEXISTS', job_participants_key(job), participant) ~= 1
 end
 
-local job_close  -- defined below; a damaged counter closes its job
+local job_end  -- defined below; a damaged counter closes its job
 
 -- Add to a counter of the job; a counter that held no integer ends the job closed.
 local function job_count(job, field, delta)
     local value, damaged = count(JOB_PREFIX .. job, field, delta)
-    if damaged then job_close(job, 'damaged: ' .. field) end
+    if damaged then job_end(job, 'damaged: ' .. field) end
     return value
 end
 
@@ -210,7 +210,7 @@ end
 
 -- End a running job now, closed, with the reason; returns 1, or 0 if it was not running.
 -- Its requests in flight finish as usual; queued ones are discarded when leased.
-function job_close(job, reason)
+function job_end(job, reason)
     local key = JOB_PREFIX .. job
     if redis.call('HGET', key, 'state') ~= 'running' then return 0 end
     local now = redis.call('TIME')
@@ -231,7 +231,7 @@ local function job_check_limits(job, field)
     local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/' .. field, field)
     local limit = tonumber(values[1])
     if limit and number_or_0(values[2]) >= limit then
-        job_close(job, LIMITED[field])
+        job_end(job, LIMITED[field])
     end
 end
 

@@ -3,8 +3,8 @@
 -- KEYS[1]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[2]  job key prefix (the group's site prefix is derived from it: include/sites.lua)
 -- ARGV[1]  lease duration from now, ms (server clock)
--- ARGV[2..] the lease members to extend; members no longer leased are skipped
--- Returns  the number of leases extended
+-- ARGV[2..] the lease members to renew; members no longer leased are skipped
+-- Returns  the number of leases renewed
 --          (an error naming the key, nothing written, when a key it writes is damaged:
 --          include/keytypes.lua)
 --
@@ -24,11 +24,11 @@ if refused then return refused end
 local now = redis.call('TIME')
 local deadline = now[1] * 1000 + math.floor(now[2] / 1000) + tonumber(ARGV[1])
 local levels, sites = string.sub(KEYS[1], 1, -10), site_prefix(KEYS[2])
-local extended = 0
+local renewed = 0
 for i = 2, #ARGV do
     if redis.call('ZADD', KEYS[1], 'XX', 'CH', deadline, ARGV[i]) == 1 then
-        extended = extended + 1
+        renewed = renewed + 1
         site_renew(sites, levels, ARGV[i], deadline)
     end
 end
-return extended
+return renewed

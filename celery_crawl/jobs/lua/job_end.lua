@@ -17,4 +17,4 @@ local spec = {}  -- every key it writes checked first (include/keytypes.lua)
 job_guard(spec, ARGV[1])
 local refused = refuse_damaged(spec)
 if refused then return refused end
-return job_close(ARGV[1], ARGV[2])
+return job_end(ARGV[1], ARGV[2])
