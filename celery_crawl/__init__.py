@@ -16,7 +16,7 @@ nor Scrapy, and changes nothing in either)::
   job's live progress (:mod:`celery_crawl.jobs.handle`);
 - for spiders and pipelines: :func:`job_args` (a job's spider arguments),
   :func:`item_job` (an item's job), and the signals :data:`job_opened` and
-  :data:`job_finished` (:mod:`celery_crawl.scheduler.participation`);
+  :data:`job_finished` (:mod:`celery_crawl.jobs.signals`);
 - the exceptions (:mod:`celery_crawl.core.errors`), all subclasses of
   :class:`CeleryCrawlError`.
 """
@@ -26,7 +26,11 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from celery_crawl.core import exports as _moved
+
 __version__ = "0.1.0"
+
+_moved.install()  # old module paths still import (celery_crawl.core.exports.MOVED)
 
 # public name -> the module that defines it
 _EXPORTS = {
@@ -44,6 +48,7 @@ _EXPORTS = {
         for name in (
             "CeleryCrawlError",
             "ConfigError",
+            "BadInput",
             "RedisUnavailable",
             "EncodeError",
             "DecodeError",
@@ -60,6 +65,7 @@ _EXPORTS = {
     },
 }
 __all__ = [
+    "BadInput",
     "BadSeed",
     "CeleryCrawlError",
     "ConfigError",

@@ -17,4 +17,5 @@ __getattr__ = lazy(
     {
         **dict.fromkeys(("create_app",), "celery_crawl.app.factory"),
     },
+    fallbacks=["celery_crawl.app.factory"],
 )

@@ -131,5 +131,5 @@ def find_job(app: Any, job_id: str) -> Job | None:
         return None
     name = spider.decode()
     components = project.components(name)
-    keys, spans, dedup = project.keys(name), components.group(name), components.dedup
+    keys, spans, dedup = components.keys(name), components.group(name), components.dedup
     return Job(job_id, name, project.client, keys, spans, app=app, dedup=dedup)

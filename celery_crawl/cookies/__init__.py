@@ -16,4 +16,5 @@ __getattr__ = lazy(
     {
         **dict.fromkeys(("SharedCookiesMiddleware",), "celery_crawl.cookies.middleware"),
     },
+    fallbacks=["celery_crawl.cookies.middleware"],
 )

@@ -93,7 +93,7 @@ def spider_problems(spidercls: type) -> list[str]:
     bases = [f"{k.__module__}.{k.__name__}" for k in spidercls.__mro__]
     return [
         f"spider {spidercls.__name__} derives from scrapy-redis's {path}: import "
-        f"{equivalent(path).rsplit('.', 1)[1]} from celery_crawl.hosting.spiders instead"
+        f"{equivalent(path).rsplit('.', 1)[1]} from {equivalent(path).rsplit('.', 1)[0]} instead"
         for path in bases
         if path in EQUIVALENTS and path.startswith("scrapy_redis.spiders.")
     ][:1]

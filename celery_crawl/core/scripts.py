@@ -204,9 +204,9 @@ def _read(chain: tuple[str, ...]) -> str:
     raise ScriptError(f"{where}no Lua {kind} {name!r} (celery_crawl/<package>/lua/{path})")
 
 
-LAYOUTS: dict[str, Argv] = {}
+LAYOUTS: dict[str, Argv] = {}  # script name -> its declared ARGV layout
 # the last ARGV group of a script with a dupefilter slot: the filter's own (its DEDUP_ARGV)
-DUPEFILTER_PARAMETERS = ("dupefilter", "parameters")  # script name -> its declared ARGV layout
+DUPEFILTER_PARAMETERS = ("dupefilter", "parameters")
 
 
 @dataclass(frozen=True)

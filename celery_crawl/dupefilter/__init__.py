@@ -19,4 +19,5 @@ __getattr__ = lazy(
             "celery_crawl.dupefilter.filters",
         ),
     },
+    fallbacks=["celery_crawl.dupefilter.filters"],
 )

@@ -171,8 +171,10 @@ class Project:
         queues = setting(self.settings, "CELERY_CRAWL_QUEUES")
         return {str(k): str(v) for k, v in queues.items()}
 
-    def keys(self, spider: str) -> SpiderKeys:
-        return SpiderKeys.from_settings(spider, self.settings)
+    def keys(self, spider: SpiderOrCrawler) -> SpiderKeys:
+        """The spider's keys, as its scheduler names them (its ``custom_settings`` included)."""
+        crawler = self.crawler(spider)
+        return self.components(crawler).keys(crawler.spidercls.name)
 
     def job_spans(self, spider: SpiderOrCrawler) -> list[SpiderKeys]:
         """The spiders a job of ``spider`` may span: its whole group."""

@@ -6,3 +6,18 @@ and :class:`~celery_crawl.jobs.handle.JobStatus`; ``limits`` the table of a job'
 and their checks; ``stats`` the per-job stats gathered from signals; ``signals`` the meta
 keys, the signals and the item -> job map; ``inputs`` the checks of a job's input.
 """
+
+from celery_crawl.core.exports import lazy
+
+# what the old module ``celery_crawl.jobs`` held, from where it lives now
+__getattr__ = lazy(
+    __name__,
+    {},
+    fallbacks=[
+        "celery_crawl.jobs.handle",
+        "celery_crawl.jobs.store",
+        "celery_crawl.jobs.signals",
+        "celery_crawl.jobs.stats",
+        "celery_crawl.jobs.limits",
+    ],
+)

@@ -16,4 +16,5 @@ __getattr__ = lazy(
     {
         **dict.fromkeys(("SiteLimitsMiddleware",), "celery_crawl.politeness.middleware"),
     },
+    fallbacks=["celery_crawl.politeness.middleware"],
 )

@@ -28,4 +28,5 @@ __getattr__ = lazy(
             "celery_crawl.queue.queues",
         ),
     },
+    fallbacks=["celery_crawl.queue.queues", "celery_crawl.queue.entries"],
 )

@@ -18,4 +18,5 @@ __getattr__ = lazy(
     {
         **dict.fromkeys(("Scheduler",), "celery_crawl.scheduler.scheduler"),
     },
+    fallbacks=["celery_crawl.scheduler.scheduler"],
 )

@@ -87,15 +87,16 @@ class Components:
         """The keys of every spider of ``spider``'s group (its requests may be routed there)."""
         return [self.keys(name) for name in group_members(spider, self.settings)]
 
-    def queue(self, spider: str | SpiderKeys) -> Base:
-        """``spider``'s queue: ``SCHEDULER_QUEUE_CLASS``, with every queue setting and the dedup."""
+    def queue(self, spider: str | SpiderKeys, dedup: DedupScript | None = None) -> Base:
+        """``spider``'s queue: ``SCHEDULER_QUEUE_CLASS``, with every queue setting and the dedup
+        (``dedup``: the script of the filter a scheduler checks with, as that filter built it)."""
         keys = spider if isinstance(spider, SpiderKeys) else self.keys(spider)
         settings = self.settings
         return self.queue_class(
             self.client,
             keys,
             lease_seconds=setting(settings, "SCHEDULER_LEASE_SECONDS"),
-            dedup=self.dedup,
+            dedup=dedup or self.dedup,
             ack_replicas=setting(settings, "CELERY_CRAWL_ACK_REPLICAS"),
             ack_timeout=setting(settings, "CELERY_CRAWL_ACK_TIMEOUT"),
             deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),

@@ -156,7 +156,7 @@ class Scheduler(BaseScheduler):
         compat.check_settings(settings, crawler.spidercls)
         components = Components.from_crawler(crawler)
         dupefilter = components.dupefilter(crawler.spidercls.name, crawler)
-        queue = components.queue(dupefilter.keys)
+        queue = components.queue(dupefilter.keys, dedup=dupefilter.script)
         return cls(
             queue,
             dupefilter,

@@ -16,4 +16,5 @@ __getattr__ = lazy(
     {
         **dict.fromkeys(("RedisStatsCollector",), "celery_crawl.stats.collector"),
     },
+    fallbacks=["celery_crawl.stats.collector"],
 )

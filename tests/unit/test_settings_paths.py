@@ -6,11 +6,22 @@ scrapy-redis's aliases name. Each loads, and is the very object of the code's ho
 
 from __future__ import annotations
 
+import importlib
+import re
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
 import pytest
+from kombu.utils.imports import symbol_by_name
 from scrapy.utils.misc import load_object
 
 from celery_crawl.core.compat import EQUIVALENTS
 from celery_crawl.core.defaults import SETTINGS
+from celery_crawl.core.exports import MOVED
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # settings path -> where the code lives
 PATHS = {
@@ -66,6 +77,7 @@ PATHS = {
     "celery_crawl.connection.get_redis": "celery_crawl.core.connection.get_redis",
     "celery_crawl.connection.from_settings": "celery_crawl.core.connection.from_settings",
     "celery_crawl.app.create_app": "celery_crawl.app.factory.create_app",
+    "celery_crawl.app.broker.Transport": "celery_crawl.app.broker.Transport",
 }
 
 
@@ -89,3 +101,126 @@ def test_every_default_that_names_our_code_is_a_listed_path() -> None:
         values = entry.default if isinstance(entry.default, tuple | dict) else (entry.default,)
         named |= {v for v in values if isinstance(v, str) and v.startswith("celery_crawl.")}
     assert named <= set(PATHS), sorted(named - set(PATHS))
+
+
+# every module of the flat layout before the packages (0.1's ``celery_crawl/*.py``)
+FLAT = [
+    "app",
+    "bad_values",
+    "broker",
+    "buffer",
+    "celery_tasks",
+    "cli",
+    "client",
+    "compat",
+    "components",
+    "connection",
+    "cookie_store",
+    "cookies",
+    "crawl_limits",
+    "crawl_state",
+    "defaults",
+    "dupefilter",
+    "embedded",
+    "engine",
+    "errors",
+    "exporter",
+    "feeds",
+    "fingerprint",
+    "heartbeat",
+    "hosting",
+    "http_server",
+    "inputs",
+    "jobs",
+    "keys",
+    "logcontext",
+    "middleware",
+    "notices",
+    "participation",
+    "pipelines",
+    "politeness",
+    "prefetch",
+    "producer",
+    "project",
+    "queue",
+    "registry",
+    "repair",
+    "routing",
+    "scheduler",
+    "scripts",
+    "serializer",
+    "sites",
+    "spiders",
+    "stats",
+    "status",
+    "tags",
+    "trackers",
+    "worker",
+]
+# names the old flat modules' docs told users to import, now from packages of those names
+OLD_ATTRIBUTES = {
+    "celery_crawl.jobs.Job": "celery_crawl.jobs.handle.Job",
+    "celery_crawl.jobs.WAIT_OUTAGE_SECONDS": "celery_crawl.jobs.handle.WAIT_OUTAGE_SECONDS",
+    "celery_crawl.jobs.LIMITS": "celery_crawl.jobs.limits.LIMITS",
+    "celery_crawl.producer.Producer": "celery_crawl.producer.producer.Producer",
+    "celery_crawl.hosting.CrawlerHost": "celery_crawl.hosting.host.CrawlerHost",
+    "celery_crawl.queue.Lease": "celery_crawl.queue.entries.Lease",
+    "celery_crawl.errors.BadInput": "celery_crawl.core.errors.BadInput",
+    "celery_crawl.sites.SitePolicy": "celery_crawl.politeness.sites.SitePolicy",
+    "celery_crawl.project.project_of": "celery_crawl.hosting.project.project_of",
+    "celery_crawl.registry.Registry": "celery_crawl.hosting.registry.Registry",
+    "celery_crawl.defaults.setting": "celery_crawl.core.defaults.setting",
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_a_moved_module_imports_as_its_new_home_with_a_warning(
+    old: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delitem(sys.modules, old, raising=False)  # the alias only: its code stays
+    with pytest.warns(DeprecationWarning, match=rf"^{re.escape(old)} moved to {MOVED[old]}"):
+        module = importlib.import_module(old)
+    assert module is importlib.import_module(MOVED[old])
+    assert not (ROOT / (old.replace(".", "/") + ".py")).exists()
+
+
+def test_every_module_of_the_flat_layout_still_imports() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in FLAT:
+            assert importlib.import_module(f"celery_crawl.{name}").__name__.startswith(
+                "celery_crawl."
+            )
+
+
+@pytest.mark.parametrize("path", sorted(OLD_ATTRIBUTES))
+def test_an_old_documented_name_is_the_object_of_its_home(path: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert load_object(path) is load_object(OLD_ATTRIBUTES[path])
+
+
+def test_the_broker_transport_paths_load_as_kombu_loads_them() -> None:
+    new = symbol_by_name("celery_crawl.app.broker:Transport")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert symbol_by_name("celery_crawl.broker:Transport") is new
+
+
+def test_python_m_of_a_moved_module_runs_the_new_one() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "celery_crawl.defaults", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "moved to celery_crawl.core.defaults" in out.stderr
+
+
+def test_the_docs_list_every_moved_module() -> None:
+    doc = (ROOT / "docs" / "architecture.md").read_text()
+    for old, new in MOVED.items():
+        assert f"`{old}` → `{new}`" in doc, old

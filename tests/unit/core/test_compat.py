@@ -206,7 +206,7 @@ def test_a_scrapy_redis_spider_is_refused_by_our_scheduler(make_crawler: Any, na
 
     bases = (getattr(module, name), Spider) if name == "RedisMixin" else (getattr(module, name),)
     spidercls = type("Legacy", bases, {"name": "legacy"})
-    with pytest.raises(ConfigError, match=f"import {name} from celery_crawl.hosting.spiders"):
+    with pytest.raises(ConfigError, match=f"import {name} from celery_crawl.spiders"):
         Scheduler.from_crawler(make_crawler(spidercls))
 
 

@@ -350,7 +350,7 @@ SCRIPT_DAMAGE = {
     "ack: job index": (lambda q, m: q.ack([m]), lambda k: k.active_jobs),
     "ack: job done list": (lambda q, m: q.ack([m]), lambda k: k.job("j") + ":done"),
     "dead_letter: list": (lambda q, m: q.dead_letter(m, "{}", "codec"), lambda k: k.deadletter),
-    "extend: in-flight set": (lambda q, m: q.renew([m]), lambda k: k.inflight),
+    "renew: in-flight set": (lambda q, m: q.renew([m]), lambda k: k.inflight),
     "job_end: participants": (
         lambda q, m: q.job_store.end("j", "test"),
         lambda k: k.job_participants("j"),
