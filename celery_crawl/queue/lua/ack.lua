@@ -4,7 +4,7 @@
 -- KEYS[1]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[2]  job key prefix: a job's hash is KEYS[2] .. job id
 -- KEYS[3]  queue levels: sorted set of priority levels (its sites' leases name it)
--- ARGV     the lease members to finish
+-- ARGV[1..] the lease members to finish
 -- Returns  the number of members that were still leased; an error naming the key,
 --          and nothing written, when a key it would write is damaged (keytypes.lua)
 

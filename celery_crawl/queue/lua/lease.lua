@@ -7,14 +7,14 @@
 -- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
 -- ARGV[1]  n, the most requests to lease
 -- ARGV[2]  lease duration, ms (the deadline is taken from the server's clock)
--- ARGV[3]  'head' or 'tail': which end of a level list to pop
+-- ARGV[3]  pop side: 'head' or 'tail', which end of a level list to pop
 -- ARGV[4]  the most records the dead-letter list keeps
 -- ARGV[5]  'sites' to hold entries that carry a site to its limits (include/sites.lua),
 --          '' to lease in plain priority order (entries parked while limits were on
 --          come after the queue's levels)
--- ARGV[6]  with 'sites': the default limits, "concurrency interval_ms burst"
--- ARGV[7]  with 'sites': '1' when the group's site limits hash (include/sites.lua) names
---          sites of other limits
+-- ARGV[6]  with 'sites': the default limits, "concurrency interval_ms burst" ('' without)
+-- ARGV[7]  with 'sites': overrides, '1' when the group's site limits hash
+--          (include/sites.lua) names sites of other limits ('' without)
 -- Returns  {leased members, wait}: a member is 8-byte lease id .. 4-byte priority ..
 --          entry; wait is -1, or when nothing was leased and entries are parked,
 --          the ms until the first parked site may take one (a pop waits that long)

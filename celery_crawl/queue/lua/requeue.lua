@@ -7,7 +7,7 @@
 -- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
 -- KEYS[7]  lease counter: out of memory, the call is refused before its first write
 --          (include/room.lua), and the leases stay in flight for their holders to renew
--- ARGV[1]  'head' or 'tail': the end of a level list that pops read from
+-- ARGV[1]  pop side: 'head' or 'tail', the end of a level list that pops read from
 -- ARGV[2]  the most expired leases to requeue in this call (expiry uses the server's clock)
 -- ARGV[3]  the most records the dead-letter list keeps
 -- ARGV[4..] explicit lease members to hand back now; when given, expiry is ignored
