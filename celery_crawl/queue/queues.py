@@ -188,6 +188,7 @@ class Base:
             args += stat  # (job id, field, delta): JobStats.drain's tuples
         args += [*acks, *dead_letters, *self.dedup.params]
         keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
+        keys += [self.keys.site_prefix]
         keys += [key for queue, _ in routed for key in queue._lane_keys()]
         script = self._script("enqueue", dupefilter=self.dedup.lua)
         reply = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
@@ -245,7 +246,7 @@ class Base:
         many seconds a parked site may take one (None: none is parked).
         """
         keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.job_prefix]
-        keys += [self.keys.deadletter, self.keys.stats]
+        keys += [self.keys.deadletter, self.keys.stats, self.keys.site_prefix]
         args = LEASE.build(
             most_requests=count,
             lease_duration_ms=int(self.lease_seconds * 1000),
@@ -276,6 +277,7 @@ class Base:
         left alone (``queue/lua/dead_letter.lua`` says why). False if it was not leased.
         """
         keys = [self.keys.inflight, self.keys.job_prefix, self.keys.deadletter]
+        keys += [self.keys.queue, self.keys.site_prefix]
         args = DEAD_LETTER.build(
             lease_member=member,
             record=record,
@@ -288,7 +290,7 @@ class Base:
         """Finish leases now: the requests are done, and their jobs count them."""
         if not members:
             return 0
-        keys = [self.keys.inflight, self.keys.job_prefix, self.keys.queue]
+        keys = [self.keys.inflight, self.keys.job_prefix, self.keys.queue, self.keys.site_prefix]
         args = ACK.rest(lease_members=members)
         return int(self._acking(self._script(ACK.script), keys, args))
 
@@ -327,7 +329,7 @@ class Base:
         if not members:
             return 0
         duration = int((seconds or self.lease_seconds) * 1000)
-        keys = [self.keys.inflight, self.keys.job_prefix]
+        keys = [self.keys.inflight, self.keys.queue, self.keys.site_prefix]
         args = RENEW.build(lease_duration_ms=duration) + RENEW.rest(lease_members=members)
         return int(self._run(RENEW, keys, args))
 
@@ -345,7 +347,7 @@ class Base:
         )
         args += REQUEUE.rest(lease_members=members)
         keys = [self.keys.queue, self.keys.inflight, self.keys.signal, self.keys.job_prefix]
-        keys += [self.keys.deadletter, self.keys.stats, self.keys.seq]
+        keys += [self.keys.deadletter, self.keys.stats, self.keys.seq, self.keys.site_prefix]
         return int(self._run(REQUEUE, keys, args))
 
     def check_room(self) -> None:
@@ -369,7 +371,7 @@ class Base:
         return int(queued), int(leased)
 
     def clear(self) -> None:
-        keys = [*self._queue_keys(), self.keys.job_prefix]
+        keys = [*self._queue_keys(), self.keys.site_prefix]
         self._run(QUEUE_CLEAR, keys, QUEUE_CLEAR.build())
 
     def _queue_keys(self) -> list[str]:
@@ -391,7 +393,7 @@ class Base:
         Returns (schedulers still open, keys deleted), in one atomic step.
         """
         keys = [self.keys.open_schedulers, *self._queue_keys()]
-        keys += [self.keys.dupefilter, self.keys.dupefilter_count, self.keys.job_prefix]
+        keys += [self.keys.dupefilter, self.keys.dupefilter_count, self.keys.site_prefix]
         keys += [self.keys.crawl]
         args = SCHEDULER_LEAVE.build(scheduler_id=scheduler_id, clear=1 if clear else 0)
         args += self.dedup.params  # SCHEDULER_LEAVE's DUPEFILTER_PARAMETERS

@@ -5,6 +5,7 @@
 -- KEYS[3]  lease counter
 -- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
 -- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
+-- KEYS[7]  the group's site prefix (include/sites.lua): sites' keys are derived from it
 -- ARGV[1]  n, the most requests to lease
 -- ARGV[2]  lease duration, ms (the deadline is taken from the server's clock)
 -- ARGV[3]  pop side: 'head' or 'tail', which end of a level list to pop
@@ -57,7 +58,7 @@ local deadline = now + tonumber(ARGV[2])
 local pop = ARGV[3] == 'tail' and 'RPOP' or 'LPOP'
 local park_push = ARGV[3] == 'tail' and 'LPUSH' or 'RPUSH'
 local SITES = ARGV[5] == 'sites'
-local sites, parked_key = site_prefix(JOB_PREFIX), levels .. ':parked'
+local sites, parked_key = KEYS[7], levels .. ':parked'
 local taken = {}  -- {priority, entry, site whose cap counts it, or false}
 -- the common case of an idle spider: nothing queued, nothing parked (a key of the wrong type
 -- exists, and is met by the guard below)

@@ -7,6 +7,7 @@
 -- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
 -- KEYS[7]  lease counter: out of memory, the call is refused before its first write
 --          (include/room.lua), and the leases stay in flight for their holders to renew
+-- KEYS[8]  the group's site prefix (include/sites.lua): sites' keys are derived from it
 -- ARGV[1]  pop side: 'head' or 'tail', the end of a level list that pops read from
 -- ARGV[2]  the most expired leases to requeue in this call (expiry uses the server's clock)
 -- ARGV[3]  the most records the dead-letter list keeps
@@ -67,7 +68,7 @@ for _, member in ipairs(members) do
     if broken and redis.call('ZREM', inflight, member) == 1 then
         poison(#member < 13 and member or entry, broken, 'requeue')
     elseif redis.call('ZREM', inflight, member) == 1 then
-        site_release(site_prefix(JOB_PREFIX), levels, member)
+        site_release(KEYS[8], levels, member)
         local job = entry_job(member, 13)
         if job_running(job) then
             local priority = struct.unpack('>i4', member, 9)

@@ -3,7 +3,9 @@
 -- A queue entry may carry its site (entry_site, include/entries.lua): the key its
 -- request counts against (the URL's host by default). A site's state belongs to the
 -- spider group (every spider of the group crawls under the same limits); its
--- prefix S is the group's site prefix, '<prefix>:{group}:site:' (site_prefix):
+-- prefix S is the group's site prefix, '<prefix>:{group}:site:' (SpiderKeys.site_prefix,
+-- passed in KEYS by each script; a site's keys are derived from it, the sites an
+-- entry names being known only inside the script):
 --   S .. site            hash: tat (ms: when the next lease is due, GCRA), until (ms:
 --                        paused before then: Retry-After, back-off), delay (ms: the shared
 --                        AutoThrottle interval), strikes (back-offs in a row), backoff_at,
@@ -26,18 +28,13 @@
 -- or renews a lease (ack, requeue, extend) finds it in the site's leases.
 --
 -- Uses: nothing from the including script. Includes entries.
--- Defines: site_prefix, site_parked_key, site_parked_length, site_parked_delete,
+-- Defines: site_parked_key, site_parked_length, site_parked_delete,
 -- site_release, site_parked_first, site_parked_none, site_renew, site_front, and for the lease script site_parse_limits,
 -- site_wait_ms, site_take, site_ready_at.
 
 --!include entries
 
 local AT_CAP_MS = 60000  -- a site at its cap waits for a release, or at most this long
-
--- The group's site prefix, from its job prefix ('<prefix>:{group}:job:', keys.py).
-local function site_prefix(job_prefix)
-    return string.sub(job_prefix, 1, -5) .. 'site:'
-end
 
 local function site_parked_key(levels, site)
     return levels .. ':parked:' .. site
