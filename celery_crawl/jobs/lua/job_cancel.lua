@@ -47,7 +47,7 @@ if refused then return refused end
 -- How many entries of the job a list holds, of how many; the fingerprints to forget.
 -- (Its entries are not kept: a list is read again when it is rewritten, one at a time.)
 local function plan_list(levels, level, plans, fps)
-    local list = levels .. ':' .. level
+    local list = level_key(levels, level)
     local entries, removed = redis.call('LRANGE', list, 0, -1), 0
     for _, entry in ipairs(entries) do
         if entry_job(entry, 1) == job then
@@ -69,7 +69,7 @@ end
 local spans = {}  -- per queue: its dedup keys, its lists' plans, the parked sites' queues
 for i = 3, #KEYS, 3 do
     local span = {levels = KEYS[i], dedup = KEYS[i + 1], count = KEYS[i + 2], plans = {}, fps = {}}
-    span.parked = redis.call('ZRANGE', KEYS[i] .. ':parked', 0, -1)  -- sites.lua
+    span.parked = redis.call('ZRANGE', parked_key(KEYS[i]), 0, -1)  -- sites.lua
     plan_levels(KEYS[i], span.plans, span.fps)
     for _, site in ipairs(span.parked) do
         plan_levels(site_parked_key(KEYS[i], site), span.plans, span.fps)

@@ -17,7 +17,7 @@
 local spec = {KEYS[1], 'zset'}  -- every key it writes checked first (include/keytypes.lua)
 for i = 2, #ARGV do
     local site = site_counted(ARGV[i])
-    if site then spec_add(spec, KEYS[3] .. site .. ':leases', 'zset') end
+    if site then spec_add(spec, site_leases_key(KEYS[3], site), 'zset') end
 end
 local refused = refuse_damaged(spec)
 if refused then return refused end

@@ -53,7 +53,7 @@ for _, member in ipairs(members) do
         local into = site_front(levels, member)
         guard[#guard + 1] = into
         guard[#guard + 1] = 'zset'
-        guard[#guard + 1] = into .. ':' .. struct.unpack('>i4', member, 9)
+        guard[#guard + 1] = level_key(into, struct.unpack('>i4', member, 9))
         guard[#guard + 1] = 'list'
     end
 end
@@ -73,7 +73,7 @@ for _, member in ipairs(members) do
         if job_running(job) then
             local priority = struct.unpack('>i4', member, 9)
             local into = site_front(levels, member)  -- its site's parked entries wait: before them
-            redis.call(push, into .. ':' .. priority, string.sub(member, 13))
+            redis.call(push, level_key(into, priority), string.sub(member, 13))
             redis.call('ZADD', into, 'NX', -priority, priority)
             job_add(job, 'leased', -1)
             requeued = requeued + 1

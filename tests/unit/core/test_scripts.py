@@ -317,6 +317,8 @@ def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
     copies += ["'" + "', '".join(store.COUNTERS[:3])]
     job_keys = (keys.JOB_PARTICIPANTS, keys.JOB_DONE, keys.JOB_SEEN, keys.JOB_STATES)
     copies += [f"'{suffix}'" for suffix in (*job_keys, keys.ACTIVE_JOBS, keys.JOB_ENDED)]
+    queue_keys = (keys.PARKED, keys.SIGNAL, keys.SITE_LEASES, keys.SITE_WAITING)
+    copies += [f"'{suffix}" for suffix in (*queue_keys, keys.SITE_KNOWN, keys.SITE_LIMITS)]
     files = [*scripts.files("").values(), *scripts.files("include").values()]
     for file in files:
         text = re.sub(r"--.*", "", file.read_text())  # the code: comments may name them
@@ -337,6 +339,27 @@ def test_the_generated_job_keys_are_those_python_names(client: redis.Redis, fold
     found = client.eval(scripts.source("main"), 1, keys.job_prefix)
     expected = [keys.job_participants("j"), keys.job_done("j"), keys.job_seen("j")]
     expected += [keys.job_states, keys.active_jobs, keys.job_ended("s")]
+    assert [key.decode() for key in found] == expected
+
+
+def test_the_generated_queue_and_site_keys_are_those_python_names(
+    client: redis.Redis, folder: Path
+) -> None:
+    from celery_crawl.core.keys import SpiderKeys
+
+    keys = SpiderKeys.build("spider", prefix="p")
+    (folder / "main.lua").write_text(
+        "local levels, sites = KEYS[1], KEYS[2]\n"
+        "--!generated celery_crawl.core.keys:lua_queue_keys\n"
+        "return {level_key(levels, -3), parked_key(levels), site_parked_key(levels, 's'),"
+        " level_key(site_parked_key(levels, 's'), 2), signal_key(levels), site_key(sites, 's'),"
+        " site_leases_key(sites, 's'), site_waiting_key(sites, 's'), site_known_key(sites),"
+        " site_limits_key(sites)}\n"
+    )
+    found = client.eval(scripts.source("main"), 2, keys.queue, keys.site_prefix)
+    expected = [keys.level(-3), keys.parked, keys.site_parked("s")]
+    expected += [keys.site_parked("s") + ":2", keys.signal, keys.site("s")]
+    expected += [keys.site_leases("s"), keys.site_waiting("s"), keys.site_known, keys.site_limits]
     assert [key.decode() for key in found] == expected
 
 

@@ -288,8 +288,8 @@ local function ack_guard(spec, inflight, sites, args, first, last)
         job_guard(spec, entry_job(args[i], 13))
         local site = site_counted(args[i])
         if site then
-            spec_add(spec, sites .. site .. ':leases', 'zset')
-            spec_add(spec, sites .. site .. ':waiting', 'set')
+            spec_add(spec, site_leases_key(sites, site), 'zset')
+            spec_add(spec, site_waiting_key(sites, site), 'set')
         end
     end
 end
