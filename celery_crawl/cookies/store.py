@@ -19,14 +19,21 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from http.cookiejar import Cookie
 from types import NoneType
-from typing import Any
 
 import redis
 
 from celery_crawl.core import scripts
 from celery_crawl.core.errors import CookieError
+from celery_crawl.core.scripts import Argv
 
 VERSION_FIELD = "~version"
+READ = Argv("cookies_read", ("version",))
+WRITE = Argv(
+    "cookies_write",
+    ("seconds_kept", "cookies_to_store"),
+    (("field", "json"),),
+    ("fields_to_delete",),
+)
 
 # Cookie's constructor arguments, in order, with the types a stored value may have
 _ATTRIBUTES: tuple[tuple[str, tuple[type, ...]], ...] = (
@@ -97,7 +104,8 @@ class CookieStore:
 
     def read(self, key: str, known: int = 0) -> JarState | None:
         """The jar at ``key``; None when its version is still ``known``."""
-        reply = scripts.script(self.client, "cookies_read")(keys=[key], args=[str(known)])
+        args = READ.build(version=str(known))
+        reply = scripts.script(self.client, READ.script)(keys=[key], args=args)
         version = int(reply[0])
         if version == known and len(reply) == 1:
             return None
@@ -113,9 +121,8 @@ class CookieStore:
         self, key: str, store: Mapping[str, str], delete: Sequence[str] = ()
     ) -> tuple[int, int]:
         """Store and delete cookies; returns the jar's new version and the one before."""
-        args: list[Any] = [self.ttl, len(store)]
-        for name, value in store.items():
-            args += [name, value]
-        args += list(delete)
-        new, previous = scripts.script(self.client, "cookies_write")(keys=[key], args=args)
+        args = WRITE.build(seconds_kept=self.ttl, cookies_to_store=len(store))
+        args += WRITE.each(0, field=list(store), json=list(store.values()))
+        args += WRITE.rest(fields_to_delete=delete)
+        new, previous = scripts.script(self.client, WRITE.script)(keys=[key], args=args)
         return int(new), int(previous)

@@ -40,6 +40,19 @@ JOB_SEEN = ":seen"
 JOB_STATES = "~states"
 ACTIVE_JOBS = "~active"
 JOB_ENDED = "~ended:"
+# the keys derived from a queue key Q (``SpiderKeys.queue``) and from a group's site
+# prefix S (``SpiderKeys.site_prefix``): Q:<priority> a level list (of Q, or of a site's
+# parked index), Q:parked, Q:parked:<site>, Q:signal; S<site>, S<site>:leases,
+# S<site>:waiting, S~known, S~limits. Scripts derive them from the Q and S passed in KEYS
+# (which levels and sites a call meets is known only inside it), with the Lua functions
+# generated from these (:func:`lua_queue_keys`)
+LEVEL = ":"
+PARKED = ":parked"
+SIGNAL = ":signal"
+SITE_LEASES = ":leases"
+SITE_WAITING = ":waiting"
+SITE_KNOWN = "~known"
+SITE_LIMITS = "~limits"
 # a writer's record of its last numbered call (``written``, ``stats_written``): kept past
 # any outage a retry could wait out, then gone with the writer (a stopped process)
 WRITTEN_KEPT_MS = 3_600_000
@@ -59,6 +72,26 @@ def lua_job_keys() -> str:
         lines += [f"local function job_{name}_key(job)"]
         lines += [f"    return JOB_PREFIX .. job .. {lua_value(suffix)}", "end"]
     return "\n".join(lines)
+
+
+def lua_queue_keys() -> str:
+    """The Lua functions that name the keys derived from a queue key and a site prefix
+    (``core/lua/include/keys.lua``): ``levels`` is a queue key, ``sites`` a site prefix."""
+    parked_site = lua_value(PARKED + LEVEL)
+    functions = {
+        "level_key(levels, priority)": f"levels .. {lua_value(LEVEL)} .. priority",
+        "parked_key(levels)": f"levels .. {lua_value(PARKED)}",
+        "site_parked_key(levels, site)": f"levels .. {parked_site} .. site",
+        "signal_key(levels)": f"levels .. {lua_value(SIGNAL)}",
+        "site_key(sites, site)": "sites .. site",
+        "site_leases_key(sites, site)": f"sites .. site .. {lua_value(SITE_LEASES)}",
+        "site_waiting_key(sites, site)": f"sites .. site .. {lua_value(SITE_WAITING)}",
+        "site_known_key(sites)": f"sites .. {lua_value(SITE_KNOWN)}",
+        "site_limits_key(sites)": f"sites .. {lua_value(SITE_LIMITS)}",
+    }
+    return "\n".join(
+        f"local function {head}\n    return {body}\nend" for head, body in functions.items()
+    )
 
 
 def job_spider(prefix: str, job_id: str) -> str:
@@ -170,7 +203,7 @@ class SpiderKeys:
 
     @property
     def signal(self) -> str:
-        return self.queue + ":signal"
+        return self.queue + SIGNAL
 
     def written(self, writer: str) -> str:
         """String: a writer's last applied enqueue call, ``<number>:<flags>`` (lua/enqueue)."""
@@ -198,25 +231,34 @@ class SpiderKeys:
 
     def site_leases(self, site: str) -> str:
         """Sorted set: the site's leases held now, score = lease deadline (ms)."""
-        return self.site_prefix + site + ":leases"
+        return self.site_prefix + site + SITE_LEASES
 
     @property
     def site_known(self) -> str:
         """Set of the group's sites seen by a lease or a back-off."""
-        return self.site_prefix + "~known"
+        return self.site_prefix + SITE_KNOWN
 
     @property
     def site_limits(self) -> str:
         """Hash: site -> its limits over the defaults (``SITE_OVERRIDES``)."""
-        return self.site_prefix + "~limits"
+        return self.site_prefix + SITE_LIMITS
 
     @property
     def parked(self) -> str:
         """Sorted set: sites with entries parked in this queue, score = when one may go (ms)."""
-        return self.queue + ":parked"
+        return self.queue + PARKED
+
+    def site_parked(self, site: str) -> str:
+        """Sorted set: the priority levels of a site's entries parked in this queue; each
+        level's list is it, ':', the priority (``politeness/lua/include/sites.lua``)."""
+        return self.queue + PARKED + LEVEL + site
+
+    def site_waiting(self, site: str) -> str:
+        """Set: the queues (their keys) with entries of the site parked."""
+        return self.site_prefix + site + SITE_WAITING
 
     def level(self, priority: int) -> str:
-        return f"{self.queue}:{priority}"
+        return f"{self.queue}{LEVEL}{priority}"
 
     def job(self, job_id: str) -> str:
         """A job's hash: state, counters and per-job stats (``jobs/lua/include/jobs.lua``)."""

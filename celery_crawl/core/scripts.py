@@ -40,6 +40,7 @@ from __future__ import annotations
 import functools
 import importlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -215,13 +216,18 @@ class Argv:
 
     ``fields`` are ARGV[1], ARGV[2], ... in order (names of the words of the header's
     ``ARGV[i]`` line); ``groups`` what follows them, in order: each the fields of a
-    repeated group (a header ``then ...`` line). The caller builds the fixed part with
-    :meth:`build` and each group with :meth:`group`.
+    repeated group (a header ``then ...`` line), its count in a field. ``tail`` is a
+    group repeated to ARGV's end, its count in no field (the lease members of an ack):
+    after the groups, a header ``ARGV[k..]`` line, or a last ``then ...`` line when
+    groups come before it. The caller builds the fixed part with :meth:`build`, one
+    group with :meth:`group`, a run of them with :meth:`each` and the tail with
+    :meth:`rest`.
     """
 
     script: str
     fields: tuple[str, ...] = ()
     groups: tuple[tuple[str, ...], ...] = ()
+    tail: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if LAYOUTS.setdefault(self.script, self) != self:
@@ -234,6 +240,21 @@ class Argv:
     def group(self, index: int, **values: Any) -> list[Any]:
         """One repeated group of kind ``index`` of :attr:`groups`, by name."""
         return self._ordered(self.groups[index], values)
+
+    def each(self, index: int, **columns: Sequence[Any]) -> list[Any]:
+        """Groups of kind ``index``, one per row: a column of values for each field, by name."""
+        return self._rows(self.groups[index], columns)
+
+    def rest(self, **columns: Sequence[Any]) -> list[Any]:
+        """The :attr:`tail`, one group per row: a column of values for each field, by name."""
+        return self._rows(self.tail, columns)
+
+    def _rows(self, names: tuple[str, ...], columns: dict[str, Sequence[Any]]) -> list[Any]:
+        self._ordered(names, columns)
+        if len({len(column) for column in columns.values()}) > 1:
+            raise ScriptError(f"{self.script}.lua: columns of unequal length for {names}")
+        rows = zip(*(columns[name] for name in names), strict=True)
+        return [value for row in rows for value in row]
 
     def _ordered(self, names: tuple[str, ...], values: dict[str, Any]) -> list[Any]:
         if values.keys() != set(names):

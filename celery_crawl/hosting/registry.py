@@ -31,11 +31,14 @@ from celery_crawl.core import scripts
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.keys import workers_key
 from celery_crawl.core.repair import Repairer, retried
+from celery_crawl.core.scripts import Argv
 
 logger = logging.getLogger(__name__)
 
 MISSED_BEATS = 3  # a process is live until it has missed this many beats
 FORGET_AFTER = 3600.0  # seconds after its last beat that a lost process's entry is removed
+BEAT = Argv("worker_beat", ("entry", "ms_forgotten"))
+READ = Argv("workers_read")
 
 
 @dataclass(frozen=True)
@@ -92,8 +95,8 @@ class WorkerRegistration:
         )
 
     def renew(self) -> None:
-        args: list[str | int] = [self.entry, int(FORGET_AFTER * 1000)]
-        beat = scripts.script(self.client, "worker_beat")
+        args = BEAT.build(entry=self.entry, ms_forgotten=int(FORGET_AFTER * 1000))
+        beat = scripts.script(self.client, BEAT.script)
         if self.repairer is None:
             beat(keys=[self.key], args=args)
         else:
@@ -123,7 +126,7 @@ class Registry:
 
 def read_workers(client: redis.Redis, key: str, heartbeat: float) -> list[WorkerInfo]:
     """Every registered process, live or lost, with the age of its last beat (one round trip)."""
-    now_ms, *flat = scripts.script(client, "workers_read")(keys=[key])
+    now_ms, *flat = scripts.script(client, READ.script)(keys=[key], args=READ.build())
     found = []
     for member, score in zip(flat[::2], flat[1::2], strict=True):
         age = max(float(now_ms) - float(score), 0) / 1000

@@ -192,7 +192,7 @@ class JobStore:
         before anything is purged, repaired with its spider, and the call sent once more.
         """
         lua, params = (dedup.lua, dedup.params) if dedup else ("dedup_exact", ())
-        keys = [self.keys.job_prefix]
+        keys = [self.keys.job_prefix, self.keys.site_prefix]
         for span in spans:
             keys += [span.queue, span.dupefilter, span.dupefilter_count]
         args = [*CANCEL.build(job_id=job), *params]

@@ -50,6 +50,7 @@ from celery_crawl.core.bad_values import BadValues
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.repair import Repairer, retried
+from celery_crawl.core.scripts import Argv
 
 if TYPE_CHECKING:
     from scrapy import Request
@@ -62,6 +63,9 @@ SITE_META = "site"  # request.meta["site"]: the site a request counts against
 SITE_KEYS = ("host", "domain", "ip")
 MAX_SITE = 255  # bytes: an entry's header holds the site's length in one byte
 LIMIT_FIELDS = ("concurrency", "rate", "burst")
+# the lease script's ARGV fields that hold a lease to its site's limits (queue/lua/lease.lua)
+SITE_LEASE_ARGV = ("sites", "default_limits", "overrides")
+FEEDBACK = Argv("site_feedback", ("site", "mode", "recovery_ms"), tail=("mode_arguments",))
 
 _registered_domain = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
 
@@ -195,11 +199,16 @@ class SitePolicy:
             return resolved(host)
         return host
 
-    def lease_args(self) -> list[str]:
-        """The lease script's ARGV tail (``queue/lua/lease.lua``): '' when limits are off."""
+    def lease_args(self) -> dict[str, str]:
+        """The lease script's ARGV fields of :data:`SITE_LEASE_ARGV` (``queue/lua/lease.lua``):
+        '' when limits are off."""
         if not self.enabled:
-            return [""]
-        return ["sites", self.limits.encoded(), "1" if self.overrides else "0"]
+            return dict.fromkeys(SITE_LEASE_ARGV, "")
+        return {
+            "sites": "sites",
+            "default_limits": self.limits.encoded(),
+            "overrides": "1" if self.overrides else "0",
+        }
 
 
 def default_limits(settings: Any) -> Limits:
@@ -323,10 +332,10 @@ class SiteState:
         keys = [self.keys.site(site), self.keys.site_known, self.keys.site_leases(site)]
         mode, *rest = args
         recovery = int(self.policy.overload.recovery * 1000)
-        feedback = scripts.script(self.client, "site_feedback")
-        found = retried(
-            self.repairer, lambda: feedback(keys=keys, args=[site, mode, recovery, *rest])
-        )
+        feedback = scripts.script(self.client, FEEDBACK.script)
+        args = FEEDBACK.build(site=site, mode=mode, recovery_ms=recovery)
+        args += FEEDBACK.rest(mode_arguments=rest)
+        found = retried(self.repairer, lambda: feedback(keys=keys, args=args))
         wait, strikes, slowed = (int(x) for x in found)
         return wait, strikes, slowed
 

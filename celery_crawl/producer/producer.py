@@ -34,8 +34,11 @@ from celery_crawl.core.defaults import SETTINGS
 from celery_crawl.core.errors import ConfigError, quote
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
+from celery_crawl.core.scripts import Argv
 
 logger = logging.getLogger(__name__)
+
+PRODUCE = Argv("produce", ("job_cap", "queue_cap", "sources"), (("sources",), ("job_ids",)))
 
 
 @dataclass(frozen=True)
@@ -99,8 +102,9 @@ class Producer:
             self.keys.job_prefix,
             *(member.queue for member in self.group),
         ]
-        args: list[Any] = [self.job_cap, self.queue_cap, len(sources), *sources, *job_ids]
-        queued, *flat = scripts.script(self.client, "produce")(keys=keys, args=args)
+        args = PRODUCE.build(job_cap=self.job_cap, queue_cap=self.queue_cap, sources=len(sources))
+        args += PRODUCE.each(0, sources=sources) + PRODUCE.each(1, job_ids=job_ids)
+        queued, *flat = scripts.script(self.client, PRODUCE.script)(keys=keys, args=args)
         pairs = [(flat[i].decode(), flat[i + 1].decode()) for i in range(0, len(flat), 2)]
         return Tick(pairs, len(sources), int(queued))
 

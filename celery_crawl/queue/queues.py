@@ -51,7 +51,7 @@ from celery_crawl.core.keys import WRITTEN_KEPT_MS, SpiderKeys
 from celery_crawl.core.scripts import DUPEFILTER_PARAMETERS, Argv
 from celery_crawl.dupefilter.filters import EXACT_DEDUP, DedupScript
 from celery_crawl.jobs.store import JobStore
-from celery_crawl.politeness.sites import SitePolicy
+from celery_crawl.politeness.sites import SITE_LEASE_ARGV, SitePolicy
 from celery_crawl.queue.entries import ENTRY_ARGV, Entry, Lease
 
 logger = logging.getLogger(__name__)
@@ -80,6 +80,19 @@ ENQUEUE = Argv(
         DUPEFILTER_PARAMETERS,
     ),
 )
+LEASE = Argv(
+    "lease",
+    ("most_requests", "lease_duration_ms", "pop_side", "most_records", *SITE_LEASE_ARGV),
+)
+DEAD_LETTER = Argv("dead_letter", ("lease_member", "record", "most_records", "field"))
+ACK = Argv("ack", tail=("lease_members",))
+RENEW = Argv("renew", ("lease_duration_ms",), tail=("lease_members",))
+REQUEUE = Argv("requeue", ("pop_side", "most_expired", "most_records"), tail=("lease_members",))
+QUEUE_SIZE = Argv("queue_size")
+QUEUE_PENDING = Argv("queue_pending")
+QUEUE_CLEAR = Argv("queue_clear")
+SCHEDULER_JOIN = Argv("scheduler_join", ("scheduler_id", "milliseconds_registration_lasts"))
+SCHEDULER_LEAVE = Argv("scheduler_leave", ("scheduler_id", "clear"), (DUPEFILTER_PARAMETERS,))
 
 
 class Base:
@@ -175,6 +188,7 @@ class Base:
             args += stat  # (job id, field, delta): JobStats.drain's tuples
         args += [*acks, *dead_letters, *self.dedup.params]
         keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
+        keys += [self.keys.site_prefix]
         keys += [key for queue, _ in routed for key in queue._lane_keys()]
         script = self._script("enqueue", dupefilter=self.dedup.lua)
         reply = self._acking(script, keys, args) if acks else script(keys=keys, args=args)
@@ -217,6 +231,10 @@ class Base:
     def _script(self, name: str, **includes: str) -> Any:
         return scripts.script(self.client, name, **includes)
 
+    def _run(self, layout: Argv, keys: list[str], args: list[Any], **includes: str) -> Any:
+        """Run ``layout``'s script with ``args`` built from it."""
+        return self._script(layout.script, **includes)(keys=keys, args=args)
+
     def push(self, payload: bytes, priority: int = 0, fingerprint: bytes | None = None) -> bool:
         return self.push_many([Entry(payload, priority, fingerprint)])[0]
 
@@ -228,10 +246,15 @@ class Base:
         many seconds a parked site may take one (None: none is parked).
         """
         keys = [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.job_prefix]
-        keys += [self.keys.deadletter, self.keys.stats]
-        args: list[Any] = [count, int(self.lease_seconds * 1000), self.pop_side]
-        args += [self.deadletter_max, *self.sites.lease_args()]
-        members, wait = self._script("lease")(keys=keys, args=args)
+        keys += [self.keys.deadletter, self.keys.stats, self.keys.site_prefix]
+        args = LEASE.build(
+            most_requests=count,
+            lease_duration_ms=int(self.lease_seconds * 1000),
+            pop_side=self.pop_side,
+            most_records=self.deadletter_max,
+            **self.sites.lease_args(),
+        )
+        members, wait = self._run(LEASE, keys, args)
         self.next_ready = None if int(wait) < 0 else int(wait) / 1000
         return [Lease(m) for m in members]
 
@@ -254,15 +277,22 @@ class Base:
         left alone (``queue/lua/dead_letter.lua`` says why). False if it was not leased.
         """
         keys = [self.keys.inflight, self.keys.job_prefix, self.keys.deadletter]
-        args = [member, record, self.deadletter_max, f"errors/dead_letter/{kind}"]
-        return bool(self._script("dead_letter")(keys=keys, args=args))
+        keys += [self.keys.queue, self.keys.site_prefix]
+        args = DEAD_LETTER.build(
+            lease_member=member,
+            record=record,
+            most_records=self.deadletter_max,
+            field=f"errors/dead_letter/{kind}",
+        )
+        return bool(self._run(DEAD_LETTER, keys, args))
 
     def ack(self, members: Sequence[bytes]) -> int:
         """Finish leases now: the requests are done, and their jobs count them."""
         if not members:
             return 0
-        keys = [self.keys.inflight, self.keys.job_prefix, self.keys.queue]
-        return int(self._acking(self._script("ack"), keys, list(members)))
+        keys = [self.keys.inflight, self.keys.job_prefix, self.keys.queue, self.keys.site_prefix]
+        args = ACK.rest(lease_members=members)
+        return int(self._acking(self._script(ACK.script), keys, args))
 
     def _acking(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """Run a script that acks; with ``ack_replicas``, WAIT for them in the same round trip."""
@@ -299,22 +329,26 @@ class Base:
         if not members:
             return 0
         duration = int((seconds or self.lease_seconds) * 1000)
-        keys = [self.keys.inflight, self.keys.job_prefix]
-        return int(self._script("renew")(keys=keys, args=[duration, *members]))
+        keys = [self.keys.inflight, self.keys.queue, self.keys.site_prefix]
+        args = RENEW.build(lease_duration_ms=duration) + RENEW.rest(lease_members=members)
+        return int(self._run(RENEW, keys, args))
 
     def requeue_expired(self, limit: int = 1000) -> int:
         """Put requests whose lease ran out back at the front of their level."""
-        return self._requeue([self.pop_side, limit, self.deadletter_max])
+        return self._requeue(limit, ())
 
     def release(self, members: Sequence[bytes]) -> int:
         """Hand leases back now (shutdown), instead of waiting for them to expire."""
-        args = [self.pop_side, 0, self.deadletter_max, *members]
-        return self._requeue(args) if members else 0
+        return self._requeue(0, members) if members else 0
 
-    def _requeue(self, args: list[Any]) -> int:
+    def _requeue(self, limit: int, members: Sequence[bytes]) -> int:
+        args = REQUEUE.build(
+            pop_side=self.pop_side, most_expired=limit, most_records=self.deadletter_max
+        )
+        args += REQUEUE.rest(lease_members=members)
         keys = [self.keys.queue, self.keys.inflight, self.keys.signal, self.keys.job_prefix]
-        keys += [self.keys.deadletter, self.keys.stats, self.keys.seq]
-        return int(self._script("requeue")(keys=keys, args=args))
+        keys += [self.keys.deadletter, self.keys.stats, self.keys.seq, self.keys.site_prefix]
+        return int(self._run(REQUEUE, keys, args))
 
     def check_room(self) -> None:
         """Raise ``OutOfMemoryError`` while Redis refuses writes for memory; change nothing.
@@ -325,7 +359,7 @@ class Base:
         self.client.setrange(self.keys.seq, 0, "")
 
     def __len__(self) -> int:
-        return int(self._script("queue_size")(keys=[self.keys.queue]))
+        return int(self._run(QUEUE_SIZE, [self.keys.queue], QUEUE_SIZE.build()))
 
     def in_flight(self) -> int:
         return int(self.client.zcard(self.keys.inflight))
@@ -333,19 +367,22 @@ class Base:
     def pending(self) -> tuple[int, int]:
         """(queued, leased by any process): both counted in one atomic step."""
         keys = [self.keys.queue, self.keys.inflight]
-        queued, leased = self._script("queue_pending")(keys=keys)
+        queued, leased = self._run(QUEUE_PENDING, keys, QUEUE_PENDING.build())
         return int(queued), int(leased)
 
     def clear(self) -> None:
-        self._script("queue_clear")(keys=[*self._queue_keys(), self.keys.job_prefix])
+        keys = [*self._queue_keys(), self.keys.site_prefix]
+        self._run(QUEUE_CLEAR, keys, QUEUE_CLEAR.build())
 
     def _queue_keys(self) -> list[str]:
         return [self.keys.queue, self.keys.inflight, self.keys.seq, self.keys.signal]
 
     def register(self, scheduler_id: str, seconds: float) -> int:
         """Register (or renew) an open scheduler for ``seconds``; how many are open."""
-        args = [scheduler_id, max(1, int(seconds * 1000))]
-        return int(self._script("scheduler_join")(keys=[self.keys.open_schedulers], args=args))
+        args = SCHEDULER_JOIN.build(
+            scheduler_id=scheduler_id, milliseconds_registration_lasts=max(1, int(seconds * 1000))
+        )
+        return int(self._run(SCHEDULER_JOIN, [self.keys.open_schedulers], args))
 
     def unregister(self, scheduler_id: str, clear: bool) -> tuple[int, int]:
         """Unregister a scheduler; with ``clear``, the last one open clears queue and dedup.
@@ -356,11 +393,11 @@ class Base:
         Returns (schedulers still open, keys deleted), in one atomic step.
         """
         keys = [self.keys.open_schedulers, *self._queue_keys()]
-        keys += [self.keys.dupefilter, self.keys.dupefilter_count, self.keys.job_prefix]
+        keys += [self.keys.dupefilter, self.keys.dupefilter_count, self.keys.site_prefix]
         keys += [self.keys.crawl]
-        args = [scheduler_id, 1 if clear else 0, *self.dedup.params]
-        script = self._script("scheduler_leave", dupefilter=self.dedup.lua)
-        still_open, deleted = script(keys=keys, args=args)
+        args = SCHEDULER_LEAVE.build(scheduler_id=scheduler_id, clear=1 if clear else 0)
+        args += self.dedup.params  # SCHEDULER_LEAVE's DUPEFILTER_PARAMETERS
+        still_open, deleted = self._run(SCHEDULER_LEAVE, keys, args, dupefilter=self.dedup.lua)
         return int(still_open), int(deleted)
 
 

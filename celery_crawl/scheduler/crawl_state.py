@@ -35,12 +35,15 @@ import redis
 from celery_crawl.core import connection, scripts
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer
+from celery_crawl.core.scripts import Argv
 
 logger = logging.getLogger(__name__)
 
 START_MODES = ("once", "every")  # SCHEDULER_START_REQUESTS
 START_POLL_SECONDS = 0.5  # a waiting process asks this often whether the start requests are in
 COUNTS = ("pages", "items", "errors")  # the crawl-wide counts, fields of the crawl's hash
+OPEN = Argv("crawl_open", ("scheduler_id", "milliseconds_registration_lasts", "fresh_stats"))
+START = Argv("crawl_start", ("scheduler_id", "claim_or_done"))
 _NOTHING: Any = object()  # start() yielded nothing
 
 
@@ -70,8 +73,12 @@ class Crawl:
         """Register for ``seconds`` and take part in the crawl, or begin one
         (``scheduler/lua/crawl_open.lua``)."""
         keys = [self.keys.open_schedulers, self.keys.crawl, self.keys.stats, self.keys.stats_types]
-        args: list[str | int] = [self.id, max(1, int(seconds * 1000)), int(fresh_stats)]
-        others, started, now = scripts.script(self.client, "crawl_open")(keys=keys, args=args)
+        args = OPEN.build(
+            scheduler_id=self.id,
+            milliseconds_registration_lasts=max(1, int(seconds * 1000)),
+            fresh_stats=int(fresh_stats),
+        )
+        others, started, now = scripts.script(self.client, OPEN.script)(keys=keys, args=args)
         return Opened(int(others), int(started), int(now))
 
     def start_state(self, done: bool = False) -> str:
@@ -80,8 +87,8 @@ class Crawl:
         ``done=True``: this scheduler queued them all.
         """
         keys = [self.keys.open_schedulers, self.keys.crawl]
-        args = [self.id, "done" if done else "claim"]
-        state = scripts.script(self.client, "crawl_start")(keys=keys, args=args)
+        args = START.build(scheduler_id=self.id, claim_or_done="done" if done else "claim")
+        state = scripts.script(self.client, START.script)(keys=keys, args=args)
         return state.decode() if isinstance(state, bytes) else str(state)
 
     def count(self, field: str, amount: int = 1) -> int:

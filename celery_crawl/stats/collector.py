@@ -36,6 +36,7 @@ from celery_crawl.core import compat, connection, scripts
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.keys import WRITTEN_KEPT_MS, SpiderKeys
 from celery_crawl.core.repair import Repairer
+from celery_crawl.core.scripts import Argv
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -98,6 +99,11 @@ def decode(text: bytes | str, tag: bytes | str | None) -> Any:
 
 
 RATES = ("response_received_count", "item_scraped_count")  # also counted per minute
+UPDATE = Argv(
+    "stats_update",
+    ("writer_number", "milliseconds_record_kept"),
+    tail=("op", "field", "value", "type_tag"),
+)
 
 
 class RedisStatsCollector(StatsCollector):
@@ -199,15 +205,15 @@ class RedisStatsCollector(StatsCollector):
         ops = self._ops + [self._increment_op(k, v) for k, v in self._increments.items()]
         ops += [("rate", k, str(int(v)), "i") for k, v in self._increments.items() if k in RATES]
         self._ops, self._increments = [], {}
-        return [part for op in ops for part in op]
+        op, field, value, tag = zip(*ops, strict=True) if ops else ((), (), (), ())
+        return UPDATE.rest(op=op, field=field, value=value, type_tag=tag)
 
     def _send(self, number: int, args: list[str]) -> bool:
         """One numbered call; False if Redis did not take it (kept, sent again first)."""
         keys = [self.keys.stats, self.keys.stats_types, self.keys.stats_written(self.writer)]
         try:
-            scripts.script(self.client, "stats_update")(
-                keys=keys, args=[number, WRITTEN_KEPT_MS, *args]
-            )
+            head = UPDATE.build(writer_number=number, milliseconds_record_kept=WRITTEN_KEPT_MS)
+            scripts.script(self.client, UPDATE.script)(keys=keys, args=head + args)
         except connection.REFUSED_OR_TRANSIENT as exc:
             self.unconfirmed = (number, args)
             if isinstance(exc, connection.TRANSIENT_ERRORS):

@@ -7,7 +7,8 @@
 -- can crawl those URLs; a bloom filter cannot forget one (dedup_remove).
 --
 -- KEYS[1]  job key prefix: a job's hash is KEYS[1] .. job id
--- KEYS[2..] three per queue: its levels (sorted set of priority levels), its
+-- KEYS[2]  the group's site prefix (include/sites.lua): sites' keys are derived from it
+-- KEYS[3..] three per queue: its levels (sorted set of priority levels), its
 --          spider's dupefilter key and dupefilter count
 -- ARGV[1]  job id
 -- then     the dupefilter's parameters (DEDUP_ARGV: see the dupefilter's fragment)
@@ -26,7 +27,7 @@
 -- holds entries of the job and of others is read twice.
 
 local JOB_PREFIX = KEYS[1]
-local DEDUP_KEY, COUNT_KEY = KEYS[3], KEYS[4]
+local DEDUP_KEY, COUNT_KEY = KEYS[4], KEYS[5]
 local DEDUP_ARGV = 2
 --!include jobs
 --!include levels
@@ -35,18 +36,18 @@ local DEDUP_ARGV = 2
 local job = ARGV[1]
 local key = JOB_PREFIX .. job
 if not job_exists(job) or redis.call('HGET', key, 'state') ~= 'running' then return -1 end
-local sites = site_prefix(JOB_PREFIX)
+local sites = KEYS[2]
 
 local spec = {}  -- the queues' keys and the job's: checked before anything is read from them
 job_guard(spec, job)
-for i = 2, #KEYS, 3 do queue_guard(spec, KEYS[i], sites) end
+for i = 3, #KEYS, 3 do queue_guard(spec, KEYS[i], sites) end
 local refused = refuse_damaged(spec)
 if refused then return refused end
 
 -- How many entries of the job a list holds, of how many; the fingerprints to forget.
 -- (Its entries are not kept: a list is read again when it is rewritten, one at a time.)
 local function plan_list(levels, level, plans, fps)
-    local list = levels .. ':' .. level
+    local list = level_key(levels, level)
     local entries, removed = redis.call('LRANGE', list, 0, -1), 0
     for _, entry in ipairs(entries) do
         if entry_job(entry, 1) == job then
@@ -66,9 +67,9 @@ local function plan_levels(levels, plans, fps)
 end
 
 local spans = {}  -- per queue: its dedup keys, its lists' plans, the parked sites' queues
-for i = 2, #KEYS, 3 do
+for i = 3, #KEYS, 3 do
     local span = {levels = KEYS[i], dedup = KEYS[i + 1], count = KEYS[i + 2], plans = {}, fps = {}}
-    span.parked = redis.call('ZRANGE', KEYS[i] .. ':parked', 0, -1)  -- sites.lua
+    span.parked = redis.call('ZRANGE', parked_key(KEYS[i]), 0, -1)  -- sites.lua
     plan_levels(KEYS[i], span.plans, span.fps)
     for _, site in ipairs(span.parked) do
         plan_levels(site_parked_key(KEYS[i], site), span.plans, span.fps)

@@ -4,7 +4,8 @@
 -- KEYS[2]  the set of known sites (S:~known)
 -- KEYS[3]  the site's leases held now (S:<site>:leases)
 -- ARGV[1]  the site
--- ARGV[2]  'gate': just before a download; the overload window restarts after an idle spell
+-- ARGV[2]  the mode, and its arguments:
+--          'gate': just before a download; the overload window restarts after an idle spell
 --          'backoff': a back-off code; then ARGV[4] Retry-After in ms (-1: none),
 --            ARGV[5] first back-off ms, ARGV[6] longest back-off ms, ARGV[7] back-offs in a
 --            row that pause the site (0: never), ARGV[8] that pause in ms
@@ -14,7 +15,9 @@
 --          'ok': any other response; strikes end. With AutoThrottle, ARGV[4] the latency ms,
 --            ARGV[5] target concurrency, ARGV[6] start, ARGV[7] lowest, ARGV[8] highest
 --            delay ms, ARGV[9] the status: the shared estimate moves as Scrapy's AutoThrottle's
--- ARGV[3]  every mode: ms in which a slowdown's interval halves (it recovers first, each call)
+-- ARGV[3]  every mode: the recovery ms, in which a slowdown's interval halves (it recovers
+--          first, each call)
+-- ARGV[4..] the mode's arguments, as ARGV[2] says
 -- Returns  {ms the site is paused from now (0: not), back-offs in a row,
 --           the interval ms a slowdown set in this call (0: none)}; an error naming the
 --           key, nothing written, when KEYS[1] or KEYS[2] is of another type
@@ -27,8 +30,8 @@
 --
 -- Slowdowns: the site's responses are counted as its leases that ended (leased, less those
 -- held now). The window holds the last ARGV[5] of them and their server errors (win_from:
--- the count it starts at, win_at: when, win_errors). An error that makes them more than
--- ARGV[4] of at least ARGV[6] responses slows the site to the rate its other responses
+-- the count it starts at, win_at: when, win_errors). An error that makes them more
+-- than ARGV[4] of at least ARGV[6] responses slows the site to the rate its other responses
 -- came at, less that share (slow: ms between leases, set at slowed_at); the interval then
 -- halves every ARGV[3] ms. The lease honours delay: the longer of the slowdown and
 -- AutoThrottle's estimate (throttle).

@@ -13,8 +13,8 @@
 -- ARGV[1]  job cap: most jobs produced and not finished at once
 -- ARGV[2]  queue cap: produce nothing while the group's queues hold at least this many
 -- ARGV[3]  number of sources n
--- ARGV[4 .. 3+n]        the sources, in a stable order
--- ARGV[4+n .. 3+2n]     a fresh job id for each source, used if it is reserved
+-- then n sources, in a stable order (ARGV[4 .. 3+n])
+-- then n fresh job ids, one for each source, used if it is reserved (ARGV[4+n .. 3+2n])
 -- Returns  a flat list: the group's queue length, then source, job id, source,
 --          job id, ... of the reservations
 --

@@ -4,6 +4,8 @@
 -- KEYS[1]  in-flight leases: sorted set, score = lease deadline (ms)
 -- KEYS[2]  job key prefix: a job's hash is KEYS[2] .. job id
 -- KEYS[3]  dead-letter list: newest first
+-- KEYS[4]  queue levels: sorted set of priority levels (its sites' leases name it)
+-- KEYS[5]  the group's site prefix (include/sites.lua): sites' keys are derived from it
 -- ARGV[1]  the lease member
 -- ARGV[2]  the record (JSON text)
 -- ARGV[3]  the most records the list keeps
@@ -22,14 +24,13 @@ local JOB_PREFIX = KEYS[2]
 
 local member = ARGV[1]
 local spec = {KEYS[3], 'list'}  -- every key it writes checked first (include/keytypes.lua)
-ack_guard(spec, KEYS[1], ARGV, 1, 1)
+ack_guard(spec, KEYS[1], KEYS[5], ARGV, 1, 1)
 local refused = refuse_damaged(spec)
 if refused then return refused end
 if redis.call('ZREM', KEYS[1], member) == 0 then return 0 end
 redis.call('LPUSH', KEYS[3], ARGV[2])
 redis.call('LTRIM', KEYS[3], 0, tonumber(ARGV[3]) - 1)
-local levels = string.sub(KEYS[1], 1, -10)  -- the queue key: KEYS[1] is Q .. ':inflight'
-site_release(site_prefix(JOB_PREFIX), levels, member)
+site_release(KEYS[5], KEYS[4], member)
 local size = #member - 12
 if size > 0 and size >= 1 + string.byte(member, 13) % 64 then
     local job = entry_job(member, 13)

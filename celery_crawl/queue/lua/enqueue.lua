@@ -20,9 +20,10 @@
 -- KEYS[7]  dead-letter list: newest first
 -- KEYS[8]  the writer's record: string '<number>:<flags>' of its last applied
 --          call (not read or written when ARGV[7] is '')
--- KEYS[9..] four per other spider of the group whose queue takes requests
+-- KEYS[9]  the group's site prefix (include/sites.lua): sites' keys are derived from it
+-- KEYS[10..] four per other spider of the group whose queue takes requests
 --          (the vertical split): its queue levels, signal, dupefilter key and
---          dupefilter count; lane j is KEYS[5 + 4j .. 8 + 4j], lane 0 the own
+--          dupefilter count; lane j is KEYS[6 + 4j .. 9 + 4j], lane 0 the own
 -- ARGV[1]  number of requests n
 -- ARGV[2]  number of job stat changes s
 -- ARGV[3]  number of leases to ack m
@@ -78,8 +79,8 @@ if CALL ~= '' then
 end
 
 local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
-for j = 1, (#KEYS - 8) / 4 do
-    local at = 5 + 4 * j
+for j = 1, (#KEYS - 9) / 4 do
+    local at = 6 + 4 * j
     lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
 end
 local base = FIRST + 6 * n
@@ -87,7 +88,7 @@ local base = FIRST + 6 * n
 local spec = {}
 spec_add(spec, KEYS[7], 'list')
 for i = 0, s - 1 do job_guard(spec, ARGV[base + 3 * i]) end
-ack_guard(spec, KEYS[5], ARGV, base + 3 * s, base + 3 * s + m - 1)
+ack_guard(spec, KEYS[5], KEYS[9], ARGV, base + 3 * s, base + 3 * s + m - 1)
 push_guard(spec, lanes, ARGV, FIRST, n)
 local refused = refuse_damaged(spec)
 if refused then return refused end
@@ -117,7 +118,7 @@ local letters = base + 3 * s + m
 for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
 if d > 0 then redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[5]) - 1) end
 base = base + 3 * s
-ack_leases(KEYS[1], KEYS[5], ARGV, base, base + m - 1)
+ack_leases(KEYS[1], KEYS[5], KEYS[9], ARGV, base, base + m - 1)
 if CALL ~= '' then
     redis.call('SET', KEYS[8], CALL .. ':' .. table.concat(accepted), 'PX', ARGV[8])
 end

@@ -5,16 +5,17 @@
 -- KEYS[3]  lease counter
 -- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
 -- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
+-- KEYS[7]  the group's site prefix (include/sites.lua): sites' keys are derived from it
 -- ARGV[1]  n, the most requests to lease
 -- ARGV[2]  lease duration, ms (the deadline is taken from the server's clock)
--- ARGV[3]  'head' or 'tail': which end of a level list to pop
+-- ARGV[3]  pop side: 'head' or 'tail', which end of a level list to pop
 -- ARGV[4]  the most records the dead-letter list keeps
 -- ARGV[5]  'sites' to hold entries that carry a site to its limits (include/sites.lua),
 --          '' to lease in plain priority order (entries parked while limits were on
 --          come after the queue's levels)
--- ARGV[6]  with 'sites': the default limits, "concurrency interval_ms burst"
--- ARGV[7]  with 'sites': '1' when the group's site limits hash (include/sites.lua) names
---          sites of other limits
+-- ARGV[6]  with 'sites': the default limits, "concurrency interval_ms burst" ('' without)
+-- ARGV[7]  with 'sites': overrides, '1' when the group's site limits hash
+--          (include/sites.lua) names sites of other limits ('' without)
 -- Returns  {leased members, wait}: a member is 8-byte lease id .. 4-byte priority ..
 --          entry; wait is -1, or when nothing was leased and entries are parked,
 --          the ms until the first parked site may take one (a pop waits that long)
@@ -57,11 +58,11 @@ local deadline = now + tonumber(ARGV[2])
 local pop = ARGV[3] == 'tail' and 'RPOP' or 'LPOP'
 local park_push = ARGV[3] == 'tail' and 'LPUSH' or 'RPUSH'
 local SITES = ARGV[5] == 'sites'
-local sites, parked_key = site_prefix(JOB_PREFIX), levels .. ':parked'
+local sites, parked_index = KEYS[7], parked_key(levels)
 local taken = {}  -- {priority, entry, site whose cap counts it, or false}
 -- the common case of an idle spider: nothing queued, nothing parked (a key of the wrong type
 -- exists, and is met by the guard below)
-if redis.call('EXISTS', levels, parked_key) == 0 then return {{}, -1} end
+if redis.call('EXISTS', levels, parked_index) == 0 then return {{}, -1} end
 
 local checked = {}  -- lists already checked
 local guard = {levels, 'zset', inflight, 'zset', KEYS[3], 'counter', DEADLETTER, 'list',
@@ -71,13 +72,13 @@ local function guard_key(key, wanted)
     guard[#guard + 1] = wanted
 end
 if SITES then
-    guard_key(parked_key, 'zset')
-    guard_key(sites .. '~known', 'set')
-    guard_key(sites .. '~limits', 'hash')
+    guard_key(parked_index, 'zset')
+    guard_key(site_known_key(sites), 'set')
+    guard_key(site_limits_key(sites), 'hash')
 end
 for _, level in ipairs(redis.call('ZRANGE', levels, 0, want - 1)) do
-    guard_key(levels .. ':' .. level, 'list')
-    checked[levels .. ':' .. level] = true
+    guard_key(level_key(levels, level), 'list')
+    checked[level_key(levels, level)] = true
 end
 local refused = refuse_damaged(guard)
 if refused then return refused end
@@ -92,7 +93,7 @@ local function damaged_list(list)
 end
 
 local function damaged_level(top)
-    return damaged_list(levels .. ':' .. top)
+    return damaged_list(level_key(levels, top))
 end
 
 local function keep(entry, priority, counted, job)
@@ -126,7 +127,7 @@ local function lease_taken()
         local member = struct.pack('>I4I4i4', high, id % 2 ^ 32, tonumber(t[1])) .. t[2]
         redis.call('ZADD', inflight, deadline, member)
         if t[3] then
-            redis.call('ZADD', sites .. t[3] .. ':leases', deadline, string.sub(member, 1, 8) .. levels)
+            redis.call('ZADD', site_leases_key(sites, t[3]), deadline, string.sub(member, 1, 8) .. levels)
         end
         members[i] = member
     end
@@ -143,8 +144,8 @@ end
 local function take_levels(index)
     while #taken < want do
         local top = redis.call('ZRANGE', index, 0, 0)[1]
-        if not top or damaged_list(index .. ':' .. top) then break end
-        local list = index .. ':' .. top
+        if not top or damaged_list(level_key(index, top)) then break end
+        local list = level_key(index, top)
         local payloads = redis.call(pop, list, want - #taken)
         if not payloads or redis.call('EXISTS', list) == 0 then redis.call('ZREM', index, top) end
         for _, entry in ipairs(payloads or {}) do take(entry, top) end
@@ -156,14 +157,14 @@ end
 -- A site whose parked keys are damaged is left for a lease with limits on to repair.
 local function take_parked_of(site)
     local q = site_parked_key(levels, site)
-    if key_type_problem({q, 'zset', sites .. site .. ':waiting', 'set'}) then return end
+    if key_type_problem({q, 'zset', site_waiting_key(sites, site), 'set'}) then return end
     take_levels(q)
     if redis.call('EXISTS', q) == 0 then site_parked_none(sites, levels, site) end
 end
 
 local function take_parked()
-    if key_type_problem({parked_key, 'zset'}) then return end
-    for _, site in ipairs(redis.call('ZRANGE', parked_key, 0, -1)) do
+    if key_type_problem({parked_index, 'zset'}) then return end
+    for _, site in ipairs(redis.call('ZRANGE', parked_index, 0, -1)) do
         if #taken >= want then break end
         take_parked_of(site)
     end
@@ -171,20 +172,20 @@ end
 
 if not SITES then
     take_levels(levels)
-    if #taken < want and redis.call('EXISTS', parked_key) == 1 then take_parked() end
+    if #taken < want and redis.call('EXISTS', parked_index) == 1 then take_parked() end
     return {lease_taken(), -1}
 end
 
 -- per-site limits -------------------------------------------------------------
 
 local defaults = site_parse_limits(ARGV[6])
-local any_parked = redis.call('EXISTS', parked_key) == 1  -- else no site has parked entries
+local any_parked = redis.call('EXISTS', parked_index) == 1  -- else no site has parked entries
 local overrides = ARGV[7] == '1'
 local states, limits = {}, {}
 
 local function limits_of(site)
     if not limits[site] then
-        local text = overrides and redis.call('HGET', sites .. '~limits', site)
+        local text = overrides and redis.call('HGET', site_limits_key(sites), site)
         limits[site] = text and site_parse_limits(text) or defaults
     end
     return limits[site]
@@ -193,14 +194,14 @@ end
 local function state_of(site)
     local state = states[site]
     if state then return state end
-    local v = redis.call('HMGET', sites .. site, 'tat', 'until', 'delay', 'leased', 'parked')
-    if not v[4] then redis.call('SADD', sites .. '~known', site) end
-    local leases = sites .. site .. ':leases'
+    local v = redis.call('HMGET', site_key(sites, site), 'tat', 'until', 'delay', 'leased', 'parked')
+    if not v[4] then redis.call('SADD', site_known_key(sites), site) end
+    local leases = site_leases_key(sites, site)
     redis.call('ZREMRANGEBYSCORE', leases, '-inf', '(' .. now)  -- lost leases stop counting
     state = {inflight = redis.call('ZCARD', leases), tat = tonumber(v[1] or '0'),
         paused = tonumber(v[2] or '0'), delay = tonumber(v[3] or '0'),
         leased = tonumber(v[4] or '0'), parked_total = tonumber(v[5] or '0'),
-        parked = any_parked and redis.call('ZSCORE', parked_key, site) ~= false,
+        parked = any_parked and redis.call('ZSCORE', parked_index, site) ~= false,
         dirty = not v[4]}
     states[site] = state
     return state
@@ -216,7 +217,7 @@ local function drain(site)
         local top = redis.call('ZRANGE', q, 0, 0)[1]
         if not top then break end
         if main and tonumber(top) < main then break end
-        local list = q .. ':' .. top
+        local list = level_key(q, top)
         if damaged_list(list) then break end  -- refused, and so repaired, once the site is due
         local entry = redis.call(pop, list)
         if redis.call('EXISTS', list) == 0 then redis.call('ZREM', q, top) end
@@ -231,7 +232,7 @@ local function drain(site)
         site_parked_none(sites, levels, site)
         state.parked = false
     else
-        redis.call('ZADD', parked_key, site_ready_at(sites, site, state, lim, now, deadline), site)
+        redis.call('ZADD', parked_index, site_ready_at(sites, site, state, lim, now, deadline), site)
     end
 end
 
@@ -239,7 +240,7 @@ local function park(site, state, priority, entry)
     local q = site_parked_key(levels, site)
     if not state.parked then site_parked_first(sites, levels, site) end
     any_parked = true
-    redis.call(park_push, q .. ':' .. priority, entry)
+    redis.call(park_push, level_key(q, priority), entry)
     redis.call('ZADD', q, 'NX', -tonumber(priority), priority)
     state.parked = true
     state.parked_total = state.parked_total + 1
@@ -250,8 +251,8 @@ end
 -- priority (state_of, park, site_take, lease_taken), added to spec.
 local function site_keys(spec, site, priority)
     local q = site_parked_key(levels, site)
-    for _, kt in ipairs({{sites .. site, 'hash'}, {sites .. site .. ':leases', 'zset'},
-            {sites .. site .. ':waiting', 'set'}, {q, 'zset'}, {q .. ':' .. priority, 'list'}}) do
+    for _, kt in ipairs({{site_key(sites, site), 'hash'}, {site_leases_key(sites, site), 'zset'},
+            {site_waiting_key(sites, site), 'set'}, {q, 'zset'}, {level_key(q, priority), 'list'}}) do
         spec[#spec + 1] = kt[1]
         spec[#spec + 1] = kt[2]
     end
@@ -281,22 +282,22 @@ local function damaged_site(list, n, priority)
 end
 
 local due = any_parked
-    and redis.call('ZRANGE', parked_key, '-inf', now, 'BYSCORE', 'LIMIT', 0, want)
+    and redis.call('ZRANGE', parked_index, '-inf', now, 'BYSCORE', 'LIMIT', 0, want)
 -- Nothing written yet: the keys of the sites due are checked too.
 guard = {}
 for _, site in ipairs(due or {}) do
     local q = site_parked_key(levels, site)
     guard_key(q, 'zset')
-    guard_key(sites .. site, 'hash')
-    guard_key(sites .. site .. ':leases', 'zset')
+    guard_key(site_key(sites, site), 'hash')
+    guard_key(site_leases_key(sites, site), 'zset')
     local top = redis.pcall('ZRANGE', q, 0, 0)[1]  -- pcall: q itself may be damaged
     if type(top) == 'string' then
-        guard_key(q .. ':' .. top, 'list')
-        checked[q .. ':' .. top] = true
+        guard_key(level_key(q, top), 'list')
+        checked[level_key(q, top)] = true
     end
 end
 local first = redis.call('ZRANGE', levels, 0, 0)[1]  -- the first pop's entries' sites
-for _, entry in ipairs(first and peek(levels .. ':' .. first, want) or {}) do
+for _, entry in ipairs(first and peek(level_key(levels, first), want) or {}) do
     local site = not entry_problem(entry) and entry_site(entry, 1)
     if site then
         site_keys(guard, site, first)
@@ -314,7 +315,7 @@ local moved, max_moved, parked_now = 0, want * 4 + 64, {}
 while #taken < want and moved < max_moved do
     local top = redis.call('ZRANGE', levels, 0, 0)[1]
     if not top or damaged_level(top) then break end
-    local list = levels .. ':' .. top
+    local list = level_key(levels, top)
     if damaged_site(list, want - #taken, top) then break end
     local payloads = redis.call(pop, list, want - #taken)
     if not payloads or redis.call('EXISTS', list) == 0 then
@@ -345,7 +346,7 @@ for site in pairs(parked_now) do drain(site) end
 
 for site, state in pairs(states) do
     if state.dirty then
-        redis.call('HSET', sites .. site, 'tat', state.tat, 'leased', state.leased,
+        redis.call('HSET', site_key(sites, site), 'tat', state.tat, 'leased', state.leased,
             'parked', state.parked_total)
     end
 end
@@ -354,7 +355,7 @@ local wait = -1
 if #taken == 0 and moved >= max_moved then
     wait = 0  -- more of the queue to look through: at once
 elseif #taken == 0 and any_parked then
-    local first = redis.call('ZRANGE', parked_key, 0, 0, 'WITHSCORES')
+    local first = redis.call('ZRANGE', parked_index, 0, 0, 'WITHSCORES')
     if first[2] then wait = math.max(0, tonumber(first[2]) - now) end
 end
 return {lease_taken(), wait}

@@ -5,14 +5,14 @@
 -- KEYS[2]  in-flight leases
 -- KEYS[3]  lease counter
 -- KEYS[4]  signal list
--- KEYS[5]  job key prefix (the group's site prefix is derived from it)
+-- KEYS[5]  the group's site prefix (include/sites.lua): sites' keys are derived from it
 -- ARGV     none
 -- Returns  the number of keys deleted; an error naming the key, nothing deleted, when
 --          a key it reads or writes is of another type (include/keytypes.lua)
 --!include queue_delete
 
 local spec = {}
-queue_guard(spec, KEYS[1], site_prefix(KEYS[5]))
+queue_guard(spec, KEYS[1], KEYS[5])
 local refused = refuse_damaged(spec)
 if refused then return refused end
-return queue_delete(KEYS[1], KEYS[2], KEYS[3], KEYS[4], site_prefix(KEYS[5]))
+return queue_delete(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5])

@@ -7,7 +7,8 @@
 -- KEYS[5]  dead-letter list, KEYS[6] the spider's stats hash: for poison (include/poison.lua)
 -- KEYS[7]  lease counter: out of memory, the call is refused before its first write
 --          (include/room.lua), and the leases stay in flight for their holders to renew
--- ARGV[1]  'head' or 'tail': the end of a level list that pops read from
+-- KEYS[8]  the group's site prefix (include/sites.lua): sites' keys are derived from it
+-- ARGV[1]  pop side: 'head' or 'tail', the end of a level list that pops read from
 -- ARGV[2]  the most expired leases to requeue in this call (expiry uses the server's clock)
 -- ARGV[3]  the most records the dead-letter list keeps
 -- ARGV[4..] explicit lease members to hand back now; when given, expiry is ignored
@@ -52,7 +53,7 @@ for _, member in ipairs(members) do
         local into = site_front(levels, member)
         guard[#guard + 1] = into
         guard[#guard + 1] = 'zset'
-        guard[#guard + 1] = into .. ':' .. struct.unpack('>i4', member, 9)
+        guard[#guard + 1] = level_key(into, struct.unpack('>i4', member, 9))
         guard[#guard + 1] = 'list'
     end
 end
@@ -67,12 +68,12 @@ for _, member in ipairs(members) do
     if broken and redis.call('ZREM', inflight, member) == 1 then
         poison(#member < 13 and member or entry, broken, 'requeue')
     elseif redis.call('ZREM', inflight, member) == 1 then
-        site_release(site_prefix(JOB_PREFIX), levels, member)
+        site_release(KEYS[8], levels, member)
         local job = entry_job(member, 13)
         if job_running(job) then
             local priority = struct.unpack('>i4', member, 9)
             local into = site_front(levels, member)  -- its site's parked entries wait: before them
-            redis.call(push, into .. ':' .. priority, string.sub(member, 13))
+            redis.call(push, level_key(into, priority), string.sub(member, 13))
             redis.call('ZADD', into, 'NX', -priority, priority)
             job_add(job, 'leased', -1)
             requeued = requeued + 1

@@ -10,7 +10,7 @@
 -- KEYS[5]  signal list
 -- KEYS[6]  dupefilter key (the filter's other keys are derived from it)
 -- KEYS[7]  dupefilter count
--- KEYS[8]  job key prefix (the group's site prefix is derived from it)
+-- KEYS[8]  the group's site prefix (include/sites.lua): sites' keys are derived from it
 -- KEYS[9]  the crawl's hash (scheduler/lua/crawl_open.lua): deleted with the last scheduler, whatever
 --          ARGV[2], so that the next process to open begins a new crawl
 -- ARGV[1]  this scheduler's id
@@ -29,7 +29,7 @@ local DEDUP_KEY, COUNT_KEY, DEDUP_ARGV = KEYS[6], KEYS[7], 3
 local spec = {}  -- checked before the first write: it leaves, then clears
 spec_add(spec, KEYS[1], 'zset')
 if ARGV[2] == '1' then
-    queue_guard(spec, KEYS[2], site_prefix(KEYS[8]))
+    queue_guard(spec, KEYS[2], KEYS[8])
     spec_add(spec, DEDUP_KEY .. ':kind', 'string')
     dedup_guard(spec, {})  -- the filter's counts and parameters its keys are found from
 end
@@ -45,6 +45,6 @@ if open == 0 then redis.call('DEL', KEYS[9]) end
 if open > 0 or ARGV[2] ~= '1' then return {open, 0} end
 
 local function delete(key) return redis.call('DEL', key) end
-local deleted = queue_delete(KEYS[2], KEYS[3], KEYS[4], KEYS[5], site_prefix(KEYS[8]))
+local deleted = queue_delete(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[8])
 deleted = deleted + dedup_each_key(delete) + delete(DEDUP_KEY .. ':kind')
 return {0, deleted}

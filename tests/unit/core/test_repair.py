@@ -416,7 +416,7 @@ def _routed_job(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, Priori
 def _cancel_raw(client: redis.Redis, forum: SpiderKeys, detail: SpiderKeys) -> Any:
     from celery_crawl.core import scripts
 
-    keys = [forum.job_prefix]
+    keys = [forum.job_prefix, forum.site_prefix]
     for spider in (forum, detail):
         keys += [spider.queue, spider.dupefilter, spider.dupefilter_count]
     return scripts.script(client, "job_cancel", dupefilter="dedup_exact")(keys=keys, args=["j"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import itertools
 import re
 from collections.abc import Iterator
@@ -171,39 +172,28 @@ def test_each_name_is_one_file_of_one_package(
 
 # -- ARGV layouts, declared once beside each caller -----------------------------------
 
-# entry scripts whose ARGV layout is not declared yet; each is a contract to write once
-UNDECLARED = {
-    "ack",
-    "cookies_read",
-    "cookies_write",
-    "crawl_open",
-    "crawl_start",
-    "dead_letter",
-    "dedup",
-    "lease",
-    "produce",
-    "queue_clear",
-    "queue_pending",
-    "queue_size",
-    "renew",
-    "repair",
-    "requeue",
-    "scheduler_join",
-    "scheduler_leave",
-    "site_feedback",
-    "spider_size",
-    "stats_update",
-    "worker_beat",
-    "workers_read",
-}
+# entry scripts whose ARGV layout is not declared yet (the dedup kinds' own scripts)
+UNDECLARED = {"dedup", "repair", "spider_size"}
 TAG = re.compile(r"^-- ?(KEYS|ARGV|Returns|Slot|then)\b")
+
+
+# the modules that run the scripts: importing them declares the layouts
+CALLERS = (
+    "celery_crawl.cookies.store",
+    "celery_crawl.hosting.registry",
+    "celery_crawl.jobs.store",
+    "celery_crawl.politeness.sites",
+    "celery_crawl.producer.producer",
+    "celery_crawl.queue.queues",
+    "celery_crawl.scheduler.crawl_state",
+    "celery_crawl.stats.collector",
+)
 
 
 def layouts() -> dict[str, scripts.Argv]:
     """Every declared layout: importing the callers declares them."""
-    import celery_crawl.jobs.store
-    import celery_crawl.queue.queues  # noqa: F401
-
+    for module in CALLERS:
+        importlib.import_module(module)
     return dict(scripts.LAYOUTS)
 
 
@@ -218,17 +208,21 @@ def in_order(wanted: list[str], text: str) -> bool:
 
 
 def header_parts(name: str) -> tuple[dict[int, str], list[str]]:
-    """A script header's ``ARGV[i]`` lines by i, and its ``then ...`` paragraphs, in order."""
+    """A script header's ``ARGV[i]`` lines by i, and its ``then ...`` paragraphs and
+    ``ARGV[k..]`` tail, in order (a tail's k is checked: the first after the fixed part)."""
     fixed: dict[int, str] = {}
     groups: list[str] = []
     current: list[str] | None = None
     for line in header(scripts.files("")[name].read_text()).splitlines():
         tag = TAG.match(line)
         single = re.match(r"^-- ARGV\[(\d+)\]\s+(.*)$", line)
+        tail = re.match(r"^-- ARGV\[(\d+)\.\.\]\s+(.*)$", line)
         if single:
             fixed[int(single.group(1))] = single.group(2)
         current = None if tag else current
-        if tag and tag.group(1) == "then":
+        if tail:
+            assert not groups and int(tail.group(1)) == len(fixed) + 1, f"{name}.lua: {line}"
+        if tail or (tag and tag.group(1) == "then"):
             groups.append(line)
             current = groups
         elif current is not None and re.match(r"^--\s{2,}\S", line):
@@ -249,8 +243,9 @@ def test_a_layout_matches_its_script_header(name: str) -> None:
     assert sorted(fixed) == list(range(1, len(layout.fields) + 1)), f"{name}.lua's ARGV[i]"
     for index, field in enumerate(layout.fields, 1):
         assert in_order(field.split("_"), fixed[index]), f"{name}.lua ARGV[{index}] is not {field}"
-    assert len(groups) == len(layout.groups), f"{name}.lua's 'then' groups"
-    for group, text in zip(layout.groups, groups, strict=True):
+    declared = [*layout.groups, *([layout.tail] if layout.tail else [])]
+    assert len(groups) == len(declared), f"{name}.lua's 'then' groups and ARGV[k..] tail"
+    for group, text in zip(declared, groups, strict=True):
         wanted = [word for field in group for word in field.split("_")]
         assert in_order(wanted, text), f"{name}.lua: {text!r} is not {group}"
 
@@ -262,6 +257,17 @@ def test_a_layout_takes_its_fields_by_name_and_no_others() -> None:
         close.build(job_id="j")
     with pytest.raises(ScriptError, match=r"two ARGV layouts for job_end\.lua"):
         scripts.Argv("job_end", ("job_id",))
+
+
+def test_groups_and_a_tail_take_their_columns_by_name() -> None:
+    write = layouts()["cookies_write"]
+    assert write.each(0, json=["1", "2"], field=["a", "b"]) == ["a", "1", "b", "2"]
+    assert write.rest(fields_to_delete=("x", "y")) == ["x", "y"]
+    assert layouts()["ack"].rest(lease_members=[]) == []
+    with pytest.raises(ScriptError, match=r"columns of unequal length"):
+        write.each(0, field=["a", "b"], json=["1"])
+    with pytest.raises(ScriptError, match=r"^cookies_write\.lua takes fields_to_delete: not"):
+        write.rest(field=["a"])
 
 
 def test_an_entry_builds_its_arguments_in_the_declared_order() -> None:
@@ -311,6 +317,8 @@ def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
     copies += ["'" + "', '".join(store.COUNTERS[:3])]
     job_keys = (keys.JOB_PARTICIPANTS, keys.JOB_DONE, keys.JOB_SEEN, keys.JOB_STATES)
     copies += [f"'{suffix}'" for suffix in (*job_keys, keys.ACTIVE_JOBS, keys.JOB_ENDED)]
+    queue_keys = (keys.PARKED, keys.SIGNAL, keys.SITE_LEASES, keys.SITE_WAITING)
+    copies += [f"'{suffix}" for suffix in (*queue_keys, keys.SITE_KNOWN, keys.SITE_LIMITS)]
     files = [*scripts.files("").values(), *scripts.files("include").values()]
     for file in files:
         text = re.sub(r"--.*", "", file.read_text())  # the code: comments may name them
@@ -331,6 +339,27 @@ def test_the_generated_job_keys_are_those_python_names(client: redis.Redis, fold
     found = client.eval(scripts.source("main"), 1, keys.job_prefix)
     expected = [keys.job_participants("j"), keys.job_done("j"), keys.job_seen("j")]
     expected += [keys.job_states, keys.active_jobs, keys.job_ended("s")]
+    assert [key.decode() for key in found] == expected
+
+
+def test_the_generated_queue_and_site_keys_are_those_python_names(
+    client: redis.Redis, folder: Path
+) -> None:
+    from celery_crawl.core.keys import SpiderKeys
+
+    keys = SpiderKeys.build("spider", prefix="p")
+    (folder / "main.lua").write_text(
+        "local levels, sites = KEYS[1], KEYS[2]\n"
+        "--!generated celery_crawl.core.keys:lua_queue_keys\n"
+        "return {level_key(levels, -3), parked_key(levels), site_parked_key(levels, 's'),"
+        " level_key(site_parked_key(levels, 's'), 2), signal_key(levels), site_key(sites, 's'),"
+        " site_leases_key(sites, 's'), site_waiting_key(sites, 's'), site_known_key(sites),"
+        " site_limits_key(sites)}\n"
+    )
+    found = client.eval(scripts.source("main"), 2, keys.queue, keys.site_prefix)
+    expected = [keys.level(-3), keys.parked, keys.site_parked("s")]
+    expected += [keys.site_parked("s") + ":2", keys.signal, keys.site("s")]
+    expected += [keys.site_leases("s"), keys.site_waiting("s"), keys.site_known, keys.site_limits]
     assert [key.decode() for key in found] == expected
 
 

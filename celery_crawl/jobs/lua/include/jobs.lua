@@ -246,15 +246,15 @@ local function job_ack(job)
 end
 
 -- Finish leases args[first .. last] of the in-flight set of the queue whose levels key
--- is levels; returns how many were held.
+-- is levels (sites: the group's site prefix, include/sites.lua); returns how many were held.
 -- A member no longer leased (acked before, or requeued) is skipped.
 -- A lease of a site with a cap gives the site its slot back (include/sites.lua).
-local function ack_leases(levels, inflight, args, first, last)
+local function ack_leases(levels, inflight, sites, args, first, last)
     local acked = 0
     for i = first, last do
         if redis.call('ZREM', inflight, args[i]) == 1 then
             job_ack(entry_job(args[i], 13))
-            site_release(site_prefix(JOB_PREFIX), levels, args[i])
+            site_release(sites, levels, args[i])
             acked = acked + 1
         end
     end
@@ -279,17 +279,17 @@ local function job_guard(spec, job)
     end
 end
 
--- The keys ack_leases(inflight, args, first, last) may write, added to a guard spec.
-local function ack_guard(spec, inflight, args, first, last)
+-- The keys ack_leases(levels, inflight, sites, args, first, last) may write, added to a
+-- guard spec.
+local function ack_guard(spec, inflight, sites, args, first, last)
     spec_add(spec, inflight, 'zset')
     job_guard(spec, '')
-    local sites = site_prefix(JOB_PREFIX)
     for i = first, last do
         job_guard(spec, entry_job(args[i], 13))
         local site = site_counted(args[i])
         if site then
-            spec_add(spec, sites .. site .. ':leases', 'zset')
-            spec_add(spec, sites .. site .. ':waiting', 'set')
+            spec_add(spec, site_leases_key(sites, site), 'zset')
+            spec_add(spec, site_waiting_key(sites, site), 'set')
         end
     end
 end

@@ -3,7 +3,9 @@
 -- A queue entry may carry its site (entry_site, include/entries.lua): the key its
 -- request counts against (the URL's host by default). A site's state belongs to the
 -- spider group (every spider of the group crawls under the same limits); its
--- prefix S is the group's site prefix, '<prefix>:{group}:site:' (site_prefix):
+-- prefix S is the group's site prefix, '<prefix>:{group}:site:' (SpiderKeys.site_prefix,
+-- passed in KEYS by each script; a site's keys are derived from it, the sites an
+-- entry names being known only inside the script):
 --   S .. site            hash: tat (ms: when the next lease is due, GCRA), until (ms:
 --                        paused before then: Retry-After, back-off), delay (ms: the shared
 --                        AutoThrottle interval), strikes (back-offs in a row), backoff_at,
@@ -25,31 +27,23 @@
 -- A lease of a site with a cap has its lease id's top bit set: every script that ends
 -- or renews a lease (ack, requeue, extend) finds it in the site's leases.
 --
--- Uses: nothing from the including script. Includes entries.
--- Defines: site_prefix, site_parked_key, site_parked_length, site_parked_delete,
+-- Uses: nothing from the including script. Includes entries and keys (the key names).
+-- Defines: site_parked_length, site_parked_delete,
 -- site_release, site_parked_first, site_parked_none, site_renew, site_front, and for the lease script site_parse_limits,
 -- site_wait_ms, site_take, site_ready_at.
 
 --!include entries
+--!include keys
 
 local AT_CAP_MS = 60000  -- a site at its cap waits for a release, or at most this long
-
--- The group's site prefix, from its job prefix ('<prefix>:{group}:job:', keys.py).
-local function site_prefix(job_prefix)
-    return string.sub(job_prefix, 1, -5) .. 'site:'
-end
-
-local function site_parked_key(levels, site)
-    return levels .. ':parked:' .. site
-end
 
 -- The parked entries of every site of the queue.
 local function site_parked_length(levels)
     local total = 0
-    for _, site in ipairs(redis.call('ZRANGE', levels .. ':parked', 0, -1)) do
+    for _, site in ipairs(redis.call('ZRANGE', parked_key(levels), 0, -1)) do
         local q = site_parked_key(levels, site)
         for _, level in ipairs(redis.call('ZRANGE', q, 0, -1)) do
-            total = total + redis.call('LLEN', q .. ':' .. level)
+            total = total + redis.call('LLEN', level_key(q, level))
         end
     end
     return total
@@ -59,15 +53,15 @@ end
 -- state stays: their leases stop counting at their deadlines.
 local function site_parked_delete(sites, levels)
     local deleted = 0
-    for _, site in ipairs(redis.call('ZRANGE', levels .. ':parked', 0, -1)) do
-        redis.call('SREM', sites .. site .. ':waiting', levels)
+    for _, site in ipairs(redis.call('ZRANGE', parked_key(levels), 0, -1)) do
+        redis.call('SREM', site_waiting_key(sites, site), levels)
         local q = site_parked_key(levels, site)
         for _, level in ipairs(redis.call('ZRANGE', q, 0, -1)) do
-            deleted = deleted + redis.call('DEL', q .. ':' .. level)
+            deleted = deleted + redis.call('DEL', level_key(q, level))
         end
         deleted = deleted + redis.call('DEL', q)
     end
-    return deleted + redis.call('DEL', levels .. ':parked')
+    return deleted + redis.call('DEL', parked_key(levels))
 end
 
 -- A lease's member in its site's leases: its lease id, and the queue it is of.
@@ -85,35 +79,35 @@ end
 local function site_release(sites, levels, member)
     local site = site_counted(member)
     if not site then return end
-    redis.call('ZREM', sites .. site .. ':leases', site_lease_tag(levels, member))
-    local waiting = redis.call('SMEMBERS', sites .. site .. ':waiting')
+    redis.call('ZREM', site_leases_key(sites, site), site_lease_tag(levels, member))
+    local waiting = redis.call('SMEMBERS', site_waiting_key(sites, site))
     if #waiting == 0 then return end
     local clock = redis.call('TIME')
     local now = clock[1] * 1000 + math.floor(clock[2] / 1000)
     for _, queue in ipairs(waiting) do
-        if redis.call('ZADD', queue .. ':parked', 'XX', 'LT', 'CH', now, site) == 1 then
-            redis.call('RPUSH', queue .. ':signal', 1)
-            redis.call('LTRIM', queue .. ':signal', -64, -1)
-            redis.pcall('PUBLISH', queue .. ':signal', 1)  -- a notice; never fails the script
+        if redis.call('ZADD', parked_key(queue), 'XX', 'LT', 'CH', now, site) == 1 then
+            redis.call('RPUSH', signal_key(queue), 1)
+            redis.call('LTRIM', signal_key(queue), -64, -1)
+            redis.pcall('PUBLISH', signal_key(queue), 1)  -- a notice; never fails the script
         end
     end
 end
 
 -- The site's entries parked in the queue: the first, or none left.
 local function site_parked_first(sites, levels, site)
-    redis.call('SADD', sites .. site .. ':waiting', levels)
+    redis.call('SADD', site_waiting_key(sites, site), levels)
 end
 
 local function site_parked_none(sites, levels, site)
-    redis.call('ZREM', levels .. ':parked', site)
-    redis.call('SREM', sites .. site .. ':waiting', levels)
+    redis.call('ZREM', parked_key(levels), site)
+    redis.call('SREM', site_waiting_key(sites, site), levels)
 end
 
 -- A lease renewed until deadline: its site keeps counting it.
 local function site_renew(sites, levels, member, deadline)
     local site = site_counted(member)
     if site then
-        redis.call('ZADD', sites .. site .. ':leases', 'XX', deadline, site_lease_tag(levels, member))
+        redis.call('ZADD', site_leases_key(sites, site), 'XX', deadline, site_lease_tag(levels, member))
     end
 end
 
@@ -121,7 +115,7 @@ end
 -- when entries of the site are parked (it then keeps its place before them).
 local function site_front(levels, member)
     local site = entry_site(member, 13)
-    if site and redis.call('ZSCORE', levels .. ':parked', site) then
+    if site and redis.call('ZSCORE', parked_key(levels), site) then
         return site_parked_key(levels, site)
     end
     return levels
@@ -162,7 +156,7 @@ end
 local function site_ready_at(sites, site, state, limits, now, taken_until)
     local wait = site_wait_ms(state, limits, now)
     if wait >= 0 then return now + wait end
-    local first = redis.call('ZRANGE', sites .. site .. ':leases', 0, 0, 'WITHSCORES')[2]
+    local first = redis.call('ZRANGE', site_leases_key(sites, site), 0, 0, 'WITHSCORES')[2]
     local expires = first and math.min(tonumber(first), taken_until) or taken_until
     return math.min(now + AT_CAP_MS, expires + 1)
 end

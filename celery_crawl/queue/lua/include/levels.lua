@@ -16,7 +16,7 @@
 local function queue_length(levels)
     local total = 0
     for _, level in ipairs(redis.call('ZRANGE', levels, 0, -1)) do
-        total = total + redis.call('LLEN', levels .. ':' .. level)
+        total = total + redis.call('LLEN', level_key(levels, level))
     end
     return total + site_parked_length(levels)
 end
@@ -28,12 +28,12 @@ end
 
 local function queue_guard(spec, levels, sites)
     spec_add(spec, levels, 'zset')
-    for _, level in ipairs(queue_members(levels)) do spec_add(spec, levels .. ':' .. level, 'list') end
-    spec_add(spec, levels .. ':parked', 'zset')
-    for _, site in ipairs(queue_members(levels .. ':parked')) do
+    for _, level in ipairs(queue_members(levels)) do spec_add(spec, level_key(levels, level), 'list') end
+    spec_add(spec, parked_key(levels), 'zset')
+    for _, site in ipairs(queue_members(parked_key(levels))) do
         local q = site_parked_key(levels, site)
-        if sites then spec_add(spec, sites .. site .. ':waiting', 'set') end
+        if sites then spec_add(spec, site_waiting_key(sites, site), 'set') end
         spec_add(spec, q, 'zset')
-        for _, level in ipairs(queue_members(q)) do spec_add(spec, q .. ':' .. level, 'list') end
+        for _, level in ipairs(queue_members(q)) do spec_add(spec, level_key(q, level), 'list') end
     end
 end

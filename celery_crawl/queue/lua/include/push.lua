@@ -4,7 +4,7 @@
 -- job_add and job_seen_add (include/jobs.lua), included before it; SCOPE, the
 -- dedup scope: 'job' checks a job's requests against the job's own set
 -- (job_seen_add), 'spider' against the spider's filter. Requests of no job
--- always use the spider's filter.
+-- always use the spider's filter. Includes keys (the key names).
 -- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
 -- fingerprint, job id, payload, lane, site) from args starting at index first, and
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
@@ -15,6 +15,8 @@
 -- index, signal and level lists, the dedup keys its requests meet (dedup_guard), the
 -- jobs' keys (job_guard). Checked before the first write, so that a damaged key of
 -- any spider of the group refuses the call whole, and names that key.
+
+--!include keys
 
 local SIGNAL_CAP = 64
 
@@ -33,7 +35,7 @@ local function push_guard(spec, lanes, args, first, n)
         fps[lane] = fps[lane] or {}
         spec_add(spec, keys[1], 'zset')
         spec_add(spec, keys[2], 'list')
-        spec_add(spec, keys[1] .. ':' .. args[at], 'list')
+        spec_add(spec, level_key(keys[1], args[at]), 'list')
         job_guard(spec, job)
         if fp ~= '' and SCOPE == 'job' and job ~= '' then
             spec_add(spec, job_seen_key(job), 'set')
@@ -67,7 +69,7 @@ local function push_requests(lanes, args, first, n)
             if site ~= '' then  -- held to its site's limits: include/sites.lua
                 flags, tail = flags + 64, tail .. string.char(#site) .. site
             end
-            redis.call('RPUSH', keys[1] .. ':' .. priority, string.char(flags) .. job .. tail .. payload)
+            redis.call('RPUSH', level_key(keys[1], priority), string.char(flags) .. job .. tail .. payload)
             redis.call('ZADD', keys[1], 'NX', -tonumber(priority), priority)
             job_add(job, 'pending', 1)
             accepted[i + 1], added[lane] = 1, (added[lane] or 0) + 1

@@ -12,7 +12,7 @@
 local function queue_delete(levels, inflight, seq, signal, sites)
     local deleted = 0
     for _, level in ipairs(redis.call('ZRANGE', levels, 0, -1)) do
-        deleted = deleted + redis.call('DEL', levels .. ':' .. level)
+        deleted = deleted + redis.call('DEL', level_key(levels, level))
     end
     deleted = deleted + site_parked_delete(sites, levels)
     return deleted + redis.call('DEL', levels, inflight, seq, signal)

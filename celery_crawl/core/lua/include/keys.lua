@@ -1,0 +1,12 @@
+-- The names of the keys derived from a queue key and a group's site prefix: included,
+-- never run alone. Generated from celery_crawl.core.keys, where each form is defined
+-- once; the scripts take the queue key and the site prefix in KEYS, and derive from
+-- them the keys whose number a call finds only as it runs (the level lists of the
+-- priorities in use, the sites of the entries it meets), all in the same hash tag.
+--
+-- Uses: nothing from the including script.
+-- Defines: level_key(levels, priority), parked_key(levels), site_parked_key(levels, site),
+-- signal_key(levels), site_key(sites, site), site_leases_key(sites, site),
+-- site_waiting_key(sites, site), site_known_key(sites), site_limits_key(sites).
+
+--!generated celery_crawl.core.keys:lua_queue_keys
