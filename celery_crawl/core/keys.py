@@ -15,6 +15,8 @@ that count a job stay within one slot. A spider outside any group is its own.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +55,48 @@ SITE_LEASES = ":leases"
 SITE_WAITING = ":waiting"
 SITE_KNOWN = "~known"
 SITE_LIMITS = "~limits"
+
+# the keys of a dedup filter, by kind: each is D:<name> under the spider's dupefilter key D,
+# with the type it holds (as core/lua/include/keytypes.lua names them). <n> in a name
+# stands for a number: a generation, a bucket, a sub-filter, a time bucket. None: the
+# filter's key, left to the script that names it when damaged (a bloom sub-filter's bits,
+# sized by its hash). The kinds are those of ``celery_crawl.dupefilter.filters.KINDS``,
+# whose fragments write these keys; ``""`` holds the keys of every kind.
+DEDUP_KEYS: dict[str, dict[str, str | None]] = {
+    "": {"kind": "string"},
+    "exact": {"<n>:<n>": "set", "count": "counter", "count:removed": "counter"},
+    "bloom": {"count": "counter", "bloom": "numbers", "bloom:<n>": None},
+    "expiring": {
+        "expiring": "numbers",
+        "t:<n>:<n>:<n>": "set",
+        "t:<n>:count": "counter",
+        "t:<n>:count:removed": "counter",
+    },
+}
+
+
+def dedup_key_types(dupefilter: str, names: Iterable[str]) -> dict[str, str]:
+    """Those of ``names`` that are keys of the dedup filter at ``dupefilter``, of whichever
+    kind, with the type each must hold (:data:`DEDUP_KEYS`); the others are left out."""
+    layouts = [
+        (re.compile(re.escape(f"{dupefilter}:") + _dedup_pattern(name)), kind)
+        for layout in DEDUP_KEYS.values()
+        for name, kind in layout.items()
+        if kind is not None
+    ]
+    found: dict[str, str] = {}
+    for key in names:
+        kind = next((kind for pattern, kind in layouts if pattern.fullmatch(key)), None)
+        if kind is not None:
+            found[key] = kind
+    return found
+
+
+def _dedup_pattern(name: str) -> str:
+    """A regular expression for a name of :data:`DEDUP_KEYS`: ``<n>`` is a number."""
+    return ":".join(r"\d+" if part == "<n>" else re.escape(part) for part in name.split(":"))
+
+
 # a writer's record of its last numbered call (``written``, ``stats_written``): kept past
 # any outage a retry could wait out, then gone with the writer (a stopped process)
 WRITTEN_KEPT_MS = 3_600_000

@@ -37,21 +37,12 @@ from typing import Any, TypeVar
 import redis
 
 from celery_crawl.core import scripts
-from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.core.keys import SpiderKeys, dedup_key_types
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 REPAIR_SECONDS = 5.0  # a process repairs a spider's keys at most this often
 MAX_DYNAMIC_KEYS = 10_000  # level lists, parked lists, dedup buckets and jobs looked at
-# dedup keys by the end of their name (docs/redis-layout.md): exact buckets
-# <gen>:<bucket> are sets, the count and its removed count integers, the kind a string,
-# the bloom filter's parameters and the expiring filter's geometry hashes of numbers
-DEDUP_TYPES = (
-    (re.compile(r":\d+:\d+$"), "set"),
-    (re.compile(r":(count|removed)$"), "counter"),
-    (re.compile(r":(bloom|expiring)$"), "numbers"),
-    (re.compile(r":kind$"), "string"),
-)
 
 
 def text(value: bytes | str) -> str:
@@ -102,11 +93,8 @@ def dynamic_keys(client: redis.Redis, keys: SpiderKeys) -> dict[str, str]:
             found[f"{site_levels}:{level}"] = "list"
     for job in _members(client, keys.active_jobs, "set"):
         found[keys.job(job)] = "job"
-    for key in _scan(client, keys.dupefilter + ":*"):
-        for pattern, kind in DEDUP_TYPES:
-            if pattern.search(key):
-                found[key] = kind
-                break
+    # the dedup filter's keys, of whichever kind, each with its type (core/keys.py)
+    found.update(dedup_key_types(keys.dupefilter, _scan(client, keys.dupefilter + ":*")))
     return found
 
 

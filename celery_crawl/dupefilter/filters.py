@@ -14,6 +14,10 @@ use outside a scheduler. The layouts are described in the Lua fragments:
 - ``ExpiringDupeFilter`` (``dupefilter/lua/include/dedup_expiring.lua``): exact, but forgets a
   fingerprint after a window, so memory is bounded by the window.
 
+:data:`KINDS` is the registry of the kinds: each one's name, class, fragment and how
+its size is read; every other place that knows the kinds derives from it (its keys
+are named in ``celery_crawl.core.keys.DEDUP_KEYS``, for the repair of damaged keys).
+
 A filter's parameters (:class:`BloomParams`, :class:`ExpiringParams`) travel
 as the tail of every script's ARGV and are stored in Redis when the filter is
 created; the stored ones win, and ``open`` warns when the settings differ.
@@ -33,7 +37,7 @@ from scrapy import Request, Spider
 from celery_crawl.core import connection, scripts
 from celery_crawl.core.defaults import SETTINGS, setting
 from celery_crawl.core.errors import ConfigError
-from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.core.keys import DEDUP_KEYS, SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
 
 if TYPE_CHECKING:
@@ -277,9 +281,52 @@ class ExpiringDupeFilter(RFPDupeFilter):
     params_class = ExpiringParams
 
 
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A kind of dedup filter, and where each of its parts is.
+
+    ``name`` is what the filter records at ``D:kind`` (its fragment's ``DEDUP_KIND``);
+    ``filter`` its class, whose ``lua`` names the fragment that fills the enqueue
+    scripts' ``dupefilter`` slot and whose ``params_class`` the parameters that travel
+    as their ARGV tail and fill ``DUPEFILTER_*`` settings. Its size is ``"count"``, the
+    counter at ``D:count``, or ``"own"``, counted by its fragment's ``dedup_count()``
+    (``dupefilter/lua/include/dedup_size.lua`` includes such a fragment for the
+    exporter); its memory is ``MEMORY USAGE`` over the keys its ``dedup_each_key``
+    visits. Its keys and their types are named in ``celery_crawl.core.keys.DEDUP_KEYS``,
+    where the repair of damaged keys (layer 0) reads them.
+    """
+
+    name: str
+    filter: type[RFPDupeFilter]
+    size: str = "count"
+
+    @property
+    def fragment(self) -> str:
+        return self.filter.lua
+
+    @property
+    def path(self) -> str:
+        """The ``DUPEFILTER_CLASS`` path users type: the package re-exports the class."""
+        return f"celery_crawl.dupefilter.{self.filter.__name__}"
+
+    @property
+    def keys(self) -> dict[str, str | None]:
+        """The keys a filter of this kind writes under ``D``, with their types."""
+        return {**DEDUP_KEYS[""], **DEDUP_KEYS[self.name]}
+
+
+# The registry of dedup kinds: everything else derives from it (the settings paths, the
+# fragments the scripts are built with, the contract tests over every kind).
+KINDS: dict[str, Kind] = {
+    kind.name: kind
+    for kind in (
+        Kind("exact", RFPDupeFilter),
+        Kind("bloom", BloomDupeFilter),
+        Kind("expiring", ExpiringDupeFilter, size="own"),
+    )
+}
+
 DUPEFILTER_CLASSES: dict[str, type[RFPDupeFilter]] = {
-    "celery_crawl.dupefilter.RFPDupeFilter": RFPDupeFilter,
-    "celery_crawl.dupefilter.BloomDupeFilter": BloomDupeFilter,
-    "celery_crawl.dupefilter.ExpiringDupeFilter": ExpiringDupeFilter,
+    **{kind.path: kind.filter for kind in KINDS.values()},
     "scrapy_redis.dupefilter.RFPDupeFilter": RFPDupeFilter,
 }

@@ -4,8 +4,8 @@
 Redis, so one exporter serves the whole cluster. A scrape sends a fixed
 handful of commands per spider in one pipelined round trip, whatever the
 number of queued requests or fingerprints: one short script gives the queue
-length (over its priority levels) and the dedup size (a counter, or the live
-time buckets' counters of an expiring filter); the stats and the job counts
+length (over its priority levels) and the dedup size (as the dupefilter package's
+``include/dedup_size.lua`` reads a filter of any kind); the stats and the job counts
 are one hash each. No ``KEYS``, no scans. Once a scrape, ``INFO memory`` and
 ``INFO stats`` give Redis's memory and evictions.
 

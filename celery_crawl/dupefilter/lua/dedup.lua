@@ -18,8 +18,8 @@
 -- Returns  what the command returns, as listed under ARGV[1]; an error naming the key,
 --          nothing written, when a key of the filter it uses is damaged (dedup_guard,
 --          include/keytypes.lua)
--- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
---          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
+-- Slot     dupefilter: the configured filter's fragment, that of its kind in
+--          celery_crawl.dupefilter.filters.KINDS (it defines the dedup_* functions)
 
 local DEDUP_KEY, COUNT_KEY = KEYS[1], KEYS[2]
 local n = tonumber(ARGV[2])

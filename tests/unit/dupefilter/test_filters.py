@@ -15,6 +15,7 @@ from scrapy import Request
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import (
+    KINDS,
     BloomDupeFilter,
     BloomParams,
     ExpiringDupeFilter,
@@ -78,7 +79,7 @@ def test_many_fingerprints_across_generations(make_crawler: Any) -> None:
 
 # -- every dedup class: the same contract --------------------------------------
 
-FILTER_CLASSES = [RFPDupeFilter, BloomDupeFilter, ExpiringDupeFilter]
+FILTER_CLASSES = [kind.filter for kind in KINDS.values()]  # every registered kind
 
 
 def digests(count: int, seed: int) -> list[bytes]:

@@ -1,6 +1,6 @@
 -- Expiring exact dedup, for incremental crawls. Fills the dupefilter slot of
--- enqueue.lua, job_start.lua and dedup.lua, and spider_size.lua includes it for
--- its count; never run alone.
+-- enqueue.lua, job_start.lua and dedup.lua, and include/dedup_size.lua includes
+-- it for the exporter's count; never run alone.
 --
 -- A fingerprint is remembered for at least the window after it was added, and
 -- forgotten by the window plus one bucket width. Time, on the Redis server's
