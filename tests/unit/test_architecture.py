@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import pytest
 
@@ -146,22 +149,30 @@ def test_no_library_module_imports_a_settings_path(module: str) -> None:
     assert not used & shims, f"{module} imports {used & shims}"
 
 
+def resolve(name: str) -> Any:
+    """The object a dotted ``celery_crawl.x.y`` name cites: the longest importable prefix,
+    then attributes."""
+    parts = name.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            obj = getattr(obj, attribute)
+        return obj
+    raise ImportError(f"{name} cannot be imported")
+
+
 def test_every_name_on_the_path_exists() -> None:
     from celery_crawl.app.client import JOB_TASK, PRODUCE_TASK
 
     names = set(re.findall(r"`(celery_crawl(?:\.\w+)+)`", DOC)) - {JOB_TASK, PRODUCE_TASK}
     assert len(names) > 20
     for name in sorted(names):
-        parts = name.split(".")
-        for split in range(len(parts), 0, -1):  # the longest importable prefix, then attributes
-            try:
-                obj = importlib.import_module(".".join(parts[:split]))
-            except ImportError:
-                continue
-            for attribute in parts[split:]:
-                obj = getattr(obj, attribute)
-            break
-        else:
+        try:
+            resolve(name)
+        except (ImportError, AttributeError):
             pytest.fail(f"{name} cannot be imported")
 
 
@@ -342,3 +353,241 @@ def test_no_package_cycle_beyond_the_known_ones() -> None:
         if members and members | {package} not in cycles:
             cycles.append(members | {package})
     assert sorted(map(sorted, cycles)) == sorted(map(sorted, PACKAGE_CYCLES))
+
+
+# -- a request's path, hop by hop ----------------------------------------------
+
+
+class Hop(NamedTuple):
+    """A row of a hop table in the doc's "A request's path": ``| # | from | to | what |``."""
+
+    number: str
+    source: str
+    target: str
+    what: str
+
+
+def hop_rows() -> list[Hop]:
+    """Every hop table's rows: the path's (numbered 1, 2, ...), then the set-up's (S1, ...)."""
+    section = DOC.split("## A request's path\n", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (S?\d+) \| `([^`]+)` \| `([^`]+)` \| (.+) \|$", section, re.MULTILINE)
+    return [Hop(*row) for row in rows]
+
+
+def path_hops() -> list[Hop]:
+    return [hop for hop in hop_rows() if not hop.number.startswith("S")]
+
+
+def is_lua(name: str) -> bool:
+    return name.endswith(".lua")
+
+
+def module_of(name: str) -> str:
+    """The module a hop's end is in: a ``.lua`` file, or a Python module."""
+    return name if is_lua(name) else resolve(name).__module__
+
+
+def function_of(name: str) -> Any:
+    """The function a dotted name cites (a class's ``__init__`` stands for the class)."""
+    obj = resolve(name)
+    return obj.__init__ if inspect.isclass(obj) else obj
+
+
+def last_name(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def names_used(function: Any) -> set[str]:
+    """The names, attributes and strings in a function's body (its own name left out), and
+    the scripts of the ``Argv`` layouts it names."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    body = tree.body[0]
+    assert isinstance(body, (ast.FunctionDef, ast.AsyncFunctionDef))
+    statements = body.body
+    if ast.get_docstring(body) is not None:
+        statements = statements[1:]
+    used: set[str] = set()
+    for node in (n for statement in statements for n in ast.walk(statement)):
+        if isinstance(node, ast.Name):
+            used.add(node.id)
+            layout = function.__globals__.get(node.id)
+            if isinstance(layout, scripts.Argv):
+                used.add(layout.script)
+        elif isinstance(node, ast.Attribute):
+            used.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            used.add(node.value)
+    return used
+
+
+def lua_defines(path: str) -> set[str]:
+    return set(re.findall(r"^(?:local )?function (\w+)\(", (PACKAGE / path).read_text(), re.M))
+
+
+def lua_calls(path: str) -> set[str]:
+    return set(re.findall(r"\b(\w+)\(", (PACKAGE / path).read_text()))
+
+
+def scrapy_scheduler_method(name: str) -> bool:
+    from scrapy.core.scheduler import BaseScheduler
+
+    return hasattr(BaseScheduler, name)
+
+
+def scrapy_middleware_method(name: str) -> bool:
+    from scrapy.spidermiddlewares.depth import DepthMiddleware
+
+    hooks = {"process_request", "process_response", "process_exception"}
+    hooks |= {"process_spider_input", "process_spider_output", "process_spider_exception"}
+    return name in hooks or hasattr(DepthMiddleware, name)
+
+
+def connected_to_a_signal(name: str) -> bool:
+    """A handler the library connects to a Scrapy signal (``signals.connect(x.name, ...)``)."""
+    found = re.compile(rf"\.connect\(\s*[\w.]*\b{name}\b")
+    return any(found.search(path.read_text()) for path in PACKAGE.rglob("*.py"))
+
+
+def wraps_the_engine_slot(name: str) -> bool:
+    """The one patch of Scrapy's engine: its slot's ``remove_request``."""
+    from celery_crawl.scheduler.engine import EngineHooks
+
+    return "remove_request" in inspect.getsource(getattr(EngineHooks, name))
+
+
+def celery_pool_method(name: str) -> bool:
+    from celery.concurrency.base import BasePool
+
+    return hasattr(BasePool, name)
+
+
+def celery_task_body(name: str) -> bool:
+    from celery_crawl.app.factory import create_app
+
+    return f"({name})" in inspect.getsource(create_app)
+
+
+# the hops made through Scrapy or Celery: what calls the ``to`` is theirs, so the ``from``'s
+# source does not name it; each is checked by how Scrapy or Celery reaches it instead
+THROUGH_FRAMEWORK = {
+    (
+        "celery_crawl.app.client.crawl",
+        "celery_crawl.app.trackers.TrackerPool.apply_async",
+    ): celery_pool_method,
+    (
+        "celery_crawl.app.trackers.TrackerPool._run",
+        "celery_crawl.app.tasks.run_job",
+    ): celery_task_body,
+    (
+        "celery_crawl.scheduler.engine.EngineHooks.wake",
+        "celery_crawl.scheduler.scheduler.Scheduler.next_request",
+    ): scrapy_scheduler_method,
+    (
+        "celery_crawl.scheduler.scheduler.Scheduler.next_request",
+        "celery_crawl.cookies.middleware.SharedCookiesMiddleware.process_request",
+    ): scrapy_middleware_method,
+    (
+        "celery_crawl.cookies.middleware.SharedCookiesMiddleware.process_request",
+        "celery_crawl.politeness.middleware.SiteLimitsMiddleware.process_request",
+    ): scrapy_middleware_method,
+    (
+        "celery_crawl.politeness.middleware.SiteLimitsMiddleware.process_request",
+        "celery_crawl.hosting.middleware.JobDownloaderMiddleware.process_response",
+    ): scrapy_middleware_method,
+    (
+        "celery_crawl.hosting.middleware.JobDownloaderMiddleware.process_response",
+        "celery_crawl.politeness.middleware.SiteLimitsMiddleware.process_response",
+    ): scrapy_middleware_method,
+    (
+        "celery_crawl.politeness.middleware.SiteLimitsMiddleware.process_response",
+        "celery_crawl.cookies.middleware.SharedCookiesMiddleware.process_response",
+    ): scrapy_middleware_method,
+    (
+        "celery_crawl.cookies.middleware.SharedCookiesMiddleware.process_response",
+        "celery_crawl.jobs.stats.JobStats.on_response",
+    ): connected_to_a_signal,
+    (
+        "celery_crawl.jobs.stats.JobStats.on_response",
+        "celery_crawl.hosting.middleware.JobDepthMiddleware.get_processed_request",
+    ): scrapy_middleware_method,
+    (
+        "celery_crawl.hosting.middleware.JobSpiderMiddleware.process_spider_output",
+        "celery_crawl.scheduler.scheduler.Scheduler.enqueue_request",
+    ): scrapy_scheduler_method,
+    (
+        "celery_crawl.hosting.middleware.JobSpiderMiddleware._count",
+        "celery_crawl.jobs.stats.JobStats.on_items",
+    ): connected_to_a_signal,
+    (
+        "celery_crawl.jobs.stats.JobStats.on_items",
+        "celery_crawl.scheduler.engine.EngineHooks.ack_when_done",
+    ): wraps_the_engine_slot,
+    (
+        "celery_crawl.scheduler.participation.Participation._run_hooks",
+        "celery_crawl.cookies.middleware.SharedCookiesMiddleware.forget_job",
+    ): connected_to_a_signal,
+    (
+        "celery_crawl.hosting.host.CrawlerHost._open",
+        "celery_crawl.scheduler.scheduler.Scheduler.open",
+    ): scrapy_scheduler_method,
+}
+
+
+def test_the_hop_total_is_the_number_of_rows() -> None:
+    hops = path_hops()
+    assert [hop.number for hop in hops] == [str(n) for n in range(1, len(hops) + 1)]
+    totals = re.findall(r"^Total: (\d+) hops\.$", DOC, re.MULTILINE)
+    assert totals == [str(len(hops))]
+    setup = [hop.number for hop in hop_rows() if hop.number.startswith("S")]
+    assert setup == [f"S{n}" for n in range(1, len(setup) + 1)]
+
+
+def test_every_hop_names_code_that_exists() -> None:
+    for hop in hop_rows():
+        for end in (hop.source, hop.target):
+            if is_lua(end):
+                assert (PACKAGE / end).is_file(), f"hop {hop.number}: no {end}"
+                continue
+            try:
+                assert callable(resolve(end)), f"hop {hop.number}: {end} is no function"
+            except (ImportError, AttributeError):
+                pytest.fail(f"hop {hop.number}: {end} cannot be imported")
+
+
+def test_each_hop_crosses_from_one_module_to_another() -> None:
+    for hop in hop_rows():
+        assert module_of(hop.source) != module_of(hop.target), f"hop {hop.number}: one module"
+
+
+def test_each_hop_is_a_call_the_code_makes() -> None:
+    """A row's ``from`` calls its ``to`` (or runs its script); made through Scrapy or Celery,
+    a callback registered elsewhere, or a message through Redis, the row says so."""
+    through = set()
+    for hop in hop_rows():
+        where = f"hop {hop.number}: {hop.source} -> {hop.target}"
+        if (hop.source, hop.target) in THROUGH_FRAMEWORK:
+            through.add((hop.source, hop.target))
+            assert re.search(r"\b(Scrapy|Celery)", hop.what), f"{where}: say through what"
+            assert THROUGH_FRAMEWORK[hop.source, hop.target](last_name(hop.target)), where
+        elif is_lua(hop.source):
+            check_from_lua(hop, where)
+        else:
+            check_from_python(hop, where)
+    assert through == set(THROUGH_FRAMEWORK), "rows through Scrapy or Celery gone from the doc"
+
+
+def check_from_python(hop: Hop, where: str) -> None:
+    target = Path(hop.target).stem if is_lua(hop.target) else last_name(hop.target)
+    registered = re.search(r"a callback, registered by `([\w.]+)`", hop.what)
+    caller = registered.group(1) if registered else hop.source
+    assert target in names_used(function_of(caller)), f"{where}: {caller} never names {target}"
+
+
+def check_from_lua(hop: Hop, where: str) -> None:
+    if not is_lua(hop.target):  # a script's message, heard by Python code waiting on it
+        assert hop.what.startswith("Redis:"), f"{where}: say what Redis carries"
+        return
+    named = set(re.findall(r"`(\w+)`", hop.what))
+    assert named, f"{where}: name the functions of {hop.target} it runs"
+    missing = named - (lua_defines(hop.target) & lua_calls(hop.source))
+    assert not missing, f"{where}: {sorted(missing)} not defined there and called here"
