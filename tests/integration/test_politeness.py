@@ -148,15 +148,21 @@ def test_four_workers_hold_a_site_to_its_limits_and_crawl_another_at_full_speed(
     assert len(slow) == 100 and len(fast) == 2400
     assert_held(slow, limited)
     print(f"limited site: 100 pages in {span(slow):.2f} s")
-    assert 9.0 <= span(slow) <= 11.5  # 100 pages at 10/s: the limit held them, and they had it
+    # 100 pages at 10/s: the limit held them (9.9 s at the least), and they had it. The
+    # upper bound is the limit less a quarter: on the 2-core machine the code before the
+    # packages took 11.9 and 12.2 s here, four workers' wake-ups contending for the CPU
+    # (throughput itself is the benchmarks' to measure, not a test's)
+    assert 9.0 <= span(slow) <= 13.2
     assert span(fast) < span(slow)  # the fast site finished while the slow one was crawled
     beside = [fast]
     for _ in range(4):
         alone.append(crawl_alone(app, free))
-        slow, fast = crawl_beside(app, limited, free, slow_pages=50)
+        # 100 limited pages (10 s), so that the 2,400 free ones fit beside them with room
+        # on a slow machine (50 left a margin of a tenth of a second there)
+        slow, fast = crawl_beside(app, limited, free, slow_pages=100)
         assert_held(slow, limited)
         assert span(fast) < span(slow)  # the whole fast crawl ran beside the limited one
-        print(f"limited site: 50 pages in {span(slow):.2f} s")
+        print(f"limited site: 100 pages in {span(slow):.2f} s")
         beside.append(fast)
     alone.append(crawl_alone(app, free))
 
