@@ -124,7 +124,13 @@ def run(app: Celery, jobs: dict[str, list[str]], timeout: float = 120) -> dict[s
 
 
 def assert_held(slow: list[Arrival], limited: SiteThread) -> None:
-    assert most_in_one_second(slow) <= 11, f"{most_in_one_second(slow)} requests in one second"
+    # The limit grants 10 a second (burst 1) by the server's clock; the site sees arrivals,
+    # each a little after its grant. On a loaded 2-core machine a reactor busy with the free
+    # site sends a granted request up to a few tenths of a second late, so two late ones can
+    # join the next second's ten: 13 allows that and still fails a per-process limit (40/s)
+    # or a burst; the span of 100 pages (at least 9 s) bounds the mean rate.
+    most = most_in_one_second(slow)
+    assert most <= 13, f"{most} requests in one second"
     assert limited.max_in_flight <= 4
 
 
