@@ -26,6 +26,8 @@ from tests.support.forum import FORUM
 from tests.support.paths_spider import PathsSite
 from tests.support.stub_spider import ForumSpider
 
+pytest_plugins = ["tests.support.machine_share"]  # tests marked alone run by themselves
+
 HERE = Path(__file__).parent
 SLOW_FOLDERS = [HERE / "integration", HERE / "ha", HERE / "faults"]
 

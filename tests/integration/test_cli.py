@@ -165,6 +165,7 @@ def flower_lists_workers(output: str, count: int, seconds: float = 30.0) -> bool
     return False
 
 
+@pytest.mark.alone  # stops within 3 s
 def test_ctrl_c_stops_the_demo_in_order_within_3_s_leaving_nothing(tmp_path: Path) -> None:
     """The terminal's SIGINT goes to the demo's whole process group, as a Ctrl-C does."""
     import os

@@ -62,6 +62,7 @@ def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
+@pytest.mark.alone  # recovery within 15 s
 def test_a_killed_workers_leases_are_queued_again_within_15_s(
     app: Celery, workers: Callable[..., Worker], state_client: redis.Redis, paths_site: PathsSite
 ) -> None:
@@ -222,6 +223,7 @@ def test_a_hosted_crawler_that_closes_anyway_is_opened_again(
     assert "crawler paths closed while hosted (closed); opening it again" in worker.output()
 
 
+@pytest.mark.alone  # a job's duration within bounds
 def test_the_time_limit_closes_a_job(app: Celery, workers: Callable[..., Worker]) -> None:
     workers("timed")
     result = crawl("paths", [{"chain": "timed", "length": 40}], app=app, limits={"seconds": 2})
@@ -250,6 +252,7 @@ def worker_clock_skew(app: Celery, client: redis.Redis) -> float:
     return float(json.loads(entry)["started"]) - time.time()
 
 
+@pytest.mark.alone  # a job's duration within bounds
 def test_a_worker_clock_30_s_ahead_does_not_close_a_20_s_job_early(
     app: Celery, skewed_workers: Callable[[float], Worker], state_client: redis.Redis
 ) -> None:
@@ -266,6 +269,7 @@ def test_a_worker_clock_30_s_ahead_does_not_close_a_20_s_job_early(
     assert job.wait(timeout=60)["state"] == "cancelled"
 
 
+@pytest.mark.alone  # a job's duration within bounds
 def test_a_worker_clock_30_s_behind_closes_a_2_s_job_on_time(
     app: Celery, skewed_workers: Callable[[float], Worker], state_client: redis.Redis
 ) -> None:

@@ -26,6 +26,8 @@ from celery_crawl.demo.site import Arrival, SiteConfig, SiteThread
 from celery_crawl.tools.status import snapshot
 from tests.support.workers import Worker, started_workers
 
+pytestmark = pytest.mark.alone  # rates and spans measured at the sites
+
 LIMITED = {"concurrency": 4, "rate": 10, "burst": 1}
 CONFIG = SiteConfig(forums=30, posts_per_forum=100)  # 3,000 post pages
 FLAKY = SiteConfig(forums=10, posts_per_forum=100, error_rate=0.02)  # 1,000 pages

@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from tests.support import ROOT
+from tests.support.zygote import Forked, Zygote
+
+Process = subprocess.Popen[bytes] | Forked
 
 WORKER_APP = "tests.support.worker_app"
 WORKER_SETTINGS = "tests.support.worker_settings"
@@ -33,10 +39,7 @@ class Worker:
     ) -> None:
         self.name = name
         self.log = log
-        command = [
-            sys.executable,
-            "-m",
-            "celery",
+        args = [
             "-A",
             app,
             "worker",
@@ -52,14 +55,7 @@ class Worker:
             "--without-mingle",
             *(["--queues", queues] if queues else []),
         ]
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        self.proc = start_process("celery", args, env, log)
 
     def wait_ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -83,10 +79,33 @@ class Worker:
             except subprocess.TimeoutExpired:
                 self.signal(signal.SIGKILL)
                 self.proc.wait(10)
-        return self.proc.returncode
+        return self.proc.wait(0)
 
     def output(self) -> str:
         return self.log.read_text()
+
+
+def start_process(module: str, args: list[str], env: dict[str, str], log: Path) -> Process:
+    """``python -m module args`` in a session of its own, its output to ``log``: forked from
+    the zygote (Celery, Scrapy and Twisted imported once), or with ``CELERY_CRAWL_TEST_ZYGOTE=0``
+    started as a new interpreter."""
+    if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") == "0":
+        command = [sys.executable, "-m", module, *args]
+        with log.open("w") as out:
+            return subprocess.Popen(
+                command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+    return _zygote().spawn(module, args, env, ROOT, log)
+
+
+@functools.cache
+def _zygote() -> Zygote:
+    folder = Path(tempfile.mkdtemp(prefix="celery-crawl-zygote-"))
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    zygote = Zygote(ROOT, {**os.environ, "PYTHONPATH": path}, folder / "zygote.log")
+    atexit.register(zygote.close)
+    return zygote
 
 
 def worker_env(redis_url: str, prefix: str, site_url: str, feed_dir: Path) -> dict[str, Any]:

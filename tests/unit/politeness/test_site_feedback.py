@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import redis
 from scrapy import Request
 from scrapy.http import Response
@@ -18,6 +19,8 @@ from celery_crawl.politeness.middleware import SiteLimitsMiddleware
 from celery_crawl.politeness.sites import Backoff, Limits, Overload, SitePolicy, SiteState
 from celery_crawl.queue.entries import Entry, Lease
 from celery_crawl.queue.queues import PriorityQueue
+
+pytestmark = pytest.mark.alone  # response windows and slowdowns timed by the server's clock
 
 SITE = "a.example"
 CAP = Limits(concurrency=1000)  # leases held are counted: a response is a lease that ended

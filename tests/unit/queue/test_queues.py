@@ -45,6 +45,7 @@ def test_identical_payloads_never_merge(queue: Base) -> None:
     assert queue.in_flight() == 3
 
 
+@pytest.mark.alone  # a wait timed within bounds
 def test_pop_honours_its_timeout_when_empty(queue: Base) -> None:
     started = time.monotonic()
     assert queue.pop(timeout=0.3) == []
