@@ -11,7 +11,6 @@ how often the trigger page was fetched: the repeat each step costs.
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from celery import Celery
 
 from celery_crawl import crawl
 from tests.support.paths_spider import TREE_LEVELS, PathsSite
+from tests.support.waiting import wait_for
 from tests.support.workers import Worker
 
 PAGES = 2**TREE_LEVELS - 1
@@ -31,13 +31,6 @@ FETCHES = {
     "after_parse": 2,  # parsed, its children still in the buffer: lost, so parsed again
     "after_flush": 2,  # its children in Redis, its ack not: fetched again, children dups
 }
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
-        time.sleep(0.05)
 
 
 def tree_hits(site: PathsSite, name: str) -> dict[str, int]:

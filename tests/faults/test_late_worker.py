@@ -13,7 +13,6 @@ ended job are kept apart (the job's ``late`` fields), and the counters
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,17 +21,11 @@ from celery import Celery
 
 from celery_crawl import crawl
 from tests.support.paths_spider import TREE_LEVELS, PathsSite
+from tests.support.waiting import wait_for
 from tests.support.workers import Worker
 
 PAGES = 2**TREE_LEVELS - 1
 LATE_FLUSH_SECONDS = 60  # bound on the wait for the resumed worker's flush
-
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"not reached within {timeout} s: {what}"
-        time.sleep(0.05)
 
 
 def test_a_late_worker_leaves_the_ended_jobs_counters_alone(

@@ -32,7 +32,7 @@ from celery_crawl import crawl, create_app
 from celery_crawl.core.connection import get_redis
 from celery_crawl.core.keys import SpiderKeys
 from tests.support.forum import FORUM, forum_seeds
-from tests.support.ports import free_port
+from tests.support.ports import persistent_valkey
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
 EXPECTED = FORUM.expected()
@@ -42,17 +42,8 @@ CRASHES = 3
 
 @pytest.fixture
 def aof_redis(tmp_path: Path) -> Iterator[ValkeyServer]:
-    server = ValkeyServer(
-        port=free_port(),  # a fixed port: the restarted server comes back at the same address
-        data_dir=tmp_path / "valkey",
-        persist=True,
-        appendonly="yes",
-        appendfsync="everysec",
-    )
-    server.start()
-    yield server
-    if server.is_running():
-        server.stop()
+    with persistent_valkey(tmp_path / "valkey", appendfsync="everysec") as server:
+        yield server
 
 
 def crash(server: ValkeyServer) -> None:

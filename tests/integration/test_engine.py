@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import redis
 
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.demo.site import SiteConfig, run_in_thread
-from tests.support import ROOT
+from tests.support.workers import start_process
 
 
 def read_items(path: Path) -> list[dict[str, str]]:
@@ -29,12 +28,13 @@ def test_two_processes_crawl_one_forum_exactly_once(
         feeds = [tmp_path / "a.jsonl", tmp_path / "b.jsonl"]
         seeder = [redis_url, prefix, site.url, str(feeds[0]), *config.forum_ids()]
         consumer = [redis_url, prefix, site.url, str(feeds[1])]
+        logs = [tmp_path / "seeder.log", tmp_path / "consumer.log"]
         procs = [
-            subprocess.Popen([sys.executable, "-m", "tests.support.forum_crawl", *args], cwd=ROOT)
-            for args in (seeder, consumer)
+            start_process("tests.support.forum_crawl", args, dict(os.environ), log)
+            for args, log in zip((seeder, consumer), logs, strict=True)
         ]
-        for proc in procs:
-            assert proc.wait(timeout=180) == 0
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.wait(timeout=180) == 0, log.read_text()[-3000:]
         served = site.requests_served
     items = read_items(feeds[0]) + read_items(feeds[1])
     ids = [(item["kind"], item["id"]) for item in items]

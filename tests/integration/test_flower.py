@@ -18,6 +18,7 @@ from celery import Celery
 from celery_crawl import crawl
 from tests.support import ROOT
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for_value
 from tests.support.workers import WORKER_APP, Worker
 
 AUTH = "Basic " + base64.b64encode(b"test:secret").decode()
@@ -87,14 +88,9 @@ def test_flower_takes_its_password_from_the_environment(flower: Flower) -> None:
     assert flower.call("/api/workers") is not None
 
 
-def poll(read: Callable[[], Any], check: Callable[[Any], bool], timeout: float = 30) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = read()
-        if value is not None and check(value):
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not reached in {timeout} s; last: {value}")
+def in_state(state: str) -> Callable[[dict[str, Any]], bool]:
+    """A check of Flower's view of a task: in ``state``."""
+    return lambda task: task.get("state") == state
 
 
 def test_flower_shows_args_progress_and_result(
@@ -104,11 +100,11 @@ def test_flower_shows_args_progress_and_result(
 ) -> None:
     start_worker()
     job = crawl("paths", [{"chain": "a", "length": 8}], app=app)
-    running = poll(lambda: flower.task(job.id), lambda t: t.get("state") == "PROGRESS")
+    running = wait_for_value(lambda: flower.task(job.id), in_state("PROGRESS"), 30, "PROGRESS")
     assert "'paths'" in running["args"] and "'chain': 'a'" in running["args"]
     assert running["name"] == "celery_crawl.crawl"
     result = job.wait(timeout=60)
-    done = poll(lambda: flower.task(job.id), lambda t: t.get("state") == "SUCCESS")
+    done = wait_for_value(lambda: flower.task(job.id), in_state("SUCCESS"), 30, "SUCCESS")
     assert f"'pages': {result['pages']}" in str(done["result"])
 
 
@@ -119,7 +115,7 @@ def test_revoke_from_flower_cancels_the_job_and_kills_no_process(
 ) -> None:
     worker = start_worker()
     job = crawl("paths", [{"chain": "b", "length": 40}], app=app)
-    poll(lambda: flower.task(job.id), lambda t: t.get("state") == "PROGRESS")
+    wait_for_value(lambda: flower.task(job.id), in_state("PROGRESS"), 30, "PROGRESS")
     children = worker_children(worker.proc.pid)
     flower.call(f"/api/task/revoke/{job.id}?terminate=true", method="POST")
     result = job.wait(timeout=30)

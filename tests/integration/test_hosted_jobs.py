@@ -29,6 +29,7 @@ from celery_crawl.hosting.registry import Registry
 from tests.support import ROOT
 from tests.support.paths_spider import PathsSite
 from tests.support.ports import free_port
+from tests.support.waiting import wait_for
 from tests.support.workers import WORKER_APP, Worker, started_workers
 
 RECOVERY_TARGET = 15.0  # seconds from kill -9 to the dead worker's requests queued again
@@ -50,16 +51,6 @@ def workers(live_env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., 
     """Workers with the default lease and heartbeat times; solo, one slot, unless asked."""
     with started_workers(live_env, tmp_path) as start:
         yield functools.partial(start, pool="solo", concurrency=1)
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll ``check`` every 50 ms until it holds; returns the seconds it took."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        if check():
-            return time.monotonic() - start
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 @pytest.mark.alone  # recovery within 15 s

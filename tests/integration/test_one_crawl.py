@@ -21,14 +21,15 @@ import redis
 from celery_crawl.core.keys import SpiderKeys
 from tests.support import ROOT, one_crawl
 from tests.support.static_site import StaticSite, serve
+from tests.support.workers import Process
 
 
 @contextmanager
 def processes(
     count: int, spider: str, url: str, redis_url: str, prefix: str, tmp_path: Path, **overrides: Any
-) -> Iterator[list[subprocess.Popen[bytes]]]:
+) -> Iterator[list[Process]]:
     """``count`` processes of ``spider``; each killed at the end if still running."""
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Process] = []
     try:
         for n in range(count):
             args = [redis_url, prefix, spider, str(tmp_path / f"items{n}.jsonl"), url]

@@ -19,24 +19,14 @@ from celery_crawl import crawl, create_app
 from celery_crawl.jobs import handle as jobs
 from tests.support.forum import FORUM
 from tests.support.full_redis import fill_to_refusal
-from tests.support.ports import free_port
+from tests.support.ports import persistent_valkey
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
 
 @pytest.fixture
 def persistent_redis(tmp_path: Path) -> Iterator[ValkeyServer]:
-    port = free_port()  # a fixed port, so a restart comes back at the same address
-    server = ValkeyServer(
-        port=port,
-        data_dir=tmp_path / "valkey",
-        persist=True,
-        appendonly="yes",
-        appendfsync="always",
-    )
-    server.start()
-    yield server
-    if server.is_running():
-        server.stop()
+    with persistent_valkey(tmp_path / "valkey", appendfsync="always") as server:
+        yield server
 
 
 @pytest.fixture

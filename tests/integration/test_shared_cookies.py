@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -17,9 +16,8 @@ from celery import Celery
 from celery_crawl import crawl as crawl_job
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.hosting.project import project_of
-from tests.support import ROOT
 from tests.support.static_site import StaticSite, serve
-from tests.support.workers import Worker
+from tests.support.workers import Process, Worker, start_process
 
 PAGES = 120
 
@@ -30,11 +28,11 @@ def read_items(path: Path) -> list[dict[str, int]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
-def crawl(args: list[str]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "tests.support.members_crawl", *args], cwd=ROOT)
+def crawl(args: list[str], log: Path) -> Process:
+    return start_process("tests.support.members_crawl", args, dict(os.environ), log)
 
 
-def wait_for_file(path: Path, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+def wait_for_file(path: Path, proc: Process, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
         assert proc.poll() is None, "the waiting process ended before its spider opened"
@@ -46,13 +44,14 @@ def run_pair(redis_url: str, prefix: str, site: StaticSite, tmp: Path, shared: s
     """The waiting process first; once its spider is open, the one that logs in."""
     feeds, ready = [tmp / "login.jsonl", tmp / "other.jsonl"], tmp / "ready"
     common = [redis_url, prefix, site.url]
-    other = crawl([*common, str(feeds[1]), f"wait:{ready}", shared, str(PAGES)])
+    logs = [tmp / "login.log", tmp / "other.log"]
+    other = crawl([*common, str(feeds[1]), f"wait:{ready}", shared, str(PAGES)], logs[1])
     procs = [other]
     try:
         wait_for_file(ready, other)
-        procs.append(crawl([*common, str(feeds[0]), "login", shared, str(PAGES)]))
+        procs.append(crawl([*common, str(feeds[0]), "login", shared, str(PAGES)], logs[0]))
         for proc in procs:
-            assert proc.wait(timeout=180) == 0
+            assert proc.wait(timeout=180) == 0, "\n".join(log.read_text()[-3000:] for log in logs)
     finally:
         for proc in procs:
             if proc.poll() is None:

@@ -7,8 +7,7 @@ one: the queue is empty, yet work is still coming (see tests/support/site_crawl.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,9 +17,9 @@ import redis
 
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.queue.queues import PriorityQueue
-from tests.support import ROOT
 from tests.support.site_crawl import SPIDER
 from tests.support.static_site import StaticSite, serve
+from tests.support.workers import Process, start_process
 
 TIMEOUT = 300.0
 
@@ -31,10 +30,9 @@ def site() -> Iterator[StaticSite]:
         yield running
 
 
-def start(tmp_path: Path, name: str, args: list[str]) -> subprocess.Popen[bytes]:
-    log = (tmp_path / f"{name}.log").open("w")
-    command = [sys.executable, "-m", "tests.support.site_crawl", *args]
-    return subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+def start(tmp_path: Path, name: str, args: list[str]) -> Process:
+    log = tmp_path / f"{name}.log"
+    return start_process("tests.support.site_crawl", args, dict(os.environ), log)
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
@@ -46,7 +44,7 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-def first_to_exit(procs: list[subprocess.Popen[bytes]]) -> subprocess.Popen[bytes]:
+def first_to_exit(procs: list[Process]) -> Process:
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
         for proc in procs:
@@ -71,14 +69,14 @@ class Crawl:
         self.hold = tmp_path / "hold"
         self.hold.touch()
 
-    def seeder(self, queue: PriorityQueue) -> subprocess.Popen[bytes]:
+    def seeder(self, queue: PriorityQueue) -> Process:
         feed = str(self.tmp_path / "a.jsonl")
         proc = start(self.tmp_path, "a", [*self.base, feed, "--seed", "--hold", str(self.hold)])
         held = lambda: queue.pending() == (0, 1) and self.site.hits["/"] == 1  # noqa: E731
         wait_until(held, 120, "the seeding process holds the lease of /")
         return proc
 
-    def consumer(self, *settings: str) -> subprocess.Popen[bytes]:
+    def consumer(self, *settings: str) -> Process:
         sets = [arg for pair in settings for arg in ("--set", pair)]
         proc = start(self.tmp_path, "b", [*self.base, str(self.tmp_path / "b.jsonl"), *sets])
         opened = lambda: "Spider opened" in self.log("b")  # noqa: E731

@@ -7,7 +7,6 @@ be queued, leased by either process and resolved there on its own spider.
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from celery_crawl.core.keys import SpiderKeys
 from tests.support import kinds_crawl
 from tests.support.kinds_crawl import read_items
 from tests.support.static_site import StaticSite, serve
-from tests.support.workers import Worker
+from tests.support.workers import Process, Worker
 
 ENTRY = {
     "kind_crawl": "/",
@@ -38,7 +37,7 @@ def crawl_in_two_processes(
     feeds = [tmp_path / "consumer.jsonl", tmp_path / "seeder.jsonl"]
     logs = [tmp_path / "consumer.log", tmp_path / "seeder.log"]
     common = [redis_url, prefix, spider]
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: list[Process] = []
     try:
         procs.append(kinds_crawl.start([*common, str(feeds[0])], logs[0]))
         kinds_crawl.wait_until_open(procs[0], logs[0])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import time
 from collections.abc import Callable
 
 import pytest
@@ -15,18 +14,10 @@ from celery.result import AsyncResult
 from celery_crawl import crawl
 from celery_crawl.app.client import PRODUCE_TASK
 from celery_crawl.hosting.project import project_of
+from tests.support.waiting import wait_for
 from tests.support.workers import Worker
 
 LONG_CHAIN = 400  # pages of the long job: 0.5 s each, so it runs until the test cancels it
-
-
-def wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 @pytest.mark.parametrize("pool", ["prefork", "solo", "threads"])

@@ -12,7 +12,7 @@ scrapy-redis way. ``start`` launches one with its log in a file,
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 import time
 from pathlib import Path
@@ -20,8 +20,8 @@ from pathlib import Path
 from scrapy.crawler import CrawlerProcess
 from scrapy.spiders import SitemapSpider
 
-from tests.support import ROOT
 from tests.support.kinds_spiders import KINDS
+from tests.support.workers import Process, start_process
 
 IDLE_BEFORE_CLOSE = 10  # seconds: the other process may still be starting
 
@@ -50,13 +50,12 @@ def main(argv: list[str]) -> None:
     process.start()
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+def start(args: list[str], log: Path) -> Process:
     """This module in a new process, its output in ``log``."""
-    command = [sys.executable, "-m", "tests.support.kinds_crawl", *args]
-    return subprocess.Popen(command, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    return start_process("tests.support.kinds_crawl", args, dict(os.environ), log)
 
 
-def wait_until_open(proc: subprocess.Popen[bytes], log: Path, timeout: float = 60) -> None:
+def wait_until_open(proc: Process, log: Path, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if "Spider opened" in log.read_text(errors="replace"):

@@ -17,7 +17,7 @@ the same ``scrapy crawl`` twice. The spiders crawl :mod:`tests.support.static_si
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -33,7 +33,7 @@ from scrapy.selector import Selector
 from scrapy.spiders import CrawlSpider, Rule, XMLFeedSpider
 
 from celery_crawl.core.keys import SpiderKeys
-from tests.support import ROOT
+from tests.support.workers import Process, start_process
 
 
 class OneFeedSpider(XMLFeedSpider):
@@ -79,10 +79,10 @@ def main(argv: list[str]) -> None:
     process.start()
 
 
-def start(args: list[str], log: Path, overrides: dict[str, Any]) -> subprocess.Popen[bytes]:
+def start(args: list[str], log: Path, overrides: dict[str, Any]) -> Process:
     """This module in a new process, its output in ``log``."""
-    command = [sys.executable, "-m", "tests.support.one_crawl", *args, json.dumps(overrides)]
-    return subprocess.Popen(command, cwd=ROOT, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    args = [*args, json.dumps(overrides)]
+    return start_process("tests.support.one_crawl", args, dict(os.environ), log)
 
 
 def wait_until_open(

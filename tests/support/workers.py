@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.support import ROOT
-from tests.support.zygote import Forked, Zygote
+from tests.support.zygote import Forked, Zygote, startup
 
 Process = subprocess.Popen[bytes] | Forked
 
@@ -88,15 +88,16 @@ class Worker:
 def start_process(module: str, args: list[str], env: dict[str, str], log: Path) -> Process:
     """``python -m module args`` in a session of its own, its output to ``log``: forked from
     the zygote (Celery, Scrapy and Twisted imported once), or with ``CELERY_CRAWL_TEST_ZYGOTE=0``
-    started as a new interpreter."""
-    if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") == "0":
+    started as a new interpreter (so is one whose ``PYTHON*`` variables are not the zygote's)."""
+    zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
+    if zygote is None or startup(env, ROOT) != zygote.startup:  # a sitecustomize of its own, say
         command = [sys.executable, "-m", module, *args]
         with log.open("w") as out:
             return subprocess.Popen(
                 command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
-    return _zygote().spawn(module, args, env, ROOT, log)
+    return zygote.spawn(module, args, env, ROOT, log)
 
 
 @functools.cache

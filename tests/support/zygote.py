@@ -82,7 +82,7 @@ def _become(request: dict[str, Any], protocol_fds: tuple[int, int]) -> None:
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
         signal.signal(signum, signal.SIG_DFL)
     signal.signal(signal.SIGINT, signal.default_int_handler)  # as at interpreter start
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)  # made empty by the tests' side
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
@@ -92,8 +92,7 @@ def _become(request: dict[str, Any], protocol_fds: tuple[int, int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:] = [request["cwd"], *[p for p in extra if p not in sys.path], *sys.path[1:]]
+    sys.path[0] = request["cwd"]  # as -m sets it; the rest is the zygote's, the same
     sys.argv = [request["module"], *request["args"]]
     import runpy
 
@@ -181,10 +180,23 @@ class Forked:
         self.send_signal(signal.SIGKILL)
 
 
+def startup(env: dict[str, str], cwd: Path) -> dict[str, object]:
+    """What of an environment shapes the start of ``python -m`` in ``cwd``: ``PYTHONPATH``
+    (its folders other than ``cwd``, which ``-m`` puts first anyway; a ``sitecustomize`` in
+    one runs then) and every other ``PYTHON*`` variable. A child whose own differs from the
+    zygote's is not one the zygote can fork."""
+    values: dict[str, object] = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+    folders = values.pop("PYTHONPATH", "")
+    assert isinstance(folders, str)
+    values["PYTHONPATH"] = [p for p in folders.split(os.pathsep) if p and Path(p) != cwd]
+    return values
+
+
 class Zygote:
     """The tests' handle on one zygote process; ``spawn`` forks a child of it."""
 
     def __init__(self, cwd: Path, env: dict[str, str], log: Path) -> None:
+        self.startup = startup(env, cwd)
         self._to_zygote_r, self._to_zygote = os.pipe()
         self._from_zygote, self._from_zygote_w = os.pipe()
         fds = (self._to_zygote_r, self._from_zygote_w)
@@ -207,6 +219,7 @@ class Zygote:
             self._count += 1
             status = log.with_name(f"{log.name}.{os.getpid()}-{self._count}.exit")
             status.unlink(missing_ok=True)
+            log.write_bytes(b"")  # there when this returns, as Popen's output file is
             request = {
                 "module": module, "args": args, "env": env, "cwd": str(cwd),
                 "log": str(log), "status": str(status),
