@@ -91,6 +91,7 @@ class Run:
                 # yet (the next lease repairs it): the key is damaged already
                 if "WRONGTYPE" not in str(exc):
                     raise
+                print(f"{fault.__name__}: the key is of the wrong type already")
 
         return apply
 

@@ -76,6 +76,7 @@ def blpop_or_error(client: redis.Redis) -> Any:
         return exc
 
 
+@pytest.mark.alone  # a wait timed within bounds
 def test_acks_wait_for_a_replica_in_the_same_round_trip(
     replicated: SentinelSet, caplog: pytest.LogCaptureFixture
 ) -> None:

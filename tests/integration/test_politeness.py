@@ -127,12 +127,15 @@ def run(app: Celery, jobs: dict[str, list[str]], timeout: float = 120) -> dict[s
 
 def assert_held(slow: list[Arrival], limited: SiteThread) -> None:
     # The limit grants 10 a second (burst 1) by the server's clock; the site sees arrivals,
-    # each a little after its grant. On a loaded 2-core machine a reactor busy with the free
-    # site sends a granted request up to a few tenths of a second late, so two late ones can
-    # join the next second's ten: 13 allows that and still fails a per-process limit (40/s)
-    # or a burst; the span of 100 pages (at least 9 s) bounds the mean rate.
+    # each a little after its grant. On the 2-core machine, four workers and the free site's
+    # crawl share the CPU (this test runs alone), and a busy reactor sends a granted request
+    # up to a few tenths of a second late, so late ones join the next second's ten (CI saw
+    # 12). 13 allows that and still fails a limit held per process (40/s); the burst setting
+    # itself is the unit tests' (tests/unit/politeness/test_sites.py). The mean rate: 100
+    # pages at 10 a second take 9.9 s at the least.
     most = most_in_one_second(slow)
     assert most <= 13, f"{most} requests in one second"
+    assert span(slow) >= 9.0, f"100 pages in {span(slow):.2f} s"
     assert limited.max_in_flight <= 4
 
 

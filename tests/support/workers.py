@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import functools
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -100,13 +100,20 @@ def start_process(module: str, args: list[str], env: dict[str, str], log: Path) 
     return zygote.spawn(module, args, env, ROOT, log)
 
 
-@functools.cache
+_zygotes: list[Zygote] = []
+_zygote_lock = threading.Lock()
+
+
 def _zygote() -> Zygote:
-    folder = Path(tempfile.mkdtemp(prefix="celery-crawl-zygote-"))
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    zygote = Zygote(ROOT, {**os.environ, "PYTHONPATH": path}, folder / "zygote.log")
-    atexit.register(zygote.close)
-    return zygote
+    """This process's zygote, started on first use, and again if it has died."""
+    with _zygote_lock:
+        if not _zygotes or not _zygotes[-1].alive():
+            folder = Path(tempfile.mkdtemp(prefix="celery-crawl-zygote-"))
+            path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+            zygote = Zygote(ROOT, {**os.environ, "PYTHONPATH": path}, folder / "zygote.log")
+            atexit.register(zygote.close)
+            _zygotes.append(zygote)
+        return _zygotes[-1]
 
 
 def worker_env(redis_url: str, prefix: str, site_url: str, feed_dir: Path) -> dict[str, Any]:

@@ -6,7 +6,13 @@ the heavy packages once (the library too, but never the tests' apps and settings
 the environment on import, and never Twisted's reactor), then forks on request. A forked
 child is the process ``python -m <module> <args>`` would be: its own session, the test's
 environment, working folder and log, ``sys.argv`` and ``sys.path`` set as ``-m`` sets them,
-and a normal interpreter exit (atexit handlers run). Only the imports are shared.
+and a normal interpreter exit (atexit handlers run). What differs: the imports are done
+already, the hash seed is the zygote's, the parent is the zygote, and ``/proc/PID/cmdline``
+names the zygote, so a test that looks a process up by its command line must start it as
+a new interpreter. A child whose start would differ (its ``PYTHON*`` variables, a
+``sitecustomize``, the locale: :func:`startup`) is started as a new interpreter anyway.
+If the zygote dies, a child's exit is unknown and polling it raises; the next start makes
+a new zygote.
 
 The protocol: one JSON line a request on a pipe, ``{"module", "args", "env", "cwd", "log",
 "status"}``; the zygote answers the child's pid on another, and writes the child's exit
@@ -19,6 +25,7 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,14 +81,16 @@ def _write_status(path: str, code: int) -> None:
     os.replace(partial, path)
 
 
-def _become(request: dict[str, Any], protocol_fds: tuple[int, int]) -> None:
+def _become(request: dict[str, Any], protocol_fds: tuple[int, ...], ready: int) -> None:
     """In the forked child: become ``python -m module args`` (runs it, then exits)."""
     for fd in protocol_fds:
         os.close(fd)
     os.setsid()
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
-        signal.signal(signum, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)  # as at interpreter start
+    os.write(ready, b"1")  # in a session of its own before the tests learn its pid
+    os.close(ready)
+    # as at interpreter start (the zygote ignores SIGINT; SIGPIPE stays ignored, as Python's
+    # start leaves it)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)  # made empty by the tests' side
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -106,21 +115,29 @@ def _reap(children: dict[int, str]) -> None:
         pid, status = os.waitpid(-1, os.WNOHANG)
         if pid == 0:
             return
-        _write_status(children.pop(pid), _exit_status(status))
+        try:
+            _write_status(children.pop(pid), _exit_status(status))
+        except OSError as exc:  # its folder gone: the test that made it has ended
+            print(f"zygote: exit status of {pid} not written: {exc!r}", file=sys.stderr)
 
 
 def _fork(request: dict[str, Any], requests: int, replies: int) -> int:
     assert threading.active_count() == 1, "the zygote must not fork with threads"
     sys.stdout.flush()
     sys.stderr.flush()
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
     if pid == 0:
-        _become(request, (requests, replies))  # never returns: SystemExit
-    os.write(replies, f"{pid}\n".encode())
+        os.close(ready_r)
+        _become(request, (requests, replies), ready_w)  # never returns: SystemExit
+    os.close(ready_w)
+    os.read(ready_r, 1)  # its session made (or it died first: end of file)
+    os.close(ready_r)
     return pid
 
 
 def _serve(requests: int, replies: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl-C of the tests is theirs to handle
     for name in PRELOAD:
         __import__(name)
     assert "twisted.internet.reactor" not in sys.modules, "a preload installed a reactor"
@@ -138,25 +155,43 @@ def _serve(requests: int, replies: int) -> None:
         buffer += chunk or b""
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            request = json.loads(line)
-            children[_fork(request, requests, replies)] = request["status"]
+            try:
+                request = json.loads(line)
+                status = str(request["status"])
+                pid = _fork(request, requests, replies)
+            except Exception as exc:
+                print(f"zygote: request refused: {exc!r}", file=sys.stderr, flush=True)
+                _write_all(replies, b"0\n")
+                continue
+            children[pid] = status
+            _write_all(replies, f"{pid}\n".encode())
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 # The tests' side ------------------------------------------------------------------------
+
+STARTUP = {"LANG", "LANGUAGE", "TZ", "LD_PRELOAD", "LD_LIBRARY_PATH"}
 
 
 class Forked:
     """A child of the zygote, seen as ``subprocess.Popen`` sees its own."""
 
-    def __init__(self, pid: int, status: Path, args: list[str]) -> None:
+    def __init__(self, pid: int, status: Path, args: list[str], zygote: Zygote) -> None:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
         self._status = status
+        self._zygote = zygote
 
     def poll(self) -> int | None:
         if self.returncode is None and self._status.exists():
             self.returncode = int(self._status.read_text())
+        if self.returncode is None and not self._zygote.alive() and not self._status.exists():
+            raise RuntimeError(f"the zygote died: the exit of {self.args} is unknown")
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -183,9 +218,11 @@ class Forked:
 def startup(env: dict[str, str], cwd: Path) -> dict[str, object]:
     """What of an environment shapes the start of ``python -m`` in ``cwd``: ``PYTHONPATH``
     (its folders other than ``cwd``, which ``-m`` puts first anyway; a ``sitecustomize`` in
-    one runs then) and every other ``PYTHON*`` variable. A child whose own differs from the
-    zygote's is not one the zygote can fork."""
-    values: dict[str, object] = {k: v for k, v in env.items() if k.startswith("PYTHON")}
+    one runs then), every other ``PYTHON*`` variable, the locale and :data:`STARTUP`. A
+    child whose own differs from the zygote's is not one the zygote can fork."""
+    values: dict[str, object] = {
+        k: v for k, v in env.items() if k.startswith(("PYTHON", "LC_")) or k in STARTUP
+    }
     folders = values.pop("PYTHONPATH", "")
     assert isinstance(folders, str)
     values["PYTHONPATH"] = [p for p in folders.split(os.pathsep) if p and Path(p) != cwd]
@@ -197,6 +234,7 @@ class Zygote:
 
     def __init__(self, cwd: Path, env: dict[str, str], log: Path) -> None:
         self.startup = startup(env, cwd)
+        self.log = log
         self._to_zygote_r, self._to_zygote = os.pipe()
         self._from_zygote, self._from_zygote_w = os.pipe()
         fds = (self._to_zygote_r, self._from_zygote_w)
@@ -204,7 +242,7 @@ class Zygote:
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 command, cwd=cwd, env=env, pass_fds=fds, stdin=subprocess.DEVNULL,
-                stdout=out, stderr=subprocess.STDOUT,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         os.close(self._to_zygote_r)
         os.close(self._from_zygote_w)
@@ -224,12 +262,18 @@ class Zygote:
                 "module": module, "args": args, "env": env, "cwd": str(cwd),
                 "log": str(log), "status": str(status),
             }  # fmt: skip
-            os.write(self._to_zygote, json.dumps(request).encode() + b"\n")
+            _write_all(self._to_zygote, json.dumps(request).encode() + b"\n")
             ready, _, _ = select.select([self._replies], [], [], 30)
-            if not ready:
+            if not ready:  # its answer may still come: this zygote is of no more use
+                self.proc.kill()
                 raise RuntimeError(f"the zygote did not fork (exit {self.proc.poll()})")
-            pid = int(self._replies.readline())
-        return Forked(pid, status, [module, *args])
+            pid = int(self._replies.readline() or 0)
+        if pid == 0:
+            raise RuntimeError(f"the zygote could not fork {module} (see {self.log})")
+        return Forked(pid, status, [module, *args], self)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
 
     def close(self) -> None:
         os.close(self._to_zygote)
@@ -239,6 +283,8 @@ class Zygote:
             self.proc.kill()
             self.proc.wait(10)
         self._replies.close()
+        if self.proc.returncode == 0:  # its log kept when it failed
+            shutil.rmtree(self.log.parent, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -68,6 +68,7 @@ def test_a_blocked_site_holds_back_no_other_site(client: redis.Redis, prefix: st
     assert leased == ["s0", "f0", "f1", "f2", "f3", "f4"]
 
 
+@pytest.mark.alone  # the next lease due within 100 ms
 def test_a_rate_spaces_leases_and_says_when_the_next_is_due(
     client: redis.Redis, prefix: str
 ) -> None:

@@ -53,6 +53,7 @@ def test_pop_honours_its_timeout_when_empty(queue: Base) -> None:
     assert 0.25 <= waited < 2.0
 
 
+@pytest.mark.alone  # woken within bounds
 def test_blocked_pop_wakes_on_push(queue: Base, client: redis.Redis) -> None:
     import threading
 

@@ -56,6 +56,7 @@ def closed_by_server(sock: socket.socket) -> bool:
         return True
 
 
+@pytest.mark.alone  # answered within bounds
 def test_idle_connections_cost_no_thread_and_a_scrape_is_still_answered(exporter: int) -> None:
     """Before: a thread per connection (150 more threads), none ever closed."""
     before = threading.active_count()
@@ -71,6 +72,7 @@ def test_idle_connections_cost_no_thread_and_a_scrape_is_still_answered(exporter
         assert threading.active_count() - before <= http_server.THREADS + 1
 
 
+@pytest.mark.alone  # closed within bounds
 def test_a_connection_that_sends_no_request_is_closed_after_the_time_out(exporter: int) -> None:
     with held_open(exporter, 3, b"GET /met") as socks:
         started = time.monotonic()
