@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from celery import Celery
 
 from tests.support import ROOT
 from tests.support.zygote import Forked, Zygote, startup
@@ -67,6 +70,23 @@ class Worker:
                 raise RuntimeError(f"worker {self.name} exited:\n{text[-3000:]}")
             time.sleep(0.1)
         raise TimeoutError(f"worker {self.name} not ready:\n{self.log.read_text()[-3000:]}")
+
+    def wait_answering(self, app: Celery, timeout: float = 60) -> None:
+        """Until the main process answers a control ping: it is connected and consuming again.
+
+        A log line cannot tell this: a connection lost while the consumer starts is taken up
+        again by kombu without a second "Connected to" line.
+        """
+        node = f"{self.name}@{socket.gethostname()}"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(*app.connection_for_write().connection_errors):
+                if app.control.ping(destination=[node], timeout=0.5):
+                    return
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.output()[-3000:]}")
+            time.sleep(0.1)
+        raise TimeoutError(f"worker {self.name} does not answer:\n{self.output()[-3000:]}")
 
     def signal(self, signum: int) -> None:
         os.killpg(self.proc.pid, signum)
