@@ -119,8 +119,14 @@ def start_job(
             queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
         except connection.OUT_OF_MEMORY:
             logger.warning("job %s: its index entry not written yet: Redis is full", job_id)
+    return job_handle(project, crawler, job_id), created
+
+
+def job_handle(project: Project, crawler: Crawler, job_id: str) -> Job:
+    """The handle on job ``job_id`` of ``crawler``'s spider; nothing is read or written."""
+    queue = project.queue(crawler)
     spans = project.job_spans(crawler)
-    return Job(job_id, spider, queue.client, queue.keys, spans, dedup=queue.dedup), created
+    return Job(job_id, crawler.spidercls.name, queue.client, queue.keys, spans, dedup=queue.dedup)
 
 
 def find_job(app: Any, job_id: str) -> Job | None:

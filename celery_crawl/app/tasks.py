@@ -19,7 +19,7 @@ import redis
 from celery import Task, states
 from celery.exceptions import Reject
 
-from celery_crawl.app.client import JOB_INDEX_TTL, crawl, start_job
+from celery_crawl.app.client import JOB_INDEX_TTL, crawl, job_handle, start_job
 from celery_crawl.app.trackers import pause, shutting_down
 from celery_crawl.core import connection
 from celery_crawl.core.defaults import setting
@@ -134,11 +134,18 @@ def store_started(task: Task) -> None:
 
 
 def start_when_room(task: Task, project: Project, given: JobInput) -> tuple[Job, bool]:
-    """``start_job``, waiting while Redis is full: it refuses a new job's first write.
+    """The job, started by ``crawl()`` already, or else by ``start_job`` here (a task sent
+    by beat, the producer or another client), waiting while Redis is full: it refuses a
+    new job's first write.
 
     It waits up to the job's ``seconds`` limit, or :data:`START_WAIT_SECONDS`
     without one, then raises; a warm shutdown hands the task back meanwhile.
     """
+    crawler = project.crawler(given.spider)
+    job = job_handle(project, crawler, given.job_id)
+    with connection.reachable(job.client):
+        if job.exists():  # ``crawl()`` started it before sending this task: nothing to write
+            return job, False
     limit = (given.limits or {}).get("seconds") or START_WAIT_SECONDS
     deadline = time.monotonic() + limit
     interval = setting(project.settings, "CELERY_CRAWL_PROGRESS_INTERVAL")
@@ -153,6 +160,7 @@ def start_when_room(task: Task, project: Project, given: JobInput) -> tuple[Job,
                 given.job_id,
                 limits=given.limits,
                 args=given.args,
+                crawler=crawler,
             )
         except connection.OUT_OF_MEMORY as exc:
             if time.monotonic() >= deadline:

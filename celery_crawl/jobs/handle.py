@@ -207,6 +207,10 @@ class Job:
     def __repr__(self) -> str:
         return f"<Job {self.id} spider={self.spider!r}>"
 
+    def exists(self) -> bool:
+        """Whether the job was started (and has not expired since)."""
+        return self.store.exists(self.id)
+
     def status(self) -> JobStatus:
         """The job's progress, and the server's clock, in one round trip."""
         raw, read_at = self.store.read(self.id)

@@ -122,6 +122,10 @@ class JobStore:
         created, accepted = self._run(START, push_keys, args, dupefilter=dedup.lua)
         return bool(created), int(accepted)
 
+    def exists(self, job: str) -> bool:
+        """Whether ``job``'s hash exists: it was started, and has not expired."""
+        return bool(self.client.exists(self.keys.job(job)))
+
     def join(self, job: str, scheduler_id: str) -> tuple[str, str, str]:
         """Join ``job`` as a participant while it runs (``""``: only read):
         (state, spider arguments as JSON, depth limit), ``""`` for what it lacks."""
