@@ -31,6 +31,7 @@ DUPEFILTER_TEMPLATE: str = SETTINGS["SCHEDULER_DUPEFILTER_KEY"].default
 STATS_TEMPLATE: str = SETTINGS["STATS_KEY"].default
 DEADLETTER_TEMPLATE: str = SETTINGS["SCHEDULER_DEADLETTER_KEY"].default
 JOB_TEMPLATE = "%(prefix)s:%(spider)s:job:"
+SITE_TEMPLATE = "%(prefix)s:%(spider)s:site:"
 PRODUCER_TEMPLATE = "%(prefix)s:%(spider)s:producer"
 COOKIES_TEMPLATE = "%(prefix)s:%(spider)s:cookies"
 # the keys beside a group's job hashes, after its job prefix (``SpiderKeys.job_prefix``):
@@ -236,6 +237,7 @@ class SpiderKeys:
     job_prefix: str
     producer: str
     cookies: str
+    site_prefix: str  # the group's sites: every spider of a group crawls under the same limits
 
     @property
     def inflight(self) -> str:
@@ -263,11 +265,6 @@ class SpiderKeys:
         """Hash: the crawl the open schedulers make together
         (``celery_crawl.scheduler.crawl_state``)."""
         return self.queue + ":crawl"
-
-    @property
-    def site_prefix(self) -> str:
-        """The group's sites: every spider of a group crawls under the same site limits."""
-        return self.job_prefix.removesuffix("job:") + "site:"
 
     def site(self, site: str) -> str:
         """A site's shared state: rate, pause, back-offs (``politeness/lua/include/sites.lua``)."""
@@ -397,6 +394,7 @@ class SpiderKeys:
             job_prefix=render(job, group, prefix),  # shared by the group: jobs span it
             producer=render(PRODUCER_TEMPLATE, spider, prefix, group),
             cookies=render(COOKIES_TEMPLATE, spider, prefix, group),
+            site_prefix=render(SITE_TEMPLATE, group, prefix),  # shared by the group, as jobs
         )
 
     @classmethod
