@@ -57,23 +57,72 @@ SITE_WAITING = ":waiting"
 SITE_KNOWN = "~known"
 SITE_LIMITS = "~limits"
 
-# the keys of a dedup filter, by kind: each is D:<name> under the spider's dupefilter key D,
-# with the type it holds (as core/lua/include/keytypes.lua names them). <n> in a name
-# stands for a number: a generation, a bucket, a sub-filter, a time bucket. None: the
-# filter's key, left to the script that names it when damaged (a bloom sub-filter's bits,
-# sized by its hash). The kinds are those of ``celery_crawl.dupefilter.filters.KINDS``,
-# whose fragments write these keys; ``""`` holds the keys of every kind.
+# the parts of a dedup filter's key names: each key is D:<name> under the spider's
+# dupefilter key D; the names below and the Lua that builds them (:func:`lua_dedup_keys`)
+# are made from these
+DEDUP_KIND_KEY = "kind"  # the filter kind claimed by the first process that opens it
+DEDUP_COUNT = "count"  # fingerprints ever added to a set of buckets
+DEDUP_REMOVED = "removed"  # of those, removed since: <count>:removed
+DEDUP_BLOOM = "bloom"  # a bloom filter's geometry; its sub-filters are bloom:<i>
+DEDUP_EXPIRING = "expiring"  # an expiring filter's geometry
+DEDUP_TIME = "t"  # an expiring filter's time bucket t:<t>, a set of buckets with its count
+
+
+def _name(*parts: str) -> str:
+    return ":".join(parts)
+
+
+# the keys of a dedup filter, by kind, with the type each holds (as
+# core/lua/include/keytypes.lua names them). <n> in a name stands for a number: a
+# generation, a bucket, a sub-filter, a time bucket. None: the filter's key, left to the
+# script that names it when damaged (a bloom sub-filter's bits, sized by its hash). The
+# kinds are those of ``celery_crawl.dupefilter.filters.KINDS``, whose fragments write
+# these keys; ``""`` holds the keys of every kind.
+_BUCKETS = _name("<n>", "<n>")  # a set of buckets: <generation>:<bucket> under its base
+_TIME_BASE = _name(DEDUP_TIME, "<n>")
 DEDUP_KEYS: dict[str, dict[str, str | None]] = {
-    "": {"kind": "string"},
-    "exact": {"<n>:<n>": "set", "count": "counter", "count:removed": "counter"},
-    "bloom": {"count": "counter", "bloom": "numbers", "bloom:<n>": None},
+    "": {DEDUP_KIND_KEY: "string"},
+    "exact": {
+        _BUCKETS: "set",
+        DEDUP_COUNT: "counter",
+        _name(DEDUP_COUNT, DEDUP_REMOVED): "counter",
+    },
+    "bloom": {
+        DEDUP_COUNT: "counter",
+        DEDUP_BLOOM: "numbers",
+        _name(DEDUP_BLOOM, "<n>"): None,
+    },
     "expiring": {
-        "expiring": "numbers",
-        "t:<n>:<n>:<n>": "set",
-        "t:<n>:count": "counter",
-        "t:<n>:count:removed": "counter",
+        DEDUP_EXPIRING: "numbers",
+        _name(_TIME_BASE, _BUCKETS): "set",
+        _name(_TIME_BASE, DEDUP_COUNT): "counter",
+        _name(_TIME_BASE, DEDUP_COUNT, DEDUP_REMOVED): "counter",
     },
 }
+
+
+def lua_dedup_keys() -> str:
+    """The Lua functions that name a dedup filter's keys (``dupefilter/lua/include``), made
+    from the same parts as :data:`DEDUP_KEYS`: ``dedup`` is a dupefilter key, ``base`` the
+    base of a set of buckets (the filter's key, or an expiring filter's time bucket)."""
+    sep = lua_value(":")
+    functions = {
+        "dedup_kind_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_KIND_KEY)}",
+        "sets_bucket_key(base, generation, bucket)": (
+            f"base .. {sep} .. generation .. {sep} .. bucket"
+        ),
+        "sets_count_key(base)": f"base .. {lua_value(':' + DEDUP_COUNT)}",
+        "sets_removed_key(count)": f"count .. {lua_value(':' + DEDUP_REMOVED)}",
+        "bloom_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_BLOOM)}",
+        "bloom_filter_key(bloom, i)": f"bloom .. {sep} .. i",
+        "expiring_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_EXPIRING)}",
+        "expiring_base_key(dedup, t)": (
+            f"dedup .. {lua_value(':' + DEDUP_TIME + ':')} .. string.format('%d', t)"
+        ),
+    }
+    return "\n".join(
+        f"local function {head}\n    return {body}\nend" for head, body in functions.items()
+    )
 
 
 def dedup_key_types(dupefilter: str, names: Iterable[str]) -> dict[str, str]:
@@ -345,7 +394,7 @@ class SpiderKeys:
 
     @property
     def dupefilter_count(self) -> str:
-        return self.dupefilter + ":count"
+        return _name(self.dupefilter, DEDUP_COUNT)
 
     @property
     def stats_types(self) -> str:

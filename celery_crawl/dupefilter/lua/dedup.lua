@@ -37,7 +37,7 @@ end
 
 local command = ARGV[1]
 local spec = {}  -- checked before the first write: an add writes per fingerprint
-spec_add(spec, DEDUP_KEY .. ':kind', 'string')
+spec_add(spec, dedup_kind_key(DEDUP_KEY), 'string')
 local fps = {}
 if command == 'add' then
     for i = 1, n do fps[i] = ARGV[2 + i] end
@@ -50,10 +50,10 @@ if command == 'add' then return each_fingerprint(dedup_add)
 elseif command == 'seen' then return each_fingerprint(dedup_seen)
 elseif command == 'count' then return dedup_count()
 elseif command == 'config' then return dedup_config()
-elseif command == 'clear' then return dedup_each_key(delete) + delete(DEDUP_KEY .. ':kind')
+elseif command == 'clear' then return dedup_each_key(delete) + delete(dedup_kind_key(DEDUP_KEY))
 elseif command == 'claim' then
-    local claimed = redis.call('GET', DEDUP_KEY .. ':kind') -- not SET NX GET: Redis < 7 refuses it
-    if not claimed then redis.call('SET', DEDUP_KEY .. ':kind', DEDUP_KIND) end
+    local claimed = redis.call('GET', dedup_kind_key(DEDUP_KEY)) -- not SET NX GET: Redis < 7 refuses it
+    if not claimed then redis.call('SET', dedup_kind_key(DEDUP_KEY), DEDUP_KIND) end
     return claimed
 elseif command == 'memory' then return dedup_each_key(memory)
 end

@@ -30,7 +30,7 @@ local spec = {}  -- checked before the first write: it leaves, then clears
 spec_add(spec, KEYS[1], 'zset')
 if ARGV[2] == '1' then
     queue_guard(spec, KEYS[2], KEYS[8])
-    spec_add(spec, DEDUP_KEY .. ':kind', 'string')
+    spec_add(spec, dedup_kind_key(DEDUP_KEY), 'string')
     dedup_guard(spec, {})  -- the filter's counts and parameters its keys are found from
 end
 local refused = refuse_damaged(spec)
@@ -46,5 +46,5 @@ if open > 0 or ARGV[2] ~= '1' then return {open, 0} end
 
 local function delete(key) return redis.call('DEL', key) end
 local deleted = queue_delete(KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[8])
-deleted = deleted + dedup_each_key(delete) + delete(DEDUP_KEY .. ':kind')
+deleted = deleted + dedup_each_key(delete) + delete(dedup_kind_key(DEDUP_KEY))
 return {0, deleted}

@@ -7,10 +7,10 @@
 -- check looks at one bucket per generation (log2 of the size).
 --
 -- A set of fingerprints lives under a base key B with its exact count at
--- COUNT: bucket b of generation g is the set B .. ':' .. g .. ':' .. b.
--- Uses: nothing from the including script. Includes keytypes.
+-- COUNT: bucket b of generation g is the set sets_bucket_key(B, g, b).
+-- Uses: nothing from the including script. Includes keytypes and dedup_keys.
 -- COUNT counts the fingerprints ever added: the generations follow it, so it
--- never goes down. The ones removed since are counted at COUNT .. ':removed'.
+-- never goes down. The ones removed since are counted at sets_removed_key(COUNT).
 -- Defines: sets_add(base, count_key, fp), sets_contains(base, count_key, fp),
 -- sets_remove(base, count_key, fp), sets_size(count_key),
 -- sets_each_key(base, count_key, visit); and for callers that check one set
@@ -20,6 +20,7 @@
 -- each of fps, and the counts every function reads, added to a guard spec
 -- (include/keytypes.lua).
 --!include keytypes
+--!include dedup_keys
 
 local SETS_BASE_BITS = 7
 local SETS_PER_BUCKET = 64
@@ -42,7 +43,7 @@ local function sets_bucket(base, fp, generation)
     local b1, b2, b3 = string.byte(fp, 1, 3)
     local top24 = (b1 or 0) * 65536 + (b2 or 0) * 256 + (b3 or 0)
     local bucket = math.floor(top24 / 2 ^ (24 - SETS_BASE_BITS - generation))
-    return base .. ':' .. generation .. ':' .. bucket
+    return sets_bucket_key(base, generation, bucket)
 end
 
 local function sets_member(base, fp, last)
@@ -58,7 +59,7 @@ end
 -- so they are looked at only when it holds a number (else the count is refused).
 local function sets_guard(spec, base, count_key, fps)
     spec_add(spec, count_key, 'counter')
-    spec_add(spec, count_key .. ':removed', 'counter')  -- sets_remove, sets_size
+    spec_add(spec, sets_removed_key(count_key), 'counter')  -- sets_remove, sets_size
     local held = redis.pcall('GET', count_key)  -- pcall: the count may be of another type
     if type(held) == 'table' or (held and not string.match(held, '^%-?%d+$')) then return end
     local count = tonumber(held or '0')
@@ -86,8 +87,8 @@ end
 local function sets_remove(base, count_key, fp)
     for generation = 0, sets_generation(count_key) do
         if redis.call('SREM', sets_bucket(base, fp, generation), fp) == 1 then
-            redis.call('INCR', count_key .. ':removed')
-            return count_key .. ':removed'
+            redis.call('INCR', sets_removed_key(count_key))
+            return sets_removed_key(count_key)
         end
     end
     return nil
@@ -95,17 +96,17 @@ end
 
 -- The number of fingerprints held: added, less removed.
 local function sets_size(count_key)
-    local counts = redis.call('MGET', count_key, count_key .. ':removed')
+    local counts = redis.call('MGET', count_key, sets_removed_key(count_key))
     return tonumber(counts[1] or '0') - tonumber(counts[2] or '0')
 end
 
 -- Sum of visit(key) over the count key and every bucket the sets may use.
 local function sets_each_key(base, count_key, visit)
     local last = sets_generation(count_key)
-    local total = visit(count_key) + visit(count_key .. ':removed')
+    local total = visit(count_key) + visit(sets_removed_key(count_key))
     for generation = 0, last do
         for bucket = 0, 2 ^ (SETS_BASE_BITS + generation) - 1 do
-            total = total + visit(base .. ':' .. generation .. ':' .. bucket)
+            total = total + visit(sets_bucket_key(base, generation, bucket))
         end
     end
     return total

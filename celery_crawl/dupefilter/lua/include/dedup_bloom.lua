@@ -36,8 +36,9 @@
 -- spider's filter of the same kind.
 local DEDUP_KIND = 'bloom' -- claimed in D:kind by the first process that opens the filter
 --!include keytypes
+--!include dedup_keys
 
-local BLOOM_KEY = DEDUP_KEY .. ':bloom'
+local BLOOM_KEY = bloom_key(DEDUP_KEY)
 local BLOOM_PARAMS = {'capacity', 'error_rate', 'growth', 'tightening', 'max_bits'}
 local LN2 = math.log(2)
 local BLOOM_MAX_FILTERS = 64  -- sub-filters a guard looks at
@@ -45,7 +46,7 @@ local bloom_cache = nil -- the filter's state, read once per script run
 
 local function bloom_filter(config, i)
     return {
-        key = BLOOM_KEY .. ':' .. i,
+        key = bloom_filter_key(BLOOM_KEY, i),
         bits = tonumber(config['bits:' .. i]),
         k = tonumber(config['k:' .. i]),
         capacity = tonumber(config['capacity:' .. i]),
@@ -65,7 +66,7 @@ local function bloom_grow(state)
         capacity = math.max(1, math.floor(bits / bits_per_fp))
     end
     local k = math.max(1, math.floor(bits_per_fp * LN2 + 0.5))
-    local filter = {key = BLOOM_KEY .. ':' .. i, bits = bits, k = k, capacity = capacity}
+    local filter = {key = bloom_filter_key(BLOOM_KEY, i), bits = bits, k = k, capacity = capacity}
     redis.call('DEL', filter.key)
     redis.call('SETRANGE', filter.key, bits / 8 - 1, '\0')
     redis.call('HSET', BLOOM_KEY, 'bits:' .. i, bits, 'k:' .. i, k,
@@ -203,11 +204,11 @@ local function dedup_guard(spec, fps)
     if #fps == 0 or key_type_problem({BLOOM_KEY, 'numbers'}) then return end
     local filters = tonumber(redis.call('HGET', BLOOM_KEY, 'filters')) or 0
     for i = 0, math.min(filters, BLOOM_MAX_FILTERS) - 1 do
-        spec_add(spec, BLOOM_KEY .. ':' .. i, 'string')
+        spec_add(spec, bloom_filter_key(BLOOM_KEY, i), 'string')
     end
 end
 
 local function dedup_use(dedup_key, count_key)
     DEDUP_KEY, COUNT_KEY = dedup_key, count_key
-    BLOOM_KEY, bloom_cache = dedup_key .. ':bloom', nil
+    BLOOM_KEY, bloom_cache = bloom_key(dedup_key), nil
 end

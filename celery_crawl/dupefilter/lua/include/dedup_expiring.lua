@@ -28,10 +28,11 @@
 -- dedup_use(dedup_key, count_key), which points the functions at another
 -- spider's filter of the same kind.
 --!include bucketed_sets
+--!include dedup_keys
 
 local DEDUP_KIND = 'expiring' -- claimed in D:kind by the first process that opens the filter
 
-local EXPIRING_KEY = DEDUP_KEY .. ':expiring'
+local EXPIRING_KEY = expiring_key(DEDUP_KEY)
 local expiring_cache = nil -- window, width and time buckets, read once per script run
 
 local function expiring_geometry(create)
@@ -48,7 +49,7 @@ local function expiring_geometry(create)
 end
 
 local function expiring_base(t)
-    return DEDUP_KEY .. ':t:' .. string.format('%d', t)
+    return expiring_base_key(DEDUP_KEY, t)
 end
 
 -- The live time buckets before the current one that hold fingerprints, with
@@ -57,8 +58,8 @@ local function expiring_older(oldest, current)
     local older = {}
     for t = oldest, current - 1 do
         local base = expiring_base(t)
-        if redis.call('EXISTS', base .. ':count') == 1 then
-            older[#older + 1] = {base = base, last = sets_generation(base .. ':count')}
+        if redis.call('EXISTS', sets_count_key(base)) == 1 then
+            older[#older + 1] = {base = base, last = sets_generation(sets_count_key(base))}
         end
     end
     return older
@@ -94,24 +95,24 @@ local function dedup_add(fp)
     local state = expiring_state(true)
     if expiring_in_older(state, fp) then return false end
     local base = expiring_base(state.current)
-    local key = sets_add(base, base .. ':count', fp)
+    local key = sets_add(base, sets_count_key(base), fp)
     if not key then return false end
     redis.call('PEXPIREAT', key, string.format('%d', state.expire_at))
-    redis.call('PEXPIREAT', base .. ':count', string.format('%d', state.expire_at))
+    redis.call('PEXPIREAT', sets_count_key(base), string.format('%d', state.expire_at))
     return true
 end
 
 local function dedup_seen(fp)
     local state = expiring_state(false)
     local base = expiring_base(state.current)
-    return expiring_in_older(state, fp) or sets_contains(base, base .. ':count', fp)
+    return expiring_in_older(state, fp) or sets_contains(base, sets_count_key(base), fp)
 end
 
 local function dedup_remove(fp)
     local state = expiring_state(false)
     for t = state.oldest, state.current do
         local base = expiring_base(t)
-        local removed = sets_remove(base, base .. ':count', fp)
+        local removed = sets_remove(base, sets_count_key(base), fp)
         if removed then
             redis.call('PEXPIREAT', removed, string.format('%d', (t + 1) * state.width + state.window))
             return true
@@ -125,7 +126,7 @@ local function dedup_each_key(visit)
     local state, total = expiring_state(false), 0
     for t = state.oldest, state.current do
         local base = expiring_base(t)
-        total = total + sets_each_key(base, base .. ':count', visit)
+        total = total + sets_each_key(base, sets_count_key(base), visit)
     end
     return total + visit(EXPIRING_KEY)
 end
@@ -133,7 +134,7 @@ end
 local function dedup_count()
     local state, total = expiring_state(false), 0
     for t = state.oldest, state.current do
-        total = total + sets_size(expiring_base(t) .. ':count')
+        total = total + sets_size(sets_count_key(expiring_base(t)))
     end
     return total
 end
@@ -154,11 +155,11 @@ local function dedup_guard(spec, fps)
     local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
     for t = math.floor((now - window) / width), math.floor(now / width) do
         local base = expiring_base(t)
-        sets_guard(spec, base, base .. ':count', fps)
+        sets_guard(spec, base, sets_count_key(base), fps)
     end
 end
 
 local function dedup_use(dedup_key, count_key)
     DEDUP_KEY, COUNT_KEY = dedup_key, count_key
-    EXPIRING_KEY, expiring_cache = dedup_key .. ':expiring', nil
+    EXPIRING_KEY, expiring_cache = expiring_key(dedup_key), nil
 end
