@@ -126,5 +126,13 @@ def paths_site() -> Iterator[PathsSite]:
 
 
 @pytest.fixture
+def feeds(tmp_path: Path) -> Path:
+    """An empty folder for the jobs' feeds (``JOB_FEED_DIR``)."""
+    folder = tmp_path / "job-feeds"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture
 def sites(forum_site: Any, paths_site: PathsSite) -> dict[str, str]:
     return {"FORUM_BASE_URL": forum_site.url, "PATHS_BASE_URL": paths_site.url}

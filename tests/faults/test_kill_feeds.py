@@ -28,13 +28,6 @@ TREES = 48
 KILL_AFTER_PAGES = 500
 
 
-@pytest.fixture
-def feeds(tmp_path: Path) -> Path:
-    folder = tmp_path / "job-feeds"
-    folder.mkdir()
-    return folder
-
-
 @pytest.fixture(params=["file", "folder"])
 def scheme(request: pytest.FixtureRequest) -> str:
     return str(request.param)

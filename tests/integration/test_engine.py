@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -10,13 +9,8 @@ import redis
 
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.demo.site import SiteConfig, run_in_thread
+from tests.support.feeds import read_items
 from tests.support.workers import start_process
-
-
-def read_items(path: Path) -> list[dict[str, str]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 def test_two_processes_crawl_one_forum_exactly_once(

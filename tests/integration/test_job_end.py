@@ -26,13 +26,6 @@ WIDTH = 120  # children of the fan page in the cancel test
 
 
 @pytest.fixture
-def feeds(tmp_path: Path) -> Path:
-    folder = tmp_path / "job-feeds"
-    folder.mkdir()
-    return folder
-
-
-@pytest.fixture
 def workers(
     env: dict[str, str], feeds: Path, tmp_path: Path, paths_site: PathsSite
 ) -> Iterator[Callable[..., Worker]]:

@@ -20,6 +20,7 @@ import redis
 
 from celery_crawl.core.keys import SpiderKeys
 from tests.support import ROOT, one_crawl
+from tests.support.feeds import read_items
 from tests.support.static_site import StaticSite, serve
 from tests.support.workers import Process
 
@@ -66,7 +67,7 @@ def crawl_together(
 
 
 def items_of(tmp_path: Path, count: int = 2) -> list[dict[str, str]]:
-    return [i for n in range(count) for i in one_crawl.read_items(tmp_path / f"items{n}.jsonl")]
+    return [i for n in range(count) for i in read_items(tmp_path / f"items{n}.jsonl")]
 
 
 def test_two_processes_run_the_start_requests_once(
@@ -121,7 +122,7 @@ def test_runspider_keeps_an_item_class_of_the_spider_file(
             )
     code = done.returncode
     assert code == 0, log.read_text()[-3000:]
-    items = one_crawl.read_items(feed)
+    items = read_items(feed)
     targets = sorted(item["target"] for item in items)
     assert targets == sorted(f"{site.url}/page/{n}.html" for n in site.links(1)), "items kept"
     assert all(item["source"] == f"{site.url}/page/1.html" for item in items)

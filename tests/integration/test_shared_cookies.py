@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections import Counter
@@ -16,16 +15,11 @@ from celery import Celery
 from celery_crawl import crawl as crawl_job
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.hosting.project import project_of
+from tests.support.feeds import read_items
 from tests.support.static_site import StaticSite, serve
 from tests.support.workers import Process, Worker, start_process
 
 PAGES = 120
-
-
-def read_items(path: Path) -> list[dict[str, int]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 def crawl(args: list[str], log: Path) -> Process:

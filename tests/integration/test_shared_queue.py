@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +19,7 @@ from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.queue.queues import PriorityQueue
 from tests.support.site_crawl import SPIDER
 from tests.support.static_site import StaticSite, serve
+from tests.support.waiting import wait_for
 from tests.support.workers import Process, start_process
 
 TIMEOUT = 300.0
@@ -33,15 +34,6 @@ def site() -> Iterator[StaticSite]:
 def start(tmp_path: Path, name: str, args: list[str]) -> Process:
     log = tmp_path / f"{name}.log"
     return start_process("tests.support.site_crawl", args, dict(os.environ), log)
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 def first_to_exit(procs: list[Process]) -> Process:
@@ -73,14 +65,14 @@ class Crawl:
         feed = str(self.tmp_path / "a.jsonl")
         proc = start(self.tmp_path, "a", [*self.base, feed, "--seed", "--hold", str(self.hold)])
         held = lambda: queue.pending() == (0, 1) and self.site.hits["/"] == 1  # noqa: E731
-        wait_until(held, 120, "the seeding process holds the lease of /")
+        wait_for(held, 120, "the seeding process holds the lease of /")
         return proc
 
     def consumer(self, *settings: str) -> Process:
         sets = [arg for pair in settings for arg in ("--set", pair)]
         proc = start(self.tmp_path, "b", [*self.base, str(self.tmp_path / "b.jsonl"), *sets])
         opened = lambda: "Spider opened" in self.log("b")  # noqa: E731
-        wait_until(opened, 120, "the second process opened its spider")
+        wait_for(opened, 120, "the second process opened its spider")
         return proc
 
     def log(self, name: str) -> str:

@@ -17,7 +17,7 @@ from celery import Celery
 from celery_crawl import crawl
 from celery_crawl.core.keys import SpiderKeys
 from tests.support import kinds_crawl
-from tests.support.kinds_crawl import read_items
+from tests.support.feeds import read_items
 from tests.support.static_site import StaticSite, serve
 from tests.support.workers import Process, Worker
 

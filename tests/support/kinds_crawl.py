@@ -5,13 +5,12 @@
 With start URLs it seeds the shared queue; without, it only consumes. Its
 settings are those a Scrapy project adds to use the shared scheduler, the
 scrapy-redis way. ``start`` launches one with its log in a file,
-``wait_until_open`` waits (bounded) until its spider is open, and
-``read_items`` reads back the items it wrote.
+and ``wait_until_open`` waits (bounded) until its spider is open;
+``tests.support.feeds.read_items`` reads back the items it wrote.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -64,12 +63,6 @@ def wait_until_open(proc: Process, log: Path, timeout: float = 60) -> None:
             raise RuntimeError(f"crawl process exited:\n{log.read_text()[-3000:]}")
         time.sleep(0.1)
     raise TimeoutError(f"crawl process not open after {timeout} s:\n{log.read_text()[-3000:]}")
-
-
-def read_items(feed: Path) -> list[dict[str, str]]:
-    if not feed.exists():
-        return []
-    return [json.loads(line) for line in feed.read_text().splitlines() if line]
 
 
 if __name__ == "__main__":

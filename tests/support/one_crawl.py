@@ -99,11 +99,5 @@ def wait_until_open(
     raise TimeoutError(f"{count} crawl processes not open after {timeout} s")
 
 
-def read_items(feed: Path) -> list[dict[str, str]]:
-    if not feed.exists():
-        return []
-    return [json.loads(line) for line in feed.read_text().splitlines() if line]
-
-
 if __name__ == "__main__":
     main(sys.argv[1:])
