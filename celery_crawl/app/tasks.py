@@ -134,9 +134,10 @@ def store_started(task: Task) -> None:
 
 
 def start_when_room(task: Task, project: Project, given: JobInput) -> tuple[Job, bool]:
-    """The job, started by ``crawl()`` already, or else by ``start_job`` here (a task sent
-    by beat, the producer or another client), waiting while Redis is full: it refuses a
-    new job's first write.
+    """The job, started by ``crawl()`` already (the producer's jobs too), or else by
+    ``start_job`` here (a task sent without ``crawl()``: a beat entry for
+    ``celery_crawl.crawl``, or ``send_task``), waiting while Redis is full: it refuses
+    a new job's first write.
 
     It waits up to the job's ``seconds`` limit, or :data:`START_WAIT_SECONDS`
     without one, then raises; a warm shutdown hands the task back meanwhile.

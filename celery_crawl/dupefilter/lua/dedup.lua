@@ -25,6 +25,7 @@ local DEDUP_KEY, COUNT_KEY = KEYS[1], KEYS[2]
 local n = tonumber(ARGV[2])
 local DEDUP_ARGV = 3 + n
 --!slot dupefilter
+--!include dedup_keys
 
 local function delete(key) return redis.call('DEL', key) end
 local function memory(key) return redis.call('MEMORY', 'USAGE', key, 'SAMPLES', 0) or 0 end

@@ -24,6 +24,7 @@
 
 local DEDUP_KEY, COUNT_KEY, DEDUP_ARGV = KEYS[6], KEYS[7], 3
 --!slot dupefilter
+--!include dedup_keys
 --!include queue_delete
 
 local spec = {}  -- checked before the first write: it leaves, then clears

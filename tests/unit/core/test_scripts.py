@@ -319,6 +319,8 @@ def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
     copies += [f"'{suffix}'" for suffix in (*job_keys, keys.ACTIVE_JOBS, keys.JOB_ENDED)]
     queue_keys = (keys.PARKED, keys.SIGNAL, keys.SITE_LEASES, keys.SITE_WAITING)
     copies += [f"'{suffix}" for suffix in (*queue_keys, keys.SITE_KNOWN, keys.SITE_LIMITS)]
+    dedup_keys = (keys.DEDUP_KIND_KEY, keys.DEDUP_COUNT, keys.DEDUP_REMOVED, keys.DEDUP_BLOOM)
+    copies += [f"':{part}" for part in (*dedup_keys, keys.DEDUP_EXPIRING, keys.DEDUP_TIME)]
     files = [*scripts.files("").values(), *scripts.files("include").values()]
     for file in files:
         text = re.sub(r"--.*", "", file.read_text())  # the code: comments may name them
@@ -361,6 +363,47 @@ def test_the_generated_queue_and_site_keys_are_those_python_names(
     expected += [keys.site_parked("s") + ":2", keys.signal, keys.site("s")]
     expected += [keys.site_leases("s"), keys.site_waiting("s"), keys.site_known, keys.site_limits]
     assert [key.decode() for key in found] == expected
+
+
+def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
+    client: redis.Redis, folder: Path
+) -> None:
+    """Literal names: filters written before keep being found (``DEDUP_KEYS`` and the Lua
+    are made from the same parts, so only a literal pins the stored layout)."""
+    from celery_crawl.core.keys import DEDUP_KEYS, SpiderKeys
+
+    d = SpiderKeys.build("spider", prefix="p").dupefilter
+    (folder / "main.lua").write_text(
+        "local d = KEYS[1]\n"
+        "--!generated celery_crawl.core.keys:lua_dedup_keys\n"
+        "return {dedup_kind_key(d), sets_bucket_key(d, 2, 17), sets_count_key(d),"
+        " sets_removed_key(sets_count_key(d)), bloom_key(d), bloom_filter_key(bloom_key(d), 3),"
+        " expiring_key(d), expiring_base_key(d, 12345),"
+        " sets_bucket_key(expiring_base_key(d, 12345), 0, 5)}\n"
+    )
+    found = [key.decode() for key in client.eval(scripts.source("main"), 1, d)]
+    assert found == [
+        f"{d}:kind",
+        f"{d}:2:17",
+        f"{d}:count",
+        f"{d}:count:removed",
+        f"{d}:bloom",
+        f"{d}:bloom:3",
+        f"{d}:expiring",
+        f"{d}:t:12345",
+        f"{d}:t:12345:0:5",
+    ]
+    assert DEDUP_KEYS == {
+        "": {"kind": "string"},
+        "exact": {"<n>:<n>": "set", "count": "counter", "count:removed": "counter"},
+        "bloom": {"count": "counter", "bloom": "numbers", "bloom:<n>": None},
+        "expiring": {
+            "expiring": "numbers",
+            "t:<n>:<n>:<n>": "set",
+            "t:<n>:count": "counter",
+            "t:<n>:count:removed": "counter",
+        },
+    }
 
 
 def test_a_generated_directive_names_a_library_function(folder: Path) -> None:

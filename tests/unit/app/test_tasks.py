@@ -1,0 +1,54 @@
+"""The job task's start, on a real server: it starts a job sent without ``crawl()``, and
+only finds one that ``crawl()`` started."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_crawl import create_app
+from celery_crawl.app.client import start_job
+from celery_crawl.app.tasks import start_when_room
+from celery_crawl.hosting.project import Project, project_of
+from celery_crawl.jobs.handle import Job
+from celery_crawl.jobs.inputs import check_job
+
+SEEDS = [{"forum_id": "00001"}, {"forum_id": "00002"}]
+
+
+@pytest.fixture
+def app(db_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> Celery:
+    monkeypatch.setenv("REDIS_URL", db_url)
+    return create_app("p", "tasks.settings", settings={"CELERY_CRAWL_KEY_PREFIX": prefix})
+
+
+def start(app: Celery, job_id: str) -> tuple[Job, bool]:
+    """What the job task does first, given the message's arguments."""
+    given = check_job("forum", SEEDS, priority=0, job_id=job_id, limits={}, args={})
+    return start_when_room(app.tasks["celery_crawl.crawl"], project_of(app), given)
+
+
+def test_a_task_sent_without_crawl_starts_its_job(app: Celery) -> None:
+    job, created = start(app, "sent-alone")
+    assert created and job.status().state == "running"
+    assert len(project_of(app).queue("forum")) == len(SEEDS)
+
+
+def test_a_job_that_crawl_started_is_found_and_its_seeds_are_not_made_again(
+    app: Celery, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = project_of(app)
+    started, created = start_job(project, "forum", SEEDS, 0, "by-crawl")
+    assert created
+    queue = project.queue("forum")
+    queue.client.delete(*queue.client.keys(f"{queue.keys.queue}*"))  # its seeds taken
+
+    def made_again(*args: Any) -> None:
+        raise AssertionError("the task made the started job's seeds again")
+
+    monkeypatch.setattr(Project, "seed_entries", made_again)
+    job, created = start(app, "by-crawl")
+    assert not created and job.id == started.id and job.exists()
+    assert len(queue) == 0  # nothing pushed again
