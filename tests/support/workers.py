@@ -78,9 +78,10 @@ class Worker:
         again by kombu without a second "Connected to" line.
         """
         node = f"{self.name}@{socket.gethostname()}"
+        away = app.connection_for_write().connection_errors  # no connection is made
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            with contextlib.suppress(*app.connection_for_write().connection_errors):
+            with contextlib.suppress(*away):
                 if app.control.ping(destination=[node], timeout=0.5):
                     return
             if self.proc.poll() is not None:
