@@ -213,7 +213,9 @@ class Job:
 
     def status(self) -> JobStatus:
         """The job's progress, and the server's clock, in one round trip."""
-        raw, read_at = self.store.read(self.id)
+        return self._parse(*self.store.read(self.id))
+
+    def _parse(self, raw: dict[bytes, bytes], read_at: float) -> JobStatus:
         if not raw:
             raise UnknownJob(f"no job {self.id!r} for spider {self.spider!r}{self._evicted()}")
         return parse_status(self.id, self.spider, raw, read_at)
@@ -273,9 +275,14 @@ class Job:
         return f": {evicted}, its hash may be among them" if evicted else ""
 
     def _look(self, deadline: float | None, poll: float) -> tuple[JobStatus, bool]:
-        """The job's status, and whether it has ended; if not, wait up to ``poll`` for its end."""
-        status = self.status()
-        if status.finished and not self.participants():
+        """The job's status, and whether it has ended; if not, wait up to ``poll`` for its end.
+
+        The status and the participants left are read in one round trip
+        (``jobs/lua/job_settle.lua``).
+        """
+        participants, raw, read_at = self.store.settle(self.id)
+        status = self._parse(raw, read_at)
+        if status.finished and not participants:
             return status, True
         remaining = _left(deadline, poll)
         if remaining > 0:
@@ -293,8 +300,8 @@ class Job:
     def participants(self) -> int:
         """How many worker processes are still closing their part of the job.
 
-        A process that died is no longer counted once its scheduler
-        registration lapses (``jobs/lua/job_settle.lua``).
+        A process that died stops counting once the job has ended and the process's
+        scheduler registration has lapsed (``jobs/lua/job_settle.lua``).
         """
         return self.store.participants(self.id)
 

@@ -27,7 +27,7 @@ import redis
 from celery_crawl.core import scripts
 from celery_crawl.core.errors import UnknownJob
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.core.repair import Repairer, retried
+from celery_crawl.core.repair import REFUSAL, Repairer, retried
 from celery_crawl.core.scripts import DUPEFILTER_PARAMETERS, Argv
 from celery_crawl.jobs import limits
 from celery_crawl.queue.entries import ENTRY_ARGV
@@ -82,6 +82,11 @@ def server_time(reply: Sequence[int | bytes | str]) -> float:
     """Seconds since the epoch from the reply of Redis's ``TIME`` (as a script returns it, too)."""
     seconds, micros = reply
     return int(seconds) + int(micros) / 1_000_000
+
+
+def _fields(flat: list[bytes]) -> dict[bytes, bytes]:
+    """A hash from HGETALL's flat reply, as a script returns it."""
+    return dict(zip(flat[::2], flat[1::2], strict=True))
 
 
 def _text(value: Any) -> str:
@@ -161,10 +166,20 @@ class JobStore:
     def participants(self, job: str) -> int:
         """How many worker processes are still closing their part of the job.
 
-        A process that died is no longer counted once its scheduler
-        registration lapses (``jobs/lua/job_settle.lua``).
+        A process that died stops counting once the job has ended and the process's
+        scheduler registration has lapsed (``jobs/lua/job_settle.lua``).
         """
-        return int(self._run(SETTLE, [self.keys.job_prefix], SETTLE.build(job_id=job)))
+        return self.settle(job)[0]
+
+    def settle(self, job: str) -> tuple[int, dict[bytes, bytes], float]:
+        """:meth:`participants`, with what :meth:`read` gives, in one round trip:
+        (live participants, the job's hash, the server's clock)."""
+        args = SETTLE.build(job_id=job)
+        try:
+            count, flat, now = self._run(SETTLE, [self.keys.job_prefix], args)
+        except redis.ResponseError as exc:
+            raise self._damaged(job, exc) from exc
+        return int(count), _fields(flat), server_time(now)
 
     def end(self, job: str, reason: str) -> bool:
         """End running ``job`` now, ``closed`` with ``reason``; False if it was not running."""
@@ -179,14 +194,18 @@ class JobStore:
 
     def read(self, job: str) -> tuple[dict[bytes, bytes], float]:
         """The job's hash (empty: no such job) and the server's clock, in one round trip."""
-        key = self.keys.job(job)
         try:
-            flat, now = self._run(READ, [key], READ.build())
+            flat, now = self._run(READ, [self.keys.job(job)], READ.build())
         except redis.ResponseError as exc:
-            if "WRONGTYPE" not in str(exc):
-                raise
-            raise UnknownJob(f"job {job!r}: its key {key} is damaged (not a hash)") from exc
-        return dict(zip(flat[::2], flat[1::2], strict=True)), server_time(now)
+            raise self._damaged(job, exc) from exc
+        return _fields(flat), server_time(now)
+
+    def _damaged(self, job: str, exc: redis.ResponseError) -> Exception:
+        """What reading ``job`` raises: :class:`UnknownJob` if its hash is of another type;
+        ``exc`` itself for another error (a refusal naming another damaged key, too)."""
+        if "WRONGTYPE" not in str(exc) or REFUSAL.search(str(exc)):
+            return exc
+        return UnknownJob(f"job {job!r}: its key {self.keys.job(job)} is damaged (not a hash)")
 
     def cancel(self, job: str, spans: Sequence[SpiderKeys], dedup: DedupScript | None) -> int:
         """Stop ``job`` and purge its queued requests from the queues of ``spans``; how many.

@@ -101,6 +101,24 @@ def test_a_participant_whose_registration_lapsed_is_not_waited_for(
     assert job.wait(timeout=5)["state"] == "done"
 
 
+def test_a_running_jobs_participants_are_kept_and_read_with_its_hash(
+    client: redis.Redis, prefix: str
+) -> None:
+    """Job.wait's one look (job_settle.lua): the job's hash, the clock and its participants;
+    a lapsed registration drops its participant only once the job has ended."""
+    q = queue(client, prefix)
+    start(q, "j")
+    q.register("dead", 0.1)
+    q.job_store.join("j", "dead")
+    time.sleep(0.2)
+    count, raw, read_at = q.job_store.settle("j")
+    assert count == 1  # still running: not dropped
+    assert raw[b"state"] == b"running" and abs(read_at - time.time()) < 5
+    finish(q)
+    count, raw, _ = q.job_store.settle("j")
+    assert (count, raw[b"state"]) == (0, b"done")
+
+
 def test_a_lost_notice_is_found_by_the_state_check(client: redis.Redis, prefix: str) -> None:
     """The end's notice can be lost (Redis restarted); check() reads the states instead."""
     q = queue(client, prefix)
