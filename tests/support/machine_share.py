@@ -6,6 +6,12 @@ test runs, and the others wait while it runs. Every other test takes a shared lo
 beside the rest. Two ``flock`` files in the session's temporary folder, which xdist's workers
 share: a turnstile, so that a test waiting to run alone is not starved by shared ones that
 keep coming, and the lock itself. Without xdist, nothing is locked.
+
+Waiting for the machine to empty costs the other workers the rest of the tests they are
+running, each time. So the ``alone`` tests are collected first, one after another, and a
+worker keeps the machine to itself from one of them to the next: with xdist's ``worksteal``
+distribution (``addopts``), the first worker runs them all in one stretch, and the machine
+is emptied about once.
 """
 
 from __future__ import annotations
@@ -14,10 +20,17 @@ import fcntl
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
 ALONE = "alone"  # the marker (pyproject.toml)
+
+_kept: list[IO[str]] = []  # the lock, still held alone, for this worker's next test
+
+
+def _alone(item: pytest.Item | None) -> bool:
+    return item is not None and item.get_closest_marker(ALONE) is not None
 
 
 def _folder(config: pytest.Config) -> Path | None:
@@ -28,21 +41,39 @@ def _folder(config: pytest.Config) -> Path | None:
     return factory.getbasetemp().parent
 
 
+@pytest.hookimpl(trylast=True)  # after the conftest's markers
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The ``alone`` tests first, in their order; then the others, in theirs."""
+    items[:] = [item for item in items if _alone(item)] + [
+        item for item in items if not _alone(item)
+    ]
+
+
+def _take(folder: Path, alone: bool) -> IO[str]:
+    """The machine's lock, shared or alone, taken through the turnstile."""
+    lock = (folder / "machine.lock").open("a")
+    with (folder / "machine.turnstile").open("a") as turnstile:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+    return lock
+
+
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     folder = _folder(item.config)
     if folder is None:
         yield
         return
-    mode = fcntl.LOCK_EX if item.get_closest_marker(ALONE) else fcntl.LOCK_SH
-    turnstile_path, lock_path = folder / "machine.turnstile", folder / "machine.lock"
-    with turnstile_path.open("a") as turnstile, lock_path.open("a") as lock:
-        fcntl.flock(turnstile, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(lock, mode)  # setup, call and teardown: the test's processes too
-        finally:
-            fcntl.flock(turnstile, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
+    # kept from an alone test before: still alone, which serves any test
+    lock = _kept.pop() if _kept else _take(folder, _alone(item))
+    try:
+        yield  # setup, call and teardown: the test's processes too
+    finally:
+        if _alone(item) and _alone(nextitem):
+            _kept.append(lock)  # the next test runs alone too: the machine stays empty
+        else:
             fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
