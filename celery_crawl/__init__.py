@@ -10,8 +10,9 @@ nor Scrapy, and changes nothing in either)::
     job.wait(timeout=600)                                 # the job's statistics
 
 - :func:`create_app`: the Celery app factory (:mod:`celery_crawl.app.factory`);
-- :func:`crawl`, :func:`find_job`: start a job, or find one by id
-  (:mod:`celery_crawl.app.client`);
+- :func:`crawl`, :func:`find_job`: start a job, or find one by id; :func:`sources`:
+  a spider's sources on their own schedules, each a :class:`Source`
+  (:mod:`celery_crawl.app.client`, :mod:`celery_crawl.producer.schedule`);
 - :class:`Job`, :class:`JobStatus`: the handle ``crawl()`` returns, and a
   job's live progress (:mod:`celery_crawl.jobs.handle`);
 - for spiders and pipelines: :func:`job_args` (a job's spider arguments),
@@ -37,6 +38,8 @@ _EXPORTS = {
     "create_app": "celery_crawl.app.factory",
     "crawl": "celery_crawl.app.client",
     "find_job": "celery_crawl.app.client",
+    "sources": "celery_crawl.app.client",
+    "Source": "celery_crawl.producer.schedule",
     "Job": "celery_crawl.jobs.handle",
     "JobStatus": "celery_crawl.jobs.handle",
     "job_args": "celery_crawl.jobs.signals",
@@ -80,6 +83,7 @@ __all__ = [
     "RedisOutOfMemory",
     "RedisUnavailable",
     "ScriptError",
+    "Source",
     "UnknownJob",
     "UnknownSpider",
     "crawl",
@@ -89,10 +93,11 @@ __all__ = [
     "job_args",
     "job_finished",
     "job_opened",
+    "sources",
 ]
 
 if TYPE_CHECKING:
-    from celery_crawl.app.client import crawl, find_job
+    from celery_crawl.app.client import crawl, find_job, sources
     from celery_crawl.app.factory import create_app
     from celery_crawl.core.errors import (
         BadSeed,
@@ -112,6 +117,7 @@ if TYPE_CHECKING:
     )
     from celery_crawl.jobs.handle import Job, JobStatus
     from celery_crawl.jobs.signals import item_job, job_args, job_finished, job_opened
+    from celery_crawl.producer.schedule import Source
 
 
 def __getattr__(name: str) -> Any:

@@ -21,6 +21,7 @@ from celery_crawl.jobs.handle import Job
 from celery_crawl.jobs.inputs import check_job
 from celery_crawl.jobs.limits import check_limits, limit_fields
 from celery_crawl.jobs.store import ARGS_FIELD
+from celery_crawl.producer.schedule import Schedule
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -127,6 +128,16 @@ def job_handle(project: Project, crawler: Crawler, job_id: str) -> Job:
     queue = project.queue(crawler)
     spans = project.job_spans(crawler)
     return Job(job_id, crawler.spidercls.name, queue.client, queue.keys, spans, dedup=queue.dedup)
+
+
+def sources(spider: str, *, app: Any = None) -> Schedule:
+    """``spider``'s sources on their own schedules, to add, change, pause, resume and
+    remove them at run time (:mod:`celery_crawl.producer.schedule`)."""
+    from celery import current_app
+
+    project = project_of(app or current_app)
+    project.check_hostable(spider)
+    return project.schedule(spider)
 
 
 def find_job(app: Any, job_id: str) -> Job | None:

@@ -38,6 +38,7 @@ from celery_crawl.hosting.registry import Registry, WorkerInfo, waiting_reason
 from celery_crawl.jobs.handle import Job, JobStatus
 from celery_crawl.jobs.inputs import JobInput, check_args, check_job, check_seeds
 from celery_crawl.jobs.limits import check_limits, time_limited
+from celery_crawl.producer.schedule import Schedule, Source
 
 logger = logging.getLogger(__name__)
 HAND_BACK = "worker shutting down; another worker joins the job"
@@ -274,9 +275,47 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
         seeds = [parse_seed(spidercls, source)]
         crawl(spider, seeds, app=task.app, job_id=job_id, limits=limits, args=args)
 
+    schedule = project.components(crawler).schedule(spider)
+    if len(schedule):  # sources on their own schedules: those that are due
+        return run_schedule(task, spider, schedule, settings, (limits, args))
     sources = producible(spidercls, producer.sources(setting(settings, "PRODUCER_SOURCES")))
     tick = producer.tick(sources, start)
     return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}
+
+
+def run_schedule(
+    task: Task,
+    spider: str,
+    schedule: Schedule,
+    settings: Any,
+    defaults: tuple[dict[str, float], dict[str, str]],
+) -> dict[str, Any]:
+    """A tick of ``spider``'s schedule: a job for each source due (celery_crawl.producer.schedule).
+
+    A source's own limits and arguments win over ``PRODUCER_LIMITS`` and ``PRODUCER_ARGS``.
+    """
+    limits, args = defaults
+
+    def start(source: Source, job_id: str) -> None:
+        crawl(
+            spider,
+            source.seeds,
+            source.priority,
+            app=task.app,
+            job_id=job_id,
+            limits=limits | source.limits,
+            args=args | source.args,
+        )
+
+    tick = schedule.tick(
+        start,
+        job_cap=setting(settings, "PRODUCER_JOB_CAP"),
+        queue_cap=setting(settings, "PRODUCER_QUEUE_CAP"),
+        faster=setting(settings, "PRODUCER_ADAPTIVE_FASTER"),
+        slower=setting(settings, "PRODUCER_ADAPTIVE_SLOWER"),
+    )
+    produced = {source.id: job_id for source, job_id in tick.produced}
+    return {"produced": produced, "still_due": tick.still_due, "queued": tick.queued}
 
 
 def producer_job_settings(settings: Any) -> tuple[dict[str, float], dict[str, str]]:

@@ -502,6 +502,20 @@ _ENTRIES = (
         "spider arguments of every produced job, as crawl(args=...) and -a take them",
         PRODUCER,
     ),
+    Setting(
+        "PRODUCER_ADAPTIVE_FASTER",
+        0.8,
+        "an adaptive source's interval is multiplied by this after a job that found items"
+        " (0 to 1; Nutch's AdaptiveFetchSchedule takes 0.8)",
+        PRODUCER,
+    ),
+    Setting(
+        "PRODUCER_ADAPTIVE_SLOWER",
+        1.4,
+        "an adaptive source's interval is multiplied by this after a job that found no item"
+        " (1 or more; Nutch takes 1.4)",
+        PRODUCER,
+    ),
     # -- Start URLs and items ------------------------------------------------
     Setting(
         "REDIS_START_URLS_KEY",

@@ -393,6 +393,26 @@ class SpiderKeys:
         return self.producer + ":cursor"
 
     @property
+    def schedule_sources(self) -> str:
+        """Hash of source id -> its definition, JSON (``celery_crawl.producer.schedule``)."""
+        return self.producer + ":schedule:sources"
+
+    @property
+    def schedule_due(self) -> str:
+        """Sorted set of the sources waiting for their next job, scored by due time (ms)."""
+        return self.producer + ":schedule:due"
+
+    @property
+    def schedule_paused(self) -> str:
+        """Set of the paused sources: none of their jobs is produced."""
+        return self.producer + ":schedule:paused"
+
+    @property
+    def schedule_intervals(self) -> str:
+        """Hash of source id -> its current interval in seconds (adaptive sources move it)."""
+        return self.producer + ":schedule:intervals"
+
+    @property
     def dupefilter_count(self) -> str:
         return _name(self.dupefilter, DEDUP_COUNT)
 

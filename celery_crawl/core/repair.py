@@ -66,6 +66,10 @@ def fixed_keys(keys: SpiderKeys) -> dict[str, str]:
         keys.active_jobs: "set",
         keys.producer_running: "hash",
         keys.producer_cursor: "string",
+        keys.schedule_sources: "hash",
+        keys.schedule_due: "zset",
+        keys.schedule_paused: "set",
+        keys.schedule_intervals: "hash",
     }
 
 

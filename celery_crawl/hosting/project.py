@@ -32,6 +32,7 @@ from celery_crawl.hosting.spiders import RedisMixin
 from celery_crawl.jobs.limits import from_settings as limits_from_settings
 from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META
 from celery_crawl.politeness.sites import SitePolicy
+from celery_crawl.producer.schedule import Schedule
 from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.components import Components
@@ -190,6 +191,11 @@ class Project:
         """The spider's shared filter (``DUPEFILTER_CLASS``), to inspect or reset it."""
         crawler = self.crawler(spider)
         return self.components(crawler).dupefilter(crawler.spidercls.name)
+
+    def schedule(self, spider: SpiderOrCrawler) -> Schedule:
+        """The spider's sources on their own schedules (``producer.schedule``)."""
+        crawler = self.crawler(spider)
+        return self.components(crawler).schedule(crawler.spidercls.name)
 
     def dedup_scope(self, spider: SpiderOrCrawler) -> str:
         """``DUPEFILTER_SCOPE`` as the spider sees it (its own settings included)."""

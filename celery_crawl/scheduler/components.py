@@ -22,6 +22,7 @@ from celery_crawl.core.keys import SpiderKeys, group_members
 from celery_crawl.dupefilter.filters import DUPEFILTER_CLASSES, DedupScript, RFPDupeFilter
 from celery_crawl.politeness.sites import SitePolicy
 from celery_crawl.producer.producer import Producer
+from celery_crawl.producer.schedule import Schedule
 from celery_crawl.queue.queues import QUEUE_CLASSES, Base
 
 if TYPE_CHECKING:
@@ -121,3 +122,7 @@ class Components:
             queue_cap=setting(self.settings, "PRODUCER_QUEUE_CAP"),
             group=self.group(spider),
         )
+
+    def schedule(self, spider: str) -> Schedule:
+        """``spider``'s sources on their own schedules, capped as its producer is."""
+        return Schedule(self.client, self.keys(spider), self.group(spider))

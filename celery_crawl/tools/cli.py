@@ -3,6 +3,8 @@
     celery-crawl crawl SPIDER SEED... --app APP [--priority N] [--wait] [--json]
     celery-crawl status --app APP [--watch] [--json]   # the crawl at a glance
     celery-crawl dedup SPIDER --app APP [--reset]      # a spider's dedup filter
+    celery-crawl sources add|list|show|pause|resume|remove|import|export ...
+                                                       # sources on their own schedules
     celery-crawl exporter --app APP [--port 9410]      # Prometheus metrics
     celery-crawl demo                                  # the bundled example, all of it
 
@@ -18,9 +20,7 @@ entry-point group; the bundled example adds ``demo`` and ``site``.
 from __future__ import annotations
 
 import functools
-import importlib
 import json
-import os
 import sys
 import time
 import uuid
@@ -35,15 +35,11 @@ from typer.core import TyperGroup
 from typer.main import get_command as click_command_of
 
 from celery_crawl.core.errors import CeleryCrawlError, quote
+from celery_crawl.tools import sources_cli
+from celery_crawl.tools.app_option import APP_ENVVAR, AppOption, err, load_app, open_app
 
 PLUGIN_GROUP = "celery_crawl.commands"
-APP_ENVVAR = "CELERY_CRAWL_APP"
-NO_APP = (
-    f"error: no Celery app: pass --app (e.g. --app myproject.celery) or set {APP_ENVVAR}; "
-    "for the bundled example, --app celery_crawl.demo"
-)
-
-err = Console(stderr=True)
+__all__ = ["APP_ENVVAR", "AppOption", "cli", "err", "load_app", "main", "open_app"]
 
 
 @functools.cache
@@ -116,32 +112,12 @@ the bundled example adds demo and site."""
 cli = typer.Typer(add_completion=False, help=HELP, cls=PluginGroup, invoke_without_command=True)
 
 
-def load_app(name: str) -> Any:
-    """``module`` or ``module:attribute``, as in ``celery -A``."""
-    module_name, _, attribute = name.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, attribute or "app")
-
-
 @cli.callback()
 def root(ctx: typer.Context) -> None:
     """Alone, ``celery-crawl`` shows the help (and succeeds)."""
     if ctx.invoked_subcommand is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-
-
-AppOption = Annotated[
-    str | None,
-    typer.Option(
-        "--app",
-        "-A",
-        envvar=APP_ENVVAR,
-        help="your Celery app, as in `celery -A`: module or module:attribute "
-        "(e.g. myproject.celery); `--app celery_crawl.demo` for the bundled example",
-        show_default=False,
-    ),
-]
 
 
 @cli.command()
@@ -264,23 +240,6 @@ def spider_keys(celery_app: Any) -> tuple[Any, list[Any]]:
 
     project = project_of(celery_app)
     return project.client, [project.keys(name) for name in project.spider_names()]
-
-
-def open_app(app: str | None) -> Any:
-    """The app ``--app`` or ``CELERY_CRAWL_APP`` names, found from the current directory too."""
-    if not app:
-        print(NO_APP, file=sys.stderr)
-        raise typer.Exit(2)
-    sys.path.insert(0, os.getcwd())
-    try:
-        return load_app(app)
-    except (CeleryCrawlError, ImportError, AttributeError) as exc:
-        err.print(
-            f"[red]error:[/red] cannot load the app {app!r}: {exc}. Pass the module that"
-            " defines your Celery app, as for celery -A (run from the folder that holds it,"
-            " or put that folder on PYTHONPATH); --app celery_crawl.demo is the bundled example"
-        )
-        raise typer.Exit(2) from None
 
 
 @cli.command()
@@ -431,6 +390,9 @@ def follow(
             if all(s.finished for s in statuses) or time.monotonic() > deadline:
                 return [s.as_dict() for s in statuses]
             time.sleep(0.2)
+
+
+cli.add_typer(sources_cli.cli, name="sources")
 
 
 def main() -> None:

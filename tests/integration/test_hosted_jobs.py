@@ -314,9 +314,11 @@ def test_a_worker_crawls_nothing_at_start_and_a_job_without_seeds_runs_start(
 ) -> None:
     """Hosted spiders' start() runs only as a job; each such job crawls start_urls again."""
     worker = workers("starting", pool="prefork", concurrency=2)
-    time.sleep(3)  # what a worker would crawl on its own, it would have by now
+    skipped = "hosted spider paths_start: its start requests run only as a job"
+    # both processes came where a crawl of its own would start, and started none
+    wait_for(lambda: worker.output().count(skipped) >= 2, 60, "both processes past start()")
+    time.sleep(2)  # what a worker would crawl on its own, it would have asked for by now
     assert not [path for path in paths_site.hits if path.startswith("/ok/start-")]
-    assert "its start requests run only as a job" in worker.output()
     first = crawl("paths_start", [], app=app).wait(timeout=60)
     assert first["state"] == "done" and (first["pages"], first["items"]) == (3, 3)
     again = cli(live_env, "crawl", "paths_start", "--wait", "--json")

@@ -184,6 +184,7 @@ CALLERS = (
     "celery_crawl.jobs.store",
     "celery_crawl.politeness.sites",
     "celery_crawl.producer.producer",
+    "celery_crawl.producer.schedule",
     "celery_crawl.queue.queues",
     "celery_crawl.scheduler.crawl_state",
     "celery_crawl.stats.collector",

@@ -1,0 +1,47 @@
+-- Add a source to a spider's schedule, or change it (celery_crawl.producer.schedule).
+--
+-- KEYS[1]  sources: hash of source id -> its definition, JSON
+-- KEYS[2]  due: sorted set of the sources waiting for a job, scored by due time (ms)
+-- KEYS[3]  paused: set of the paused sources
+-- KEYS[4]  intervals: hash of source id -> its current interval (s)
+-- KEYS[5]  running: the producer's hash of source -> "job id|reserved at (unix s)"
+-- ARGV[1]  source id
+-- ARGV[2]  its definition, JSON
+-- ARGV[3]  its interval (s): the current one starts from it again
+-- ARGV[4]  "1": paused, "0": not
+-- Returns  1 for a new source, 0 for a changed one
+--
+-- A new source is due now. A changed one keeps its due time, or comes sooner to
+-- be due one new interval from now. A paused one is not due; a source whose job
+-- still runs is not either: its next due time is set when its job ends.
+
+local sources, due, paused, intervals, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local id, definition, interval, pause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+
+--!include keytypes
+local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
+spec_add(spec, sources, 'hash')
+spec_add(spec, due, 'zset')
+spec_add(spec, paused, 'set')
+spec_add(spec, intervals, 'hash')
+spec_add(spec, running, 'hash')
+local refused = refuse_damaged(spec)
+if refused then return refused end
+
+local now = redis.call('TIME')
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local new = redis.call('HSET', sources, id, definition)
+redis.call('HSET', intervals, id, interval)
+if pause then
+    redis.call('SADD', paused, id)
+    redis.call('ZREM', due, id)
+    return new
+end
+redis.call('SREM', paused, id)
+if redis.call('HEXISTS', running, id) == 1 then return new end
+if new == 1 or not redis.call('ZSCORE', due, id) then
+    redis.call('ZADD', due, now_ms, id)
+else
+    redis.call('ZADD', due, 'LT', now_ms + interval * 1000, id)
+end
+return new

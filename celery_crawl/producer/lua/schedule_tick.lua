@@ -1,0 +1,110 @@
+-- One tick of a spider's schedule: the sources that are due, in due order, get a
+-- job each, under the producer's caps (celery_crawl.producer.schedule). Atomic, so
+-- two producers running at once never start the same source twice. It costs the
+-- sources due (and the jobs produced and not finished), not every source.
+--
+-- KEYS[1]  running: the producer's hash of source -> "job id|reserved at (unix s)"
+-- KEYS[2]  stats hash: producer/produced, producer/held_back
+-- KEYS[3]  job key prefix: a job's hash is KEYS[3] .. job id
+-- KEYS[4]  sources: hash of source id -> its definition, JSON
+-- KEYS[5]  due: sorted set of the sources waiting for a job, scored by due time (ms)
+-- KEYS[6]  paused: set of the paused sources
+-- KEYS[7]  intervals: hash of source id -> its current interval (s)
+-- KEYS[8 ..]  the queue levels of each spider of the group
+-- ARGV[1]  job cap: most jobs produced and not finished at once
+-- ARGV[2]  queue cap: produce nothing while the group's queues hold at least this many
+-- ARGV[3]  faster: an adaptive source's interval times this after a job with items
+-- ARGV[4]  slower: its interval times this after a job without
+-- ARGV[5..]  fresh job ids, one per source it may reserve
+-- Returns  a flat list: the group's queue length, the sources still due after this
+--          tick, then source, job id, definition, ... of the reservations
+--
+-- A source's next due time is set when its job has ended: its last reservation
+-- plus its interval (start to start), now if that has passed. An adaptive
+-- source's interval first moves, within its bounds: shorter after a job that
+-- found items, longer after one that found none.
+
+local running, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3]
+local sources, due, paused, intervals = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local job_cap, queue_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
+local faster, slower = tonumber(ARGV[3]), tonumber(ARGV[4])
+
+--!include counters
+--!include levels
+
+local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
+spec_add(spec, running, 'hash')
+spec_add(spec, stats, 'hash')
+spec_add(spec, sources, 'hash')
+spec_add(spec, due, 'zset')
+spec_add(spec, paused, 'set')
+spec_add(spec, intervals, 'hash')
+for i = 8, #KEYS do queue_guard(spec, KEYS[i], nil) end
+local refused = refuse_damaged(spec)
+if refused then return refused end
+
+local queued = 0
+for i = 8, #KEYS do
+    queued = queued + queue_length(KEYS[i])
+end
+
+local START_GRACE = 120  -- seconds a reservation may wait for its job to be created
+local now = redis.call('TIME')
+local now_s, now_ms = tonumber(now[1]), now[1] * 1000 + math.floor(now[2] / 1000)
+
+local function next_interval(source, job)
+    local interval = tonumber(redis.call('HGET', intervals, source))
+    local ok, definition = pcall(cjson.decode, redis.call('HGET', sources, source))
+    if not ok or type(definition) ~= 'table' then definition = {} end
+    interval = interval or tonumber(definition.interval) or 3600
+    if definition.adaptive then
+        local items = tonumber(redis.pcall('HGET', job_prefix .. job, 'items')) or 0
+        interval = interval * (items > 0 and faster or slower)
+        interval = math.max(interval, tonumber(definition.min_interval) or interval)
+        interval = math.min(interval, tonumber(definition.max_interval) or interval)
+        redis.call('HSET', intervals, source, interval)
+    end
+    return interval
+end
+
+-- the jobs that ended (or never started) since the last tick: their sources due again
+local entries = redis.call('HGETALL', running)
+for i = 1, #entries, 2 do
+    local source = entries[i]
+    local job, at = string.match(entries[i + 1], '^(.*)|(%d+)$')
+    local state = redis.pcall('HGET', job_prefix .. (job or ''), 'state')
+    if type(state) == 'table' then state = 'damaged' end  -- not a hash: no job (core/lua/repair.lua)
+    local stale = state == false and now_s - tonumber(at or 0) > START_GRACE
+    if stale or (state ~= false and state ~= 'running') then
+        redis.call('HDEL', running, source)
+        local scheduled = redis.call('HEXISTS', sources, source) == 1
+        if scheduled and redis.call('SISMEMBER', paused, source) == 0 then
+            local interval = next_interval(source, job or '')
+            local next_due = math.max((tonumber(at) or now_s) * 1000 + interval * 1000, now_ms)
+            redis.call('ZADD', due, next_due, source)
+        end
+    end
+end
+
+local room = math.min(job_cap - redis.call('HLEN', running), #ARGV - 4)
+if queued >= queue_cap then room = 0 end
+local reply = {queued, 0}
+if room > 0 then
+    local found = redis.call('ZRANGE', due, '-inf', now_ms, 'BYSCORE', 'LIMIT', 0, room)
+    for index, source in ipairs(found) do
+        redis.call('ZREM', due, source)
+        local definition = redis.call('HGET', sources, source)
+        if definition then
+            local job = ARGV[4 + index]
+            redis.call('HSET', running, source, job .. '|' .. now_s)
+            reply[#reply + 1] = source
+            reply[#reply + 1] = job
+            reply[#reply + 1] = definition
+        end
+    end
+end
+local still_due = redis.call('ZCOUNT', due, '-inf', now_ms)
+reply[2] = still_due
+count(stats, 'producer/produced', (#reply - 2) / 3)  -- a damaged count starts afresh
+count(stats, 'producer/held_back', still_due)
+return reply

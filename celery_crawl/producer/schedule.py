@@ -1,0 +1,328 @@
+"""Sources on their own schedules: a spider's sources in Redis, each due at its own time.
+
+A :class:`Source` is what one job of it crawls (seeds, spider arguments, a priority and
+limits) and how often (an interval, fixed or adaptive within bounds). :class:`Schedule`
+keeps a spider's sources in Redis, so they are added, changed, paused and removed while
+beat runs, with no deploy; ``celery-crawl sources`` does the same from a shell.
+
+Each producer tick (``celery_crawl.produce``, every ``PRODUCER_PERIOD``) starts a job for
+every source that is due, in due order, under the producer's caps (``PRODUCER_JOB_CAP``,
+``PRODUCER_QUEUE_CAP``), never two at once for one source (``producer/lua/schedule_tick.lua``).
+A tick costs the sources due, not every source: they wait in a sorted set by due time.
+
+When a source's job has ended, the source is due again its interval after that job
+was produced (start to start), or at once if that has passed. An adaptive source's
+interval moves first: times ``SCHEDULE_FASTER`` after a job that found items, times
+``SCHEDULE_SLOWER`` after one that found none, within its bounds, in the spirit of
+Nutch's AdaptiveFetchSchedule: busy sources come back sooner, quiet ones back off.
+
+A spider with sources in its schedule is produced from them; one without, from
+``PRODUCER_SOURCES`` or its Redis set, as before (:mod:`celery_crawl.producer.producer`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+
+from celery_crawl.core import scripts
+from celery_crawl.core.errors import BadInput, ConfigError, quote
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.core.repair import Repairer, retried
+from celery_crawl.core.scripts import Argv
+from celery_crawl.jobs.inputs import JOB_ID, check_args, check_priority, check_seeds
+from celery_crawl.jobs.limits import check_limits
+from celery_crawl.queue.entries import MAX_JOB_ID
+
+logger = logging.getLogger(__name__)
+
+PUT = Argv("schedule_put", ("source_id", "definition", "interval", "paused"))
+SWITCH = Argv("schedule_switch", ("source_id", "pause"))
+RELEASE = Argv("schedule_release", ("source_id",))
+TICK = Argv("schedule_tick", ("job_cap", "queue_cap", "faster", "slower"), tail=("job_ids",))
+
+MIN_INTERVAL = 1.0  # seconds: a source is due at most once a second
+MAX_INTERVAL = 365 * 86400.0
+MAX_RESERVED_PER_TICK = 1000  # job ids sent with one tick: the cap beyond it waits a tick
+
+
+@dataclass(frozen=True)
+class Source:
+    """One source of a spider: what each of its jobs crawls, and how often."""
+
+    id: str
+    seeds: list[Any] = field(default_factory=list)
+    interval: float = 3600.0  # seconds from one job's start to the next
+    adaptive: bool = False  # the interval moves within [min_interval, max_interval]
+    min_interval: float | None = None
+    max_interval: float | None = None
+    priority: int = 0
+    args: dict[str, str] = field(default_factory=dict)
+    limits: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_source_id(self.id)
+        check_seeds(self.seeds)
+        check_priority(self.priority)
+        check_args(self.args)
+        check_limits(self.limits or None)
+        for name in ("interval", "min_interval", "max_interval"):
+            _check_seconds(name, getattr(self, name), optional=name != "interval")
+        low = self.min_interval or self.interval
+        high = self.max_interval or self.interval
+        if not low <= self.interval <= high:
+            raise BadInput(
+                f"source {self.id}: interval {self.interval:g} s outside its bounds"
+                f" [{low:g}, {high:g}]"
+            )
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Source:
+        """A source from a definition (JSON, YAML or TOML data); unknown fields are refused."""
+        if not isinstance(data, Mapping):
+            raise BadInput(f"a source {quote(data)}: a mapping of its fields")
+        unknown = set(data) - set(cls.__dataclass_fields__)
+        if unknown:
+            raise BadInput(f"source {quote(data.get('id'))}: unknown fields {sorted(unknown)}")
+        if "id" not in data:
+            raise BadInput(f"a source {quote(data)}: no id")
+        try:
+            return cls(**data)
+        except TypeError as exc:  # a field of the wrong kind that a check did not name
+            raise BadInput(f"source {quote(data.get('id'))}: {exc}") from None
+
+
+def check_source_id(source_id: Any) -> str:
+    """Source ids follow the job ids' rule: they name keys and show in logs."""
+    if not isinstance(source_id, str) or not JOB_ID.fullmatch(source_id):
+        raise BadInput(
+            f"source id {quote(source_id)}: 1 to {MAX_JOB_ID} characters of A-Z a-z 0-9 _ . -,"
+            " the first a letter or digit"
+        )
+    return source_id
+
+
+def _check_seconds(name: str, value: Any, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise BadInput(f"{name} {quote(value)}: seconds, a finite number")
+    if not MIN_INTERVAL <= value <= MAX_INTERVAL:
+        raise BadInput(f"{name} {value:g} s: from {MIN_INTERVAL:g} s to a year")
+
+
+@dataclass(frozen=True)
+class SourceState:
+    """A source and where it stands: due when, paused, or running a job."""
+
+    source: Source
+    interval: float  # the current one: an adaptive source's moves
+    due_at: float | None  # unix seconds; None while paused or while a job of it runs
+    paused: bool
+    running_job: str | None
+
+
+@dataclass(frozen=True)
+class ScheduleTick:
+    """What one tick of a schedule decided."""
+
+    produced: list[tuple[Source, str]]  # (source, job id)
+    still_due: int  # sources due and held back (the caps), overdue from now on
+    queued: int
+
+
+class Schedule:
+    """The sources of ``keys``' spider; ``group`` is every spider of its group (default: it)."""
+
+    def __init__(
+        self, client: redis.Redis, keys: SpiderKeys, group: list[SpiderKeys] | None = None
+    ) -> None:
+        self.client = client
+        self.keys = keys
+        self.group = group or [keys]
+        self.repairer = Repairer(client, keys, self.group)
+
+    def _run(self, layout: Argv, keys: list[str], args: list[Any]) -> Any:
+        call = scripts.script(self.client, layout.script)
+        return retried(self.repairer, lambda: call(keys=keys, args=args))
+
+    # -- managing sources ------------------------------------------------------
+
+    def put(self, source: Source, *, paused: bool = False) -> bool:
+        """Add ``source``, or change it; True if it is new. A new one is due now."""
+        keys = [
+            self.keys.schedule_sources,
+            self.keys.schedule_due,
+            self.keys.schedule_paused,
+            self.keys.schedule_intervals,
+            self.keys.producer_running,
+        ]
+        args = PUT.build(
+            source_id=source.id,
+            definition=source.to_json(),
+            interval=source.interval,
+            paused=int(paused),
+        )
+        return bool(self._run(PUT, keys, args))
+
+    def pause(self, source_id: str) -> bool:
+        """Produce no more jobs of the source (one running goes on); False: no such source."""
+        return self._switch(source_id, pause=True)
+
+    def resume(self, source_id: str) -> bool:
+        """Make the source due again: now, or when its running job ends."""
+        return self._switch(source_id, pause=False)
+
+    def _switch(self, source_id: str, *, pause: bool) -> bool:
+        args = SWITCH.build(source_id=check_source_id(source_id), pause=int(pause))
+        return bool(self._run(SWITCH, self._switch_keys(), args))
+
+    def _switch_keys(self) -> list[str]:
+        return [
+            self.keys.schedule_sources,
+            self.keys.schedule_due,
+            self.keys.schedule_paused,
+            self.keys.producer_running,
+        ]
+
+    def remove(self, source_id: str) -> bool:
+        """Remove the source (a job of it that runs goes on); False: no such source."""
+        with self.client.pipeline(transaction=True) as pipe:  # one atomic round trip
+            pipe.hdel(self.keys.schedule_sources, source_id)
+            pipe.zrem(self.keys.schedule_due, source_id)
+            pipe.srem(self.keys.schedule_paused, source_id)
+            pipe.hdel(self.keys.schedule_intervals, source_id)
+            removed, *_ = pipe.execute()
+        return bool(removed)
+
+    def __len__(self) -> int:
+        return int(self.client.hlen(self.keys.schedule_sources))
+
+    def get(self, source_id: str) -> SourceState | None:
+        """The source and where it stands, read in one round trip; None if there is none."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hget(self.keys.schedule_sources, source_id)
+            pipe.zscore(self.keys.schedule_due, source_id)
+            pipe.sismember(self.keys.schedule_paused, source_id)
+            pipe.hget(self.keys.schedule_intervals, source_id)
+            pipe.hget(self.keys.producer_running, source_id)
+            definition, due, paused, interval, running = pipe.execute()
+        if definition is None:
+            return None
+        source = self._parse(source_id, definition)
+        if source is None:
+            return None
+        return SourceState(
+            source=source,
+            interval=float(interval) if interval is not None else source.interval,
+            due_at=due / 1000 if due is not None else None,
+            paused=bool(paused),
+            running_job=running.decode().partition("|")[0] if running else None,
+        )
+
+    def sources(self) -> list[Source]:
+        """Every source, by id; a definition that cannot be read is logged and left out."""
+        found: dict[bytes, bytes] = self.client.hgetall(self.keys.schedule_sources)  # type: ignore[assignment]
+        parsed = (self._parse(key.decode("utf-8", "replace"), raw) for key, raw in found.items())
+        return sorted((source for source in parsed if source is not None), key=lambda s: s.id)
+
+    def due(self, now: float) -> int:
+        """How many sources are due at ``now`` (unix seconds) and have no job yet."""
+        return int(self.client.zcount(self.keys.schedule_due, "-inf", int(now * 1000)))
+
+    def oldest_due(self) -> float | None:
+        """The due time (unix seconds) of the source waiting longest, if any waits."""
+        first = self.client.zrange(self.keys.schedule_due, 0, 0, withscores=True)
+        return float(first[0][1]) / 1000 if first else None
+
+    def _parse(self, source_id: str, definition: bytes) -> Source | None:
+        try:
+            return Source.from_mapping(json.loads(definition))
+        except (ValueError, BadInput) as exc:
+            logger.error(
+                "schedule of %s: source %s unreadable, left out: %s",
+                self.keys.spider,
+                quote(source_id),
+                exc,
+            )
+            return None
+
+    # -- the tick --------------------------------------------------------------
+
+    def reserve(self, job_cap: int, queue_cap: int, faster: float, slower: float) -> ScheduleTick:
+        """Reserve the sources due now, in due order, with fresh job ids (one script call)."""
+        keys = [
+            self.keys.producer_running,
+            self.keys.stats,
+            self.keys.job_prefix,
+            self.keys.schedule_sources,
+            self.keys.schedule_due,
+            self.keys.schedule_paused,
+            self.keys.schedule_intervals,
+            *(member.queue for member in self.group),
+        ]
+        job_ids = [uuid.uuid4().hex for _ in range(min(job_cap, MAX_RESERVED_PER_TICK))]
+        args = TICK.build(job_cap=job_cap, queue_cap=queue_cap, faster=faster, slower=slower)
+        queued, still_due, *flat = self._run(TICK, keys, args + TICK.rest(job_ids=job_ids))
+        produced = []
+        for i in range(0, len(flat), 3):
+            source_id, job_id = flat[i].decode(), flat[i + 1].decode()
+            source = self._parse(source_id, flat[i + 2])
+            if source is None:
+                self.client.hdel(self.keys.producer_running, source_id)
+                continue
+            produced.append((source, job_id))
+        return ScheduleTick(produced, int(still_due), int(queued))
+
+    def tick(
+        self,
+        start: Callable[[Source, str], Any],
+        *,
+        job_cap: int,
+        queue_cap: int,
+        faster: float,
+        slower: float,
+    ) -> ScheduleTick:
+        """Reserve the sources due, then start a job of each with ``start(source, job_id)``.
+
+        A job that cannot be started gives its reservation back: its source is due
+        again at the next tick, its interval unchanged. ``faster`` and ``slower``
+        (``PRODUCER_ADAPTIVE_FASTER`` and ``_SLOWER``) move adaptive intervals.
+        """
+        if not (0 < faster <= 1 <= slower and math.isfinite(slower)):
+            raise ConfigError(
+                f"PRODUCER_ADAPTIVE_FASTER {faster!r} must be in (0, 1] and"
+                f" PRODUCER_ADAPTIVE_SLOWER {slower!r} a finite number of 1 or more"
+            )
+        tick = self.reserve(job_cap, queue_cap, faster, slower)
+        for source, job_id in tick.produced:
+            try:
+                start(source, job_id)
+            except Exception:
+                logger.exception("schedule: job for %s not started; released", quote(source.id))
+                self._release(source.id)
+        logger.info(
+            "schedule %s: produced %d sources, %d still due (queue %d, cap %d jobs / %d requests)",
+            self.keys.spider,
+            len(tick.produced),
+            tick.still_due,
+            tick.queued,
+            job_cap,
+            queue_cap,
+        )
+        return tick
+
+    def _release(self, source_id: str) -> None:
+        """A reservation given back: the source is due now again, unless paused since."""
+        args = RELEASE.build(source_id=source_id)
+        self._run(RELEASE, self._switch_keys(), args)

@@ -1,0 +1,236 @@
+"""Sources on their own schedules, on a real server: due order, caps, pause, adaptive intervals."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from celery_crawl.core.errors import BadInput
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.producer.schedule import Schedule, Source
+from celery_crawl.queue.entries import Entry
+from celery_crawl.queue.queues import PriorityQueue
+
+FAST = {"job_cap": 100, "queue_cap": 100_000, "faster": 0.5, "slower": 2.0}
+
+
+@pytest.fixture
+def keys(prefix: str) -> SpiderKeys:
+    return SpiderKeys.build("forum", prefix=prefix)
+
+
+@pytest.fixture
+def queue(client: redis.Redis, keys: SpiderKeys) -> PriorityQueue:
+    return PriorityQueue(client, keys)
+
+
+@pytest.fixture
+def schedule(client: redis.Redis, keys: SpiderKeys) -> Schedule:
+    return Schedule(client, keys)
+
+
+def starter(queue: PriorityQueue, started: list[tuple[str, str]]) -> Any:
+    """Start a real job of one seed request per source, as the producer task does."""
+
+    def start(source: Source, job_id: str) -> None:
+        queue.start_job(job_id, [Entry(source.id.encode(), job=job_id)], {"spider": "forum"})
+        started.append((source.id, job_id))
+
+    return start
+
+
+def finish_all(queue: PriorityQueue, items: int = 0) -> None:
+    """Consume the queue as workers would; each job counts ``items`` items."""
+    for _ in range(1000):
+        leases = queue.lease(100)
+        if not leases:
+            return
+        stats = [(lease.job, "items", items) for lease in leases if items]
+        queue.push_many([], acks=[lease.member for lease in leases], job_stats=stats)
+
+
+def backdate(client: redis.Redis, keys: SpiderKeys, seconds: float) -> None:
+    """Move every reservation ``seconds`` into the past, as if that much time went by."""
+    for source, value in client.hgetall(keys.producer_running).items():
+        job, _, at = value.decode().partition("|")
+        client.hset(keys.producer_running, source, f"{job}|{int(at) - int(seconds)}")
+
+
+def test_due_sources_get_a_job_each_in_due_order_and_not_again_while_it_runs(
+    schedule: Schedule, queue: PriorityQueue
+) -> None:
+    for name in ("b", "a", "c"):
+        assert schedule.put(Source(name, seeds=[name], interval=60)) is True
+        time.sleep(0.002)  # due times a millisecond or more apart: b, a, c
+    started: list[tuple[str, str]] = []
+    tick = schedule.tick(starter(queue, started), **FAST | {"job_cap": 2})
+    assert [source for source, _ in started] == ["b", "a"]  # due order, under the job cap
+    assert tick.still_due == 1
+    schedule.tick(starter(queue, started), **FAST)
+    assert [source for source, _ in started] == ["b", "a", "c"]
+    assert schedule.tick(starter(queue, started), **FAST).produced == []  # all running
+    assert schedule.get("a") is not None and schedule.get("a").running_job == started[1][1]  # type: ignore[union-attr]
+
+
+def test_an_ended_job_makes_its_source_due_its_interval_after_it_started(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=60))
+    started: list[tuple[str, str]] = []
+    before = time.time()
+    schedule.tick(starter(queue, started), **FAST)
+    finish_all(queue)
+    assert schedule.tick(starter(queue, started), **FAST).produced == []  # not due yet
+    state = schedule.get("a")
+    assert state is not None and state.running_job is None and state.due_at is not None
+    assert before + 59 <= state.due_at <= time.time() + 61
+    schedule.put(Source("b", seeds=["b"], interval=60))
+    schedule.tick(starter(queue, started), **FAST)
+    backdate(client, keys, 61)  # b's job started 61 s ago and is still running
+    finish_all(queue)
+    schedule.tick(starter(queue, started), **FAST)  # its end found: due at once, produced
+    assert [source for source, _ in started] == ["a", "b", "b"]
+
+
+def test_a_paused_source_gets_no_job_and_a_resumed_one_is_due_at_once(
+    schedule: Schedule, queue: PriorityQueue
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=60))
+    schedule.put(Source("p", seeds=["p"], interval=60), paused=True)
+    assert schedule.pause("a") is True
+    assert schedule.pause("nobody") is False
+    started: list[tuple[str, str]] = []
+    assert schedule.tick(starter(queue, started), **FAST).produced == []
+    state = schedule.get("a")
+    assert state is not None and state.paused and state.due_at is None
+    assert schedule.resume("p") is True
+    schedule.tick(starter(queue, started), **FAST)
+    assert [source for source, _ in started] == ["p"]
+
+
+def test_a_source_paused_while_its_job_runs_is_not_due_after_it(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=1))
+    started: list[tuple[str, str]] = []
+    schedule.tick(starter(queue, started), **FAST)
+    schedule.pause("a")
+    backdate(client, keys, 5)
+    finish_all(queue)
+    assert schedule.tick(starter(queue, started), **FAST).produced == []
+    schedule.resume("a")
+    assert [s.id for s, _ in schedule.tick(starter(queue, started), **FAST).produced] == ["a"]
+
+
+def test_removed_sources_are_gone_and_a_changed_one_keeps_its_place(
+    schedule: Schedule, queue: PriorityQueue
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=60))
+    schedule.put(Source("b", seeds=["b"], interval=60))
+    assert schedule.put(Source("a", seeds=["a", "a2"], interval=30)) is False  # changed
+    assert schedule.remove("b") is True and schedule.remove("b") is False
+    assert [source.id for source in schedule.sources()] == ["a"]
+    started: list[tuple[str, str]] = []
+    tick = schedule.tick(starter(queue, started), **FAST)
+    assert [(source.id, source.seeds) for source, _ in tick.produced] == [("a", ["a", "a2"])]
+
+
+def test_the_queue_cap_holds_every_source_back(schedule: Schedule, queue: PriorityQueue) -> None:
+    queue.push_many([Entry(b"waiting", fingerprint=b"w")])
+    schedule.put(Source("a", seeds=["a"], interval=60))
+    started: list[tuple[str, str]] = []
+    tick = schedule.tick(starter(queue, started), **FAST | {"queue_cap": 1})
+    assert (tick.produced, tick.still_due, tick.queued) == ([], 1, 1)
+
+
+def test_adaptive_intervals_shorten_after_items_and_lengthen_without_within_bounds(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    schedule.put(Source("busy", seeds=["b"], interval=100, adaptive=True, min_interval=30))
+    schedule.put(Source("quiet", seeds=["q"], interval=100, adaptive=True, max_interval=300))
+    started: list[tuple[str, str]] = []
+    intervals: dict[str, list[float]] = {"busy": [], "quiet": []}
+    for _ in range(3):
+        schedule.tick(starter(queue, started), **FAST)
+        busy_job = dict(started)["busy"]
+        for lease in queue.lease(100):
+            found = 5 if lease.job == busy_job else 0
+            queue.push_many([], acks=[lease.member], job_stats=[(lease.job, "items", found)])
+        backdate(client, keys, 1000)  # each job started long ago: due again at once
+        schedule.tick(starter(queue, []), **FAST | {"job_cap": 0})  # ends seen, none started
+        for name, seen in intervals.items():
+            state = schedule.get(name)
+            assert state is not None
+            seen.append(state.interval)
+        started.clear()
+    assert intervals == {"busy": [50, 30, 30], "quiet": [200, 300, 300]}
+
+
+def test_two_producers_at_once_start_each_due_source_once(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    for i in range(200):
+        Schedule(client, keys).put(Source(f"s{i:03d}", seeds=[i], interval=60))
+    started: list[tuple[str, str]] = []
+    lock = threading.Lock()
+
+    def start(source: Source, job_id: str) -> None:
+        with lock:
+            started.append((source.id, job_id))
+
+    def run() -> None:
+        for _ in range(10):
+            Schedule(client, keys).tick(start, **FAST | {"job_cap": 1000})
+
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sorted(source for source, _ in started) == [f"s{i:03d}" for i in range(200)]
+
+
+def test_a_job_that_could_not_start_gives_its_source_back(
+    schedule: Schedule, queue: PriorityQueue
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=60))
+
+    def refuse(source: Source, job_id: str) -> None:
+        raise RuntimeError("broker away")
+
+    schedule.tick(refuse, **FAST)
+    started: list[tuple[str, str]] = []
+    schedule.tick(starter(queue, started), **FAST)
+    assert [source for source, _ in started] == ["a"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"id": "a b"}, "source id 'a b'"),
+        ({"id": "a", "interval": 0.5}, r"interval 0.5 s: from 1 s to a year"),
+        ({"id": "a", "interval": "60"}, "interval '60': seconds"),
+        ({"id": "a", "interval": 10, "min_interval": 20}, r"outside its bounds \[20, 10\]"),
+        ({"id": "a", "seeds": "x"}, "seeds 'x': a list"),
+        ({"id": "a", "every": 3}, r"unknown fields \['every'\]"),
+        ({"seeds": []}, "no id"),
+    ],
+)
+def test_bad_definitions_are_refused_with_what_is_wrong(
+    fields: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(BadInput, match=message):
+        Source.from_mapping(fields)
+
+
+def test_a_definition_damaged_in_redis_is_left_out_and_logged(
+    schedule: Schedule, client: redis.Redis, keys: SpiderKeys, caplog: pytest.LogCaptureFixture
+) -> None:
+    schedule.put(Source("good", seeds=["g"], interval=60))
+    client.hset(keys.schedule_sources, "bad", "{not json")
+    assert [source.id for source in schedule.sources()] == ["good"]
+    assert "source 'bad' unreadable" in caplog.text
