@@ -1,0 +1,106 @@
+"""Sources on their own schedules, with a real ``celery beat``, a real worker and the demo site."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.producer.schedule import Schedule, Source
+from tests.support import ROOT
+from tests.support.workers import WORKER_APP, Worker
+
+PERIOD = 1.0  # seconds between beat's ticks
+RUN = 22.0  # seconds beat runs
+LATE = PERIOD + 1.5  # a job starts at most this long after its source is due: a tick, and slack
+
+
+def jobs_by_source(client: redis.Redis, keys: SpiderKeys) -> dict[str, list[dict[str, float]]]:
+    """Every job of the spider, by the ``source`` spider argument the test gives each source."""
+    found: dict[str, list[dict[str, float]]] = {}
+    for key in client.scan_iter(match=keys.job_prefix + "*", count=1000):
+        if client.type(key) != b"hash" or b":" in key[len(keys.job_prefix) :]:
+            continue
+        job = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+        if "created_at" not in job:
+            continue
+        source = json.loads(job.get("args", "{}")).get("source", "")
+        times = {"start": float(job["created_at"]), "end": float(job.get("finished_at", "inf"))}
+        found.setdefault(source, []).append(times)
+    return {source: sorted(jobs, key=lambda j: j["start"]) for source, jobs in found.items()}
+
+
+def beat(env: dict[str, str], folder: Path) -> subprocess.Popen[bytes]:
+    command = [sys.executable, "-m", "celery", "-A", WORKER_APP, "beat", "--loglevel", "INFO"]
+    return subprocess.Popen(
+        [*command, "--schedule", str(folder / "beat-schedule")],
+        cwd=ROOT,
+        env={**env, "PRODUCER_PERIOD": str(PERIOD)},
+        stdout=(folder / "beat.log").open("w"),
+        stderr=subprocess.STDOUT,
+    )
+
+
+def test_beat_starts_each_source_on_its_own_schedule(
+    env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    forum_site: Any,
+    prefix: str,
+    state_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    """Due sources get a job within a tick of their due time, period after period; a paused
+    one gets none; one added from the command line during the run gets one at its first tick."""
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    schedule = Schedule(state_client, keys)
+    intervals = {"every5": 5.0, "every9": 9.0}
+    for (source, interval), forum in zip(intervals.items(), ("00001", "00002"), strict=True):
+        schedule.put(Source(source, [{"forum_id": forum}], interval, args={"source": source}))
+    paused = Source("paused", [{"forum_id": "00003"}], 2.0, args={"source": "paused"})
+    schedule.put(paused, paused=True)
+    start_worker()
+    ticking = beat(env, tmp_path)
+    try:
+        began = time.time()
+        time.sleep(RUN / 3)
+        added_at = time.time()
+        seed = '{"forum_id": "00003"}'
+        command = [sys.executable, "-m", "celery_crawl.tools.cli", "sources", "add", "forum"]
+        command += ["added", "--seed", seed, "--interval", "60", "--arg", "source=added"]
+        added = subprocess.run(
+            [*command, "-A", WORKER_APP],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert added.returncode == 0, added.stderr
+        time.sleep(max(began + RUN - time.time(), 0))
+    finally:
+        ticking.terminate()
+        ticking.wait(30)
+    log = (tmp_path / "beat.log").read_text()[-2000:]
+    jobs = jobs_by_source(state_client, keys)
+    assert "paused" not in jobs
+    assert len(jobs.get("added", [])) == 1, log
+    assert jobs["added"][0]["start"] - added_at <= LATE
+    for source, interval in intervals.items():
+        starts = jobs.get(source, [])
+        assert len(starts) >= int(RUN // interval), (source, starts, log)
+        assert starts[0]["start"] - began <= LATE + 5  # the worker and beat starting first
+        for before, after in itertools.pairwise(starts):
+            due = max(before["start"] + interval, before["end"])  # start to start, once ended
+            # a reservation's time is kept to the second: due up to 1 s before the interval
+            assert before["start"] + interval - 1.0 <= after["start"] <= due + LATE, (
+                source,
+                starts,
+            )
