@@ -185,6 +185,7 @@ class CrawlCollector(Collector):
         yield from gauges(readings, self.bad)
         yield from counters(readings)
         yield from job_metrics(readings)
+        yield from schedule_metrics(self.client, self.spiders, time.time())
         groups = [keys for keys in self.spiders if keys.group == keys.spider]
         sites = {keys.group: read_sites(self.client, keys, self.bad) for keys in groups}
         yield from site_metrics(sites)
@@ -193,6 +194,60 @@ class CrawlCollector(Collector):
             yield from worker_metrics(workers, self.spiders)
         yield from memory_metrics(connection.memory(self.client))
         yield bad_value_metric(self.bad)
+
+
+@dataclass(frozen=True)
+class ScheduleReading:
+    """A spider's sources on their own schedules, as one scrape read them."""
+
+    sources: int
+    overdue: int  # due, and no job yet: the caps hold them back, or the producer is not ticking
+    oldest_overdue: float  # seconds the source due the longest has waited; 0 if none waits
+
+
+def read_schedules(
+    client: redis.Redis, spiders: Sequence[SpiderKeys], now: float
+) -> list[ScheduleReading | None]:
+    """One pipelined round trip, three O(log n) commands per spider; ``now`` is the reader's
+    clock. None for a spider whose keys are of another type (the producer repairs them)."""
+    now_ms = int(now * 1000)
+    with client.pipeline(transaction=False) as pipe:
+        for keys in spiders:
+            pipe.hlen(keys.schedule_sources)
+            pipe.zcount(keys.schedule_due, "-inf", now_ms)
+            pipe.zrange(keys.schedule_due, 0, 0, withscores=True)
+        replies = iter(pipe.execute(raise_on_error=False))
+    found: list[ScheduleReading | None] = []
+    for _ in spiders:
+        count, due, first = next(replies), next(replies), next(replies)
+        if any(isinstance(reply, Exception) for reply in (count, due, first)):
+            found.append(None)
+            continue
+        waited = (now_ms - first[0][1]) / 1000 if first and due else 0.0
+        found.append(ScheduleReading(int(count), int(due), max(waited, 0.0)))
+    return found
+
+
+def schedule_metrics(
+    client: redis.Redis, spiders: Sequence[SpiderKeys], now: float
+) -> Iterator[Metric]:
+    """Sources on their own schedules: how many, how many overdue, the longest wait."""
+    labels = ["spider"]
+    total = GaugeMetricFamily(f"{NS}_sources", "Sources on their own schedules.", labels=labels)
+    overdue = GaugeMetricFamily(
+        f"{NS}_sources_overdue", "Sources due that have no job yet.", labels=labels
+    )
+    oldest = GaugeMetricFamily(
+        f"{NS}_sources_oldest_overdue_seconds",
+        "How long the source due the longest has waited for its job (0: none waits).",
+        labels=labels,
+    )
+    for keys, reading in zip(spiders, read_schedules(client, spiders, now), strict=True):
+        if reading is not None:
+            total.add_metric([keys.spider], reading.sources)
+            overdue.add_metric([keys.spider], reading.overdue)
+            oldest.add_metric([keys.spider], reading.oldest_overdue)
+    yield from (total, overdue, oldest)
 
 
 def memory_metrics(memory: connection.Memory | None) -> Iterator[Metric]:

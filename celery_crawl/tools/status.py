@@ -30,7 +30,7 @@ from celery_crawl.hosting.registry import Registry, waiting_reason
 from celery_crawl.jobs.handle import parse_status
 from celery_crawl.jobs.store import server_time
 from celery_crawl.politeness.sites import read_sites
-from celery_crawl.tools.exporter import Reading, read, read_registry
+from celery_crawl.tools.exporter import Reading, read, read_registry, read_schedules
 
 Raw = dict[bytes, bytes]
 
@@ -85,6 +85,7 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
         job["waiting"] = waiting_reason(processes, job["spider"])
         if memory is not None and memory.out_of_memory:
             job["waiting"] = memory.describe()
+    schedules = read_schedules(client, spiders, now)
     per_spider = [
         {
             "spider": reading.keys.spider,
@@ -94,8 +95,11 @@ def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> di
             "dropped": reading.dropped,
             **spider_rates,
             "jobs": spider_jobs,
+            "sources": asdict(schedule) if schedule is not None else None,
         }
-        for reading, (spider_rates, _), spider_jobs in zip(readings, counts, jobs, strict=True)
+        for reading, (spider_rates, _), spider_jobs, schedule in zip(
+            readings, counts, jobs, schedules, strict=True
+        )
     ]
     return {
         "spiders": per_spider,
@@ -206,7 +210,17 @@ def workers(app: Any, timeout: float = 1.0) -> list[str]:
 
 def render(data: dict[str, Any]) -> Group:
     spiders = Table(title="celery_crawl status")
-    columns = ("spider", "queue", "in flight", "dedup", "dropped", "pages/s", "items/s", "jobs")
+    columns = (
+        "spider",
+        "queue",
+        "in flight",
+        "dedup",
+        "dropped",
+        "pages/s",
+        "items/s",
+        "jobs",
+        "sources",
+    )
     for column in columns:
         spiders.add_column(column, justify="left" if column == "spider" else "right")
     for s in data["spiders"]:
@@ -219,6 +233,7 @@ def render(data: dict[str, Any]) -> Group:
             f"{s['pages_per_s']:.1f}",
             f"{s['items_per_s']:.1f}",
             str(len(s["jobs"])),
+            sources_cell(s["sources"]),
         )
     jobs = Table(title="running jobs")
     for column in PROGRESS:
@@ -235,6 +250,16 @@ def render(data: dict[str, Any]) -> Group:
     if data["bad_values"]:
         tables.append(bad_value_table(data["bad_values"]))
     return Group(*tables)
+
+
+def sources_cell(sources: dict[str, Any] | None) -> str:
+    """How many sources, and how many are overdue (and for how long the oldest waited)."""
+    if not sources or not sources["sources"]:
+        return ""
+    if not sources["overdue"]:
+        return f"{sources['sources']:,}"
+    late = f"{sources['overdue']:,} overdue, {sources['oldest_overdue']:.0f} s"
+    return f"{sources['sources']:,} ({late})"
 
 
 def problem_tables(problem: str) -> list[Table]:

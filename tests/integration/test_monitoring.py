@@ -22,6 +22,7 @@ from celery_crawl import crawl
 from celery_crawl.core.keys import SpiderKeys, workers_key
 from celery_crawl.hosting.project import project_of
 from celery_crawl.hosting.registry import Registry
+from celery_crawl.producer.schedule import Schedule, Source
 from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.tools.exporter import CrawlCollector, serve
@@ -134,6 +135,23 @@ def test_the_exporter_serves_each_sites_state(client: redis.Redis, prefix: str) 
     assert 28 < samples[("celery_crawl_site_pause_remaining_seconds", "forum.example")] <= 30
 
 
+def test_the_exporter_shows_sources_overdue_and_how_long_the_oldest_waited(
+    client: redis.Redis, prefix: str
+) -> None:
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    schedule = Schedule(client, keys)
+    for name in ("late", "later", "on_time", "waiting"):
+        schedule.put(Source(name, seeds=[name], interval=60))
+    now_ms = int(time.time() * 1000)
+    client.zadd(keys.schedule_due, {"late": now_ms - 90_000, "later": now_ms - 30_000})
+    client.zadd(keys.schedule_due, {"on_time": now_ms + 60_000})
+    schedule.pause("waiting")
+    samples = {s.name: s.value for f in CrawlCollector(client, [keys]).collect() for s in f.samples}
+    assert samples["celery_crawl_sources"] == 4
+    assert samples["celery_crawl_sources_overdue"] == 2
+    assert 90 <= samples["celery_crawl_sources_oldest_overdue_seconds"] < 100
+
+
 def test_alert_rules_are_valid_and_name_only_exported_metrics(
     client: redis.Redis, prefix: str
 ) -> None:
@@ -152,6 +170,7 @@ def test_alert_rules_are_valid_and_name_only_exported_metrics(
         "CrawlSiteBackingOff",
         "CrawlRedisOutOfMemory",
         "CrawlRedisEvictingKeys",
+        "CrawlSourcesOverdue",
     }
     for alert in alerts:
         assert set(alert) <= {"alert", "expr", "for", "labels", "annotations"}
@@ -214,7 +233,8 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
     try:
         groups = wait_for_evaluated_rules(port, deadline=time.monotonic() + 60)
         rules_seen = [rule for group in groups for rule in group["rules"]]
-        assert len(rules_seen) == 11
+        in_file = yaml.safe_load(rules.read_text())["groups"]
+        assert len(rules_seen) == sum(len(group["rules"]) for group in in_file) == 12
         assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
         items = prometheus_api(port, "query", query="celery_crawl_items_total")["result"]
         assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]
@@ -269,6 +289,9 @@ def test_status_json_shows_spiders_jobs_and_workers(
     job.wait(timeout=120)
     waiting = crawl("forum", [{"forum_id": "00001"}], app=app)
     waiting.cancel()  # finished, so it must not be listed as running
+    schedule = project_of(app).schedule("forum")
+    schedule.put(Source("late", seeds=["00001"], interval=60))  # no beat: it stays due
+    schedule.client.zadd(schedule.keys.schedule_due, {"late": int(time.time() * 1000) - 120_000})
     command = [sys.executable, "-m", "celery_crawl.tools.cli", "status", "--json", "-A", WORKER_APP]
     out = subprocess.run(
         command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
@@ -286,11 +309,15 @@ def test_status_json_shows_spiders_jobs_and_workers(
             "pages_per_s",
             "items_per_s",
             "jobs",
+            "sources",
         }
         assert entry["dropped"] == 0
     assert spiders["forum_detail"]["pages_per_s"] > 0  # pages of the last minute
     assert spiders["forum_detail"]["items_per_s"] > 0
     assert spiders["forum"]["jobs"] == []  # both jobs finished
+    late = spiders["forum"]["sources"]
+    assert (late["sources"], late["overdue"]) == (1, 1) and 120 <= late["oldest_overdue"] < 180
+    assert spiders["forum_detail"]["sources"] == {"sources": 0, "overdue": 0, "oldest_overdue": 0}
     assert any(name.startswith("watched@") for name in data["workers"])
     assert worker.output().count("hosting crawlers") == 1
 
