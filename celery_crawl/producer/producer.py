@@ -38,6 +38,14 @@ from celery_crawl.core.scripts import Argv
 
 logger = logging.getLogger(__name__)
 
+START_GRACE = 120  # seconds a reservation may wait for its job to be created
+
+
+def lua_constants() -> str:
+    """The constants ``producer/lua/produce.lua`` and ``schedule_tick.lua`` share with Python."""
+    return scripts.lua_constants(START_GRACE=START_GRACE)
+
+
 PRODUCE = Argv("produce", ("job_cap", "queue_cap", "sources"), (("sources",), ("job_ids",)))
 
 

@@ -50,7 +50,15 @@ TICK = Argv("schedule_tick", ("job_cap", "queue_cap", "faster", "slower"), tail=
 
 MIN_INTERVAL = 1.0  # seconds: a source is due at most once a second
 MAX_INTERVAL = 365 * 86400.0
+# an adaptive source's bounds when it gives none (Nutch's smallest interval is a minute)
+ADAPTIVE_MIN = 60.0
+ADAPTIVE_MAX = 30 * 86400.0
 MAX_RESERVED_PER_TICK = 1000  # job ids sent with one tick: the cap beyond it waits a tick
+
+
+def lua_constants() -> str:
+    """The bounds ``producer/lua/schedule_tick.lua`` holds every interval within."""
+    return scripts.lua_constants(MIN_INTERVAL=MIN_INTERVAL, MAX_INTERVAL=MAX_INTERVAL)
 
 
 @dataclass(frozen=True)
@@ -71,10 +79,23 @@ class Source:
         check_source_id(self.id)
         check_seeds(self.seeds)
         check_priority(self.priority)
+        for name in ("args", "limits"):
+            if not isinstance(getattr(self, name), dict):
+                raise BadInput(f"source {self.id}: {name} {quote(getattr(self, name))}: a dict")
         check_args(self.args)
         check_limits(self.limits or None)
+        self._check_schedule()
+
+    def _check_schedule(self) -> None:
+        if not isinstance(self.adaptive, bool):
+            raise BadInput(f"source {self.id}: adaptive {quote(self.adaptive)}: true or false")
         for name in ("interval", "min_interval", "max_interval"):
             _check_seconds(name, getattr(self, name), optional=name != "interval")
+        if self.adaptive:  # bounds always written down: the tick script reads them
+            if self.min_interval is None:
+                object.__setattr__(self, "min_interval", min(ADAPTIVE_MIN, self.interval))
+            if self.max_interval is None:
+                object.__setattr__(self, "max_interval", max(ADAPTIVE_MAX, self.interval))
         low = self.min_interval or self.interval
         high = self.max_interval or self.interval
         if not low <= self.interval <= high:
@@ -158,8 +179,14 @@ class Schedule:
 
     # -- managing sources ------------------------------------------------------
 
-    def put(self, source: Source, *, paused: bool = False) -> bool:
-        """Add ``source``, or change it; True if it is new. A new one is due now."""
+    def put(self, source: Source, *, paused: bool | None = None) -> str:
+        """Add ``source``, or change it: ``"added"``, ``"changed"`` or ``"unchanged"``.
+
+        A new source is due now. ``paused``: True pauses it, False resumes it, None
+        (the default) leaves a source as it was. A changed source keeps its due time
+        (or comes sooner, to be due one new interval from now), and its current
+        interval unless its ``interval`` changed.
+        """
         keys = [
             self.keys.schedule_sources,
             self.keys.schedule_due,
@@ -171,9 +198,9 @@ class Schedule:
             source_id=source.id,
             definition=source.to_json(),
             interval=source.interval,
-            paused=int(paused),
+            paused="" if paused is None else int(paused),
         )
-        return bool(self._run(PUT, keys, args))
+        return ("changed", "added", "unchanged")[int(self._run(PUT, keys, args))]
 
     def pause(self, source_id: str) -> bool:
         """Produce no more jobs of the source (one running goes on); False: no such source."""
@@ -206,7 +233,18 @@ class Schedule:
         return bool(removed)
 
     def __len__(self) -> int:
-        return int(self.client.hlen(self.keys.schedule_sources))
+        key = self.keys.schedule_sources
+
+        def count() -> int:
+            try:
+                return int(self.client.hlen(key))
+            except redis.ResponseError as exc:  # of another type: moved aside, counted again
+                if "WRONGTYPE" not in str(exc):
+                    raise
+                damaged = f"WRONGTYPE damaged key {key}: it should hold a hash"
+                raise redis.ResponseError(damaged) from exc
+
+        return retried(self.repairer, count)
 
     def get(self, source_id: str) -> SourceState | None:
         """The source and where it stands, read in one round trip; None if there is none."""
@@ -235,15 +273,6 @@ class Schedule:
         found: dict[bytes, bytes] = self.client.hgetall(self.keys.schedule_sources)  # type: ignore[assignment]
         parsed = (self._parse(key.decode("utf-8", "replace"), raw) for key, raw in found.items())
         return sorted((source for source in parsed if source is not None), key=lambda s: s.id)
-
-    def due(self, now: float) -> int:
-        """How many sources are due at ``now`` (unix seconds) and have no job yet."""
-        return int(self.client.zcount(self.keys.schedule_due, "-inf", int(now * 1000)))
-
-    def oldest_due(self) -> float | None:
-        """The due time (unix seconds) of the source waiting longest, if any waits."""
-        first = self.client.zrange(self.keys.schedule_due, 0, 0, withscores=True)
-        return float(first[0][1]) / 1000 if first else None
 
     def _parse(self, source_id: str, definition: bytes) -> Source | None:
         try:
@@ -278,8 +307,8 @@ class Schedule:
         for i in range(0, len(flat), 3):
             source_id, job_id = flat[i].decode(), flat[i + 1].decode()
             source = self._parse(source_id, flat[i + 2])
-            if source is None:
-                self.client.hdel(self.keys.producer_running, source_id)
+            if source is None:  # JSON, but breaks a rule: paused until put again
+                self.pause(source_id)
                 continue
             produced.append((source, job_id))
         return ScheduleTick(produced, int(still_due), int(queued))
@@ -308,6 +337,9 @@ class Schedule:
         for source, job_id in tick.produced:
             try:
                 start(source, job_id)
+            except BadInput as exc:  # the spider refuses it: every tick would, so it waits
+                logger.error("schedule: source %s paused: %s", quote(source.id), exc)
+                self.pause(source.id)
             except Exception:
                 logger.exception("schedule: job for %s not started; released", quote(source.id))
                 self._release(source.id)

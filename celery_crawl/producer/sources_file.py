@@ -15,7 +15,8 @@ and ``paused: true`` for one that waits::
         interval: 86400
         paused: true
 
-Importing with ``sync`` makes each spider of the file hold exactly the file's sources:
+A source keeps its paused state unless the file gives ``paused``. Importing with ``sync``
+makes each spider of the file hold exactly the file's sources, paused as the file says:
 the others of those spiders are removed. A file that breaks a rule changes nothing.
 """
 
@@ -35,8 +36,9 @@ from celery_crawl.producer.schedule import Schedule, Source
 PAUSED = "paused"  # a field of a source in a file, not of its definition
 
 
-def parse(text: str, suffix: str) -> dict[str, list[tuple[Source, bool]]]:
-    """The file's sources by spider, each with whether it is paused; raises :class:`BadInput`."""
+def parse(text: str, suffix: str) -> dict[str, list[tuple[Source, bool | None]]]:
+    """The file's sources by spider, each with its ``paused`` (None: not given);
+    raises :class:`BadInput`."""
     try:
         if suffix == ".toml":
             data: Any = tomllib.loads(text)
@@ -48,7 +50,7 @@ def parse(text: str, suffix: str) -> dict[str, list[tuple[Source, bool]]]:
         raise BadInput(f"sources file: not {suffix.lstrip('.') or 'YAML'}: {exc}") from None
     if not isinstance(data, dict):
         raise BadInput("sources file: a mapping of spider name to a list of its sources")
-    found: dict[str, list[tuple[Source, bool]]] = {}
+    found: dict[str, list[tuple[Source, bool | None]]] = {}
     for spider, sources in data.items():
         if not isinstance(sources, list):
             raise BadInput(f"sources file: spider {quote(spider)}: a list of sources")
@@ -59,12 +61,12 @@ def parse(text: str, suffix: str) -> dict[str, list[tuple[Source, bool]]]:
     return found
 
 
-def _source(spider: str, entry: Any) -> tuple[Source, bool]:
+def _source(spider: str, entry: Any) -> tuple[Source, bool | None]:
     if not isinstance(entry, dict):
         raise BadInput(f"sources file: spider {quote(spider)}: a source is a mapping")
     fields = dict(entry)
-    paused = fields.pop(PAUSED, False)
-    if not isinstance(paused, bool):
+    paused = fields.pop(PAUSED, None)
+    if paused is not None and not isinstance(paused, bool):
         raise BadInput(f"sources file: {quote(fields.get('id'))}: paused is true or false")
     try:
         return Source.from_mapping(fields), paused
@@ -72,15 +74,19 @@ def _source(spider: str, entry: Any) -> tuple[Source, bool]:
         raise BadInput(f"sources file: spider {quote(spider)}: {exc}") from None
 
 
-def read(path: Path) -> dict[str, list[tuple[Source, bool]]]:
+def read(path: Path) -> dict[str, list[tuple[Source, bool | None]]]:
     return parse(path.read_text(encoding="utf-8"), path.suffix.lower())
 
 
-def load(schedule: Schedule, sources: list[tuple[Source, bool]], *, sync: bool) -> dict[str, int]:
-    """Put ``sources`` into ``schedule``; with ``sync``, remove its sources not among them."""
-    counts = {"added": 0, "changed": 0, "removed": 0}
+def load(
+    schedule: Schedule, sources: list[tuple[Source, bool | None]], *, sync: bool
+) -> dict[str, int]:
+    """Put ``sources`` into ``schedule``. A source's ``paused`` is kept unless the file gives
+    it; with ``sync`` the file is the truth: no ``paused`` is not paused, and the schedule's
+    sources the file lacks are removed."""
+    counts = {"added": 0, "changed": 0, "unchanged": 0, "removed": 0}
     for source, paused in sources:
-        counts["added" if schedule.put(source, paused=paused) else "changed"] += 1
+        counts[schedule.put(source, paused=bool(paused) if sync else paused)] += 1
     if sync:
         kept = {source.id for source, _ in sources}
         for source in schedule.sources():

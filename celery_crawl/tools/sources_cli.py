@@ -47,12 +47,6 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _seed(text: str) -> Any:
-    """A seed as ``celery-crawl crawl`` takes it: JSON, or a bare value."""
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def _pairs(values: list[str], what: str) -> dict[str, str]:
@@ -82,15 +76,20 @@ def add(
     priority: Annotated[int, typer.Option(help="the jobs' priority")] = 0,
     arg: Annotated[list[str] | None, typer.Option(help="spider argument NAME=VALUE")] = None,
     limit: Annotated[list[str] | None, typer.Option(help="job limit NAME=N (pages, items)")] = None,
-    paused: Annotated[bool, typer.Option(help="added paused")] = False,
+    paused: Annotated[bool, typer.Option(help="paused: no job until resumed")] = False,
     app: base.AppOption = None,
 ) -> None:
-    """Add a source, or change one (it keeps its place in the schedule)."""
+    """Add a source, or change one: it keeps its due time, and stays paused if it was."""
+    from celery_crawl.hosting.project import parse_seed
+
     try:
+        project = _project(app)
+        project.check_hostable(spider)
+        spidercls = project.spider_class(spider)
         limits = {name: float(value) for name, value in _pairs(limit or [], "limit").items()}
         source = Source(
             source_id,
-            seeds=[_seed(text) for text in seed],
+            seeds=[parse_seed(spidercls, text) for text in seed],
             interval=interval,
             adaptive=adaptive,
             min_interval=min_interval,
@@ -99,11 +98,10 @@ def add(
             args=_pairs(arg or [], "arg"),
             limits=limits,
         )
-        new = _project(app).schedule(spider).put(source, paused=paused)
+        outcome = project.schedule(spider).put(source, paused=True if paused else None)
     except (CeleryCrawlError, ValueError) as exc:
         raise _fail(exc) from None
-    state = "added" if new else "changed"
-    typer.echo(f"{spider}/{source_id}: {state}{', paused' if paused else ''}")
+    typer.echo(f"{spider}/{source_id}: {outcome}{', paused' if paused else ''}")
 
 
 def _row(spider: str, state: SourceState, now: float) -> dict[str, Any]:
@@ -149,6 +147,8 @@ def list_sources(
             else f"running job {row['running_job']}"
             if row["running_job"]
             else f"due in {row['due_in']:g} s"
+            if row["due_in"] is not None
+            else "not due (its key was repaired?): add it again"
         )
         kind = "adaptive" if row["adaptive"] else "fixed"
         typer.echo(f"{row['spider']}/{row['id']}: every {row['interval']:g} s ({kind}); {when}")

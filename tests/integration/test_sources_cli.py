@@ -36,6 +36,8 @@ def test_sources_are_added_listed_paused_resumed_and_removed(
     assert sources(env, "pause", "forum", "b1").stdout.strip() == "forum/b1: paused"
     assert json.loads(sources(env, "show", "forum", "b1", "--json").stdout)["paused"] is True
     assert sources(env, "resume", "forum", "b1").stdout.strip() == "forum/b1: resumed"
+    resumed = schedule.get("b1")
+    assert resumed is not None and not resumed.paused and resumed.due_at is not None
     assert sources(env, "remove", "forum", "b1").stdout.strip() == "forum/b1: removed"
     missing = sources(env, "remove", "forum", "b1")
     assert missing.returncode == 2 and "no source 'b1' for spider 'forum'" in missing.stderr
@@ -75,12 +77,12 @@ def test_a_file_imports_syncs_and_exports_back_the_same(
     assert extra.returncode == 0, extra.stderr
     done = sources(env, "import", str(file), "--sync")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "forum: 2 added, 0 changed, 1 removed"
+    assert done.stdout.strip() == "forum: 2 added, 0 changed, 0 unchanged, 1 removed"
     exported = sources(env, "export")
     assert exported.returncode == 0, exported.stderr
     assert yaml.safe_load(exported.stdout) == yaml.safe_load(file.read_text())
     again = tmp_path / "again.yaml"
     again.write_text(exported.stdout)
     assert sources(env, "import", str(again), "--sync").stdout.strip() == (
-        "forum: 0 added, 2 changed, 0 removed"
+        "forum: 0 added, 0 changed, 2 unchanged, 0 removed"
     )

@@ -43,7 +43,8 @@ for i = 5, #KEYS do
     queued = queued + queue_length(KEYS[i])
 end
 
-local START_GRACE = 120  -- seconds a reservation may wait for its job to be created
+-- START_GRACE: seconds a reservation may wait for its job to be created
+--!generated celery_crawl.producer.producer:lua_constants
 
 -- forget jobs that finished (or never started) since the last tick
 local now = tonumber(redis.call('TIME')[1])

@@ -7,16 +7,18 @@
 -- KEYS[5]  running: the producer's hash of source -> "job id|reserved at (unix s)"
 -- ARGV[1]  source id
 -- ARGV[2]  its definition, JSON
--- ARGV[3]  its interval (s): the current one starts from it again
--- ARGV[4]  "1": paused, "0": not
--- Returns  1 for a new source, 0 for a changed one
+-- ARGV[3]  its interval (s)
+-- ARGV[4]  paused: "1" pause it, "0" resume it, "" leave it as it was (a new one: not paused)
+-- Returns  1 for a new source, 0 for a changed one, 2 for one unchanged
 --
 -- A new source is due now. A changed one keeps its due time, or comes sooner to
--- be due one new interval from now. A paused one is not due; a source whose job
--- still runs is not either: its next due time is set when its job ends.
+-- be due one new interval from now; its current interval (an adaptive source's
+-- moves) starts again from the new one only if its interval changed. A paused one
+-- is not due; a source whose job still runs is not either: its next due time is
+-- set when its job ends.
 
 local sources, due, paused, intervals, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local id, definition, interval, pause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4] == '1'
+local id, definition, interval, pause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 
 --!include keytypes
 local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
@@ -28,20 +30,30 @@ spec_add(spec, running, 'hash')
 local refused = refuse_damaged(spec)
 if refused then return refused end
 
-local now = redis.call('TIME')
-local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-local new = redis.call('HSET', sources, id, definition)
-redis.call('HSET', intervals, id, interval)
-if pause then
+local old = redis.call('HGET', sources, id)
+local outcome = old and (old == definition and 2 or 0) or 1
+local ok, before = pcall(cjson.decode, old or '')
+local same_interval = ok and type(before) == 'table' and tonumber(before.interval) == interval
+if not (same_interval and redis.call('HEXISTS', intervals, id) == 1) then
+    redis.call('HSET', intervals, id, interval)
+end
+redis.call('HSET', sources, id, definition)
+if pause == '1' then
     redis.call('SADD', paused, id)
     redis.call('ZREM', due, id)
-    return new
+    return outcome
 end
-redis.call('SREM', paused, id)
-if redis.call('HEXISTS', running, id) == 1 then return new end
-if new == 1 or not redis.call('ZSCORE', due, id) then
+if pause == '0' then
+    redis.call('SREM', paused, id)
+elseif redis.call('SISMEMBER', paused, id) == 1 then
+    return outcome
+end
+if redis.call('HEXISTS', running, id) == 1 then return outcome end
+local now = redis.call('TIME')
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+if not redis.call('ZSCORE', due, id) then
     redis.call('ZADD', due, now_ms, id)
 else
     redis.call('ZADD', due, 'LT', now_ms + interval * 1000, id)
 end
-return new
+return outcome

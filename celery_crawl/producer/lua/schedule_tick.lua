@@ -22,7 +22,10 @@
 -- A source's next due time is set when its job has ended: its last reservation
 -- plus its interval (start to start), now if that has passed. An adaptive
 -- source's interval first moves, within its bounds: shorter after a job that
--- found items, longer after one that found none.
+-- found items, longer after one that found none. A reservation whose job was never
+-- created (START_GRACE) makes its source due again now, its interval unchanged. A
+-- source whose definition is not JSON is paused, not reserved, and counted
+-- (producer/sources_unreadable): put it again to fix it.
 
 local running, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3]
 local sources, due, paused, intervals = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
@@ -48,22 +51,36 @@ for i = 8, #KEYS do
     queued = queued + queue_length(KEYS[i])
 end
 
-local START_GRACE = 120  -- seconds a reservation may wait for its job to be created
+-- START_GRACE: seconds a reservation may wait for its job to be created
+--!generated celery_crawl.producer.producer:lua_constants
+-- MIN_INTERVAL, MAX_INTERVAL: the bounds of every interval (s)
+--!generated celery_crawl.producer.schedule:lua_constants
 local now = redis.call('TIME')
 local now_s, now_ms = tonumber(now[1]), now[1] * 1000 + math.floor(now[2] / 1000)
 
-local function next_interval(source, job)
-    local interval = tonumber(redis.call('HGET', intervals, source))
-    local ok, definition = pcall(cjson.decode, redis.call('HGET', sources, source))
-    if not ok or type(definition) ~= 'table' then definition = {} end
-    interval = interval or tonumber(definition.interval) or 3600
-    if definition.adaptive then
+local function definition_of(source)  -- the decoded definition, or nil if it is not JSON
+    local ok, definition = pcall(cjson.decode, redis.call('HGET', sources, source) or '')
+    if ok and type(definition) == 'table' then return definition end
+    return nil
+end
+
+local function bounded(value, low, high)  -- a number within [low, high]; nil if none
+    value = tonumber(value)
+    if not value or value ~= value then return nil end  -- not a number, or NaN
+    return math.min(math.max(value, low), high)
+end
+
+local function next_interval(source, job, ran)
+    local definition = definition_of(source) or {}
+    local interval = bounded(redis.call('HGET', intervals, source), MIN_INTERVAL, MAX_INTERVAL)
+    interval = interval or bounded(definition.interval, MIN_INTERVAL, MAX_INTERVAL) or 3600
+    if ran and definition.adaptive == true then
         local items = tonumber(redis.pcall('HGET', job_prefix .. job, 'items')) or 0
-        interval = interval * (items > 0 and faster or slower)
-        interval = math.max(interval, tonumber(definition.min_interval) or interval)
-        interval = math.min(interval, tonumber(definition.max_interval) or interval)
-        redis.call('HSET', intervals, source, interval)
+        local low = bounded(definition.min_interval, MIN_INTERVAL, MAX_INTERVAL) or MIN_INTERVAL
+        local high = bounded(definition.max_interval, low, MAX_INTERVAL) or MAX_INTERVAL
+        interval = bounded(interval * (items > 0 and faster or slower), low, high)
     end
+    redis.call('HSET', intervals, source, interval)
     return interval
 end
 
@@ -79,8 +96,11 @@ for i = 1, #entries, 2 do
         redis.call('HDEL', running, source)
         local scheduled = redis.call('HEXISTS', sources, source) == 1
         if scheduled and redis.call('SISMEMBER', paused, source) == 0 then
-            local interval = next_interval(source, job or '')
-            local next_due = math.max((tonumber(at) or now_s) * 1000 + interval * 1000, now_ms)
+            local next_due = now_ms  -- a job never created: due again now, interval unchanged
+            if not stale then
+                local interval = next_interval(source, job or '', true)
+                next_due = math.max((tonumber(at) or now_s) * 1000 + interval * 1000, now_ms)
+            end
             redis.call('ZADD', due, next_due, source)
         end
     end
@@ -91,10 +111,14 @@ if queued >= queue_cap then room = 0 end
 local reply = {queued, 0}
 if room > 0 then
     local found = redis.call('ZRANGE', due, '-inf', now_ms, 'BYSCORE', 'LIMIT', 0, room)
+    local unreadable = 0
     for index, source in ipairs(found) do
         redis.call('ZREM', due, source)
         local definition = redis.call('HGET', sources, source)
-        if definition then
+        if definition and not definition_of(source) then
+            redis.call('SADD', paused, source)  -- not JSON: paused until put again
+            unreadable = unreadable + 1
+        elseif definition then
             local job = ARGV[4 + index]
             redis.call('HSET', running, source, job .. '|' .. now_s)
             reply[#reply + 1] = source
@@ -102,6 +126,7 @@ if room > 0 then
             reply[#reply + 1] = definition
         end
     end
+    if unreadable > 0 then count(stats, 'producer/sources_unreadable', unreadable) end
 end
 local still_due = redis.call('ZCOUNT', due, '-inf', now_ms)
 reply[2] = still_due

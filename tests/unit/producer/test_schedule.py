@@ -64,7 +64,7 @@ def test_due_sources_get_a_job_each_in_due_order_and_not_again_while_it_runs(
     schedule: Schedule, queue: PriorityQueue
 ) -> None:
     for name in ("b", "a", "c"):
-        assert schedule.put(Source(name, seeds=[name], interval=60)) is True
+        assert schedule.put(Source(name, seeds=[name], interval=60)) == "added"
         time.sleep(0.002)  # due times a millisecond or more apart: b, a, c
     started: list[tuple[str, str]] = []
     tick = schedule.tick(starter(queue, started), **FAST | {"job_cap": 2})
@@ -131,7 +131,10 @@ def test_removed_sources_are_gone_and_a_changed_one_keeps_its_place(
 ) -> None:
     schedule.put(Source("a", seeds=["a"], interval=60))
     schedule.put(Source("b", seeds=["b"], interval=60))
-    assert schedule.put(Source("a", seeds=["a", "a2"], interval=30)) is False  # changed
+    due = schedule.get("a").due_at  # type: ignore[union-attr]
+    assert schedule.put(Source("a", seeds=["a", "a2"], interval=30)) == "changed"
+    assert schedule.put(Source("a", seeds=["a", "a2"], interval=30)) == "unchanged"
+    assert schedule.get("a").due_at == due  # type: ignore[union-attr]
     assert schedule.remove("b") is True and schedule.remove("b") is False
     assert [source.id for source in schedule.sources()] == ["a"]
     started: list[tuple[str, str]] = []
@@ -206,12 +209,89 @@ def test_a_job_that_could_not_start_gives_its_source_back(
     started: list[tuple[str, str]] = []
     schedule.tick(starter(queue, started), **FAST)
     assert [source for source, _ in started] == ["a"]
+    assert schedule.get("a").interval == 60  # type: ignore[union-attr]
+
+
+def test_putting_a_source_again_keeps_it_paused_and_what_it_learned(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    busy = Source("busy", seeds=["b"], interval=100, adaptive=True, min_interval=10)
+    schedule.put(busy)
+    started: list[tuple[str, str]] = []
+    schedule.tick(starter(queue, started), **FAST)
+    finish_all(queue, items=3)
+    schedule.tick(starter(queue, []), **FAST)  # its end seen: 100 s became 50 s
+    assert schedule.get("busy").interval == 50  # type: ignore[union-attr]
+    schedule.pause("busy")
+    assert schedule.put(busy) == "unchanged"
+    state = schedule.get("busy")
+    assert state is not None and state.paused and state.interval == 50 and state.due_at is None
+    assert schedule.put(busy, paused=False) == "unchanged"
+    assert not schedule.get("busy").paused  # type: ignore[union-attr]
+    schedule.put(Source("busy", seeds=["b"], interval=200, adaptive=True, min_interval=10))
+    assert schedule.get("busy").interval == 200  # type: ignore[union-attr]  # a new interval
+
+
+def test_an_adaptive_source_without_bounds_stays_within_a_minute_and_30_days(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    schedule.put(Source("x", seeds=["x"], interval=100, adaptive=True))
+    seen = []
+    for _ in range(3):
+        schedule.tick(starter(queue, []), **FAST)
+        finish_all(queue, items=1)
+        backdate(client, keys, 1000)
+        schedule.tick(starter(queue, []), **FAST | {"job_cap": 0})
+        seen.append(schedule.get("x").interval)  # type: ignore[union-attr]
+    assert seen == [60, 60, 60]  # 100 s halved is 50 s: held at the minute
+
+
+def test_a_definition_that_is_not_json_pauses_its_source_until_put_again(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=60))
+    client.hset(keys.schedule_sources, "a", "{not json")
+    started: list[tuple[str, str]] = []
+    assert schedule.tick(starter(queue, started), **FAST).produced == []
+    assert client.sismember(keys.schedule_paused, "a")
+    assert client.hget(keys.stats, "producer/sources_unreadable") == b"1"
+    schedule.put(Source("a", seeds=["a"], interval=60), paused=False)
+    schedule.tick(starter(queue, started), **FAST)
+    assert [source for source, _ in started] == ["a"]
+
+
+def test_a_reservation_whose_job_never_started_is_due_again_with_its_interval(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=100, adaptive=True, min_interval=10))
+    schedule.tick(lambda source, job_id: None, **FAST)  # reserved; its job never created
+    backdate(client, keys, 200)  # past the grace a reservation has to become a job
+    started: list[tuple[str, str]] = []
+    schedule.tick(starter(queue, started), **FAST)
+    assert [source for source, _ in started] == ["a"]
+    assert schedule.get("a").interval == 100  # type: ignore[union-attr]  # no job: no change
+
+
+def test_a_source_the_spider_refuses_is_paused_not_tried_every_tick(
+    schedule: Schedule, caplog: pytest.LogCaptureFixture
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=60))
+
+    def refuse(source: Source, job_id: str) -> None:
+        raise BadInput("seed 'a': the spider takes a forum id")
+
+    schedule.tick(refuse, **FAST)
+    state = schedule.get("a")
+    assert state is not None and state.paused
+    assert "source 'a' paused: seed 'a': the spider takes a forum id" in caplog.text
 
 
 @pytest.mark.parametrize(
     ("fields", "message"),
     [
         ({"id": "a b"}, "source id 'a b'"),
+        ({"id": "a", "adaptive": 0}, "adaptive 0: true or false"),
+        ({"id": "a", "limits": None}, "limits None: a dict"),
         ({"id": "a", "interval": 0.5}, r"interval 0.5 s: from 1 s to a year"),
         ({"id": "a", "interval": "60"}, "interval '60': seconds"),
         ({"id": "a", "interval": 10, "min_interval": 20}, r"outside its bounds \[20, 10\]"),
