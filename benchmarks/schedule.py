@@ -1,8 +1,9 @@
 """What a producer tick costs with many sources: due-time schedule against the source list.
 
-For each N, N sources of one spider are registered, and ``--due`` of them are due; a
-tick reserves the due ones (``Schedule.reserve``, ``producer/lua/schedule_tick.lua``),
-then they are made due again, ``--rounds`` times. Beside it, in the same run, on the
+For each N, N sources of one spider are registered. Each timed tick
+(``Schedule.reserve``, ``producer/lua/schedule_tick.lua``) finds the ``--due`` jobs of the
+tick before ended (their sources' next due times set) and reserves ``--due`` other
+sources that are due, ``--rounds`` times. Beside it, in the same run, on the
 same Redis:
 
 - the list producer (``Producer.reserve``, ``producer/lua/produce.lua``), which is handed
@@ -35,7 +36,9 @@ CAP = 10**9  # queue cap: never reached
 
 
 def register(client: redis.Redis, keys: SpiderKeys, count: int, due: int) -> list[str]:
-    """``count`` sources, put through the schedule's own script (pipelined); ``due`` due now."""
+    """``count`` sources, put through the schedule's own script (pipelined); ``due`` due now.
+
+    The keys are the schedule's (``Schedule.put``), sent pipelined for speed."""
     put = scripts.script(client, PUT.script)
     ids = [f"s{i:07d}" for i in range(count)]
     put_keys = [
@@ -77,16 +80,26 @@ def measure(client: redis.Redis, count: int, due: int, rounds: int) -> list[obje
     try:
         ids = register(client, keys, count, due)
         schedule = Schedule(client, keys)
+        turn = iter(range(10**6))
 
         def due_again() -> None:
-            client.delete(keys.producer_running)
-            client.zadd(keys.schedule_due, dict.fromkeys(ids[:due], int(time.time() * 1000)))
+            """The jobs of the last tick ended; ``due`` other sources due now: a tick handles
+            both, the ends (the next due times) and the reservations."""
+            running = client.hgetall(keys.producer_running)
+            with client.pipeline(transaction=False) as pipe:
+                for value in running.values():
+                    pipe.hset(keys.job(value.decode().partition("|")[0]), "state", "done")
+                first = due * (next(turn) % 2)
+                now = int(time.time() * 1000)
+                pipe.zadd(keys.schedule_due, dict.fromkeys(ids[first : first + due], now))
+                pipe.execute()
 
         def scheduled() -> None:
             tick = schedule.reserve(due, CAP, 0.8, 1.4)
             assert len(tick.produced) == due, len(tick.produced)
 
         schedule_ms = timed(rounds, due_again, scheduled)
+        client.delete(keys.producer_running)
         producer = Producer(client, keys, job_cap=due, queue_cap=CAP)
         listed = timed(
             rounds,

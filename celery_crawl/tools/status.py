@@ -66,10 +66,11 @@ PROGRESS = (
 def snapshot(client: redis.Redis, spiders: Sequence[SpiderKeys], app: Any) -> dict[str, Any]:
     """Everything the status screen shows, as plain data (``--json``).
 
-    Five pipelined round trips, whatever the number of spiders: the
+    Six pipelined round trips, whatever the number of spiders: the
     exporter's reading (on a cluster, with a script call per spider before
     it), then the per-minute counts and running job ids, then the running
-    jobs' hashes, then the worker registry, then Redis's memory (INFO). A
+    jobs' hashes, then the worker registry, then Redis's memory (INFO), then
+    the sources on their own schedules. A
     value that is not what its key holds is skipped, and its key listed in
     ``bad_values`` (:mod:`celery_crawl.core.bad_values`).
     """
