@@ -47,8 +47,6 @@ def _fail(exc: Exception) -> typer.Exit:
     return typer.Exit(2)
 
 
-
-
 def _pairs(values: list[str], what: str) -> dict[str, str]:
     found = {}
     for value in values:
