@@ -42,6 +42,17 @@ def _project(app: str | None) -> Any:
     return project_of(base.open_app(app))
 
 
+def _warn_if_not_produced(project: Any, spider: str) -> None:
+    """A spider without a beat entry never ticks: its sources would wait forever."""
+    from celery_crawl.core.defaults import setting
+
+    if spider not in setting(project.settings, "PRODUCER_SPIDERS"):
+        base.err.print(
+            f"[yellow]warning:[/yellow] {spider} is not in PRODUCER_SPIDERS: beat has no entry"
+            " for it, so its sources get no job until it has one"
+        )
+
+
 def _fail(exc: Exception) -> typer.Exit:
     base.err.print(f"[red]error:[/red] {exc}")
     return typer.Exit(2)
@@ -100,6 +111,7 @@ def add(
     except (CeleryCrawlError, ValueError) as exc:
         raise _fail(exc) from None
     typer.echo(f"{spider}/{source_id}: {outcome}{', paused' if paused else ''}")
+    _warn_if_not_produced(project, spider)
 
 
 def _row(spider: str, state: SourceState, now: float) -> dict[str, Any]:
@@ -214,6 +226,7 @@ def import_file(
         for spider, sources in found.items():
             counts = sources_file.load(project.schedule(spider), sources, sync=sync)
             typer.echo(f"{spider}: " + ", ".join(f"{n} {what}" for what, n in counts.items()))
+            _warn_if_not_produced(project, spider)
     except (CeleryCrawlError, OSError) as exc:
         raise _fail(exc) from None
 

@@ -47,6 +47,10 @@ def test_sources_are_added_listed_paused_resumed_and_removed(
 def test_bad_input_is_refused_with_what_is_wrong_and_changes_nothing(
     env: dict[str, str], state_client: redis.Redis, tmp_path: Path
 ) -> None:
+    unproduced = sources(env, "add", "forum_detail", "p", "--seed", "0000100001")
+    assert unproduced.returncode == 0, unproduced.stderr
+    assert "forum_detail is not in PRODUCER_SPIDERS" in unproduced.stderr
+    assert sources(env, "remove", "forum_detail", "p").returncode == 0
     bad = sources(env, "add", "forum", "a b", "--seed", "00001")
     assert bad.returncode == 2 and "source id 'a b'" in bad.stderr
     short = sources(env, "add", "forum", "a", "--seed", "00001", "--interval", "0.1")
