@@ -308,7 +308,7 @@ class Schedule:
             source_id, job_id = flat[i].decode(), flat[i + 1].decode()
             source = self._parse(source_id, flat[i + 2])
             if source is None:  # JSON, but breaks a rule: paused until put again
-                self.pause(source_id)
+                self._run(SWITCH, self._switch_keys(), SWITCH.build(source_id=source_id, pause=1))
                 continue
             produced.append((source, job_id))
         return ScheduleTick(produced, int(still_due), int(queued))

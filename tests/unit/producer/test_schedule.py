@@ -260,6 +260,17 @@ def test_a_definition_that_is_not_json_pauses_its_source_until_put_again(
     assert [source for source, _ in started] == ["a"]
 
 
+def test_a_definition_that_breaks_a_rule_pauses_its_source_even_under_an_odd_id(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    """Written by hand into Redis: JSON, but no source's (an interval of 0, an id with a space)."""
+    client.hset(keys.schedule_sources, "odd id", '{"id": "odd id", "interval": 0}')
+    client.zadd(keys.schedule_due, {"odd id": 0})
+    assert schedule.tick(starter(queue, []), **FAST).produced == []
+    assert client.sismember(keys.schedule_paused, "odd id")
+    assert schedule.tick(starter(queue, []), **FAST).produced == []  # not due again
+
+
 def test_a_reservation_whose_job_never_started_is_due_again_with_its_interval(
     schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
 ) -> None:
