@@ -18,16 +18,6 @@ from celery_crawl.queue.queues import PriorityQueue
 FORUMS = [f"{i:05d}" for i in range(1, 8)]
 
 
-@pytest.fixture
-def keys(prefix: str) -> SpiderKeys:
-    return SpiderKeys.build("forum", prefix=prefix)
-
-
-@pytest.fixture
-def queue(client: redis.Redis, keys: SpiderKeys) -> PriorityQueue:
-    return PriorityQueue(client, keys)
-
-
 def starter(queue: PriorityQueue, requests_per_job: int = 1) -> Any:
     """Start a real job with seed requests, as the producer task does."""
 

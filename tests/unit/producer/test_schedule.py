@@ -19,16 +19,6 @@ FAST = {"job_cap": 100, "queue_cap": 100_000, "faster": 0.5, "slower": 2.0}
 
 
 @pytest.fixture
-def keys(prefix: str) -> SpiderKeys:
-    return SpiderKeys.build("forum", prefix=prefix)
-
-
-@pytest.fixture
-def queue(client: redis.Redis, keys: SpiderKeys) -> PriorityQueue:
-    return PriorityQueue(client, keys)
-
-
-@pytest.fixture
 def schedule(client: redis.Redis, keys: SpiderKeys) -> Schedule:
     return Schedule(client, keys)
 
