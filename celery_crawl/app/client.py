@@ -18,7 +18,7 @@ from celery_crawl.core import connection
 from celery_crawl.core.keys import job_spider
 from celery_crawl.hosting.project import Project, project_of
 from celery_crawl.jobs.handle import Job
-from celery_crawl.jobs.inputs import check_job
+from celery_crawl.jobs.inputs import JobInput, check_job
 from celery_crawl.jobs.limits import check_limits, limit_fields
 from celery_crawl.jobs.store import ARGS_FIELD
 from celery_crawl.producer.schedule import Schedule
@@ -73,11 +73,17 @@ def crawl(
     app = app or current_app
     project = project_of(app)
     project.check_hostable(spider)
-    crawler = project.crawler(spider)  # the one crawler of this crawl: settings, seed requests
+    # the one crawler of this crawl: settings, seed requests
+    return start_crawl(app, project, project.crawler(spider), given)
+
+
+def start_crawl(app: Any, project: Project, crawler: Crawler, given: JobInput) -> Job:
+    """:func:`crawl` once its input is checked, with ``crawler`` (its spider's), which a
+    caller that starts many jobs of one spider builds once (the producer's tick)."""
     limits = check_limits(project.job_limits(crawler, given.limits))  # the settings' too
-    seeds, args = given.seeds, given.args
+    spider, seeds, args, priority = given.spider, given.seeds, given.args, given.priority
     job, _ = start_job(
-        project, spider, seeds, priority, job_id, limits=limits, args=args, crawler=crawler
+        project, spider, seeds, priority, given.job_id, limits=limits, args=args, crawler=crawler
     )
     job.app = app
     kwargs = {"priority": priority, "limits": limits, "args": args}

@@ -13,13 +13,13 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from celery import Task, states
 from celery.exceptions import Reject
 
-from celery_crawl.app.client import JOB_INDEX_TTL, crawl, job_handle, start_job
+from celery_crawl.app.client import JOB_INDEX_TTL, job_handle, start_crawl, start_job
 from celery_crawl.app.trackers import pause, shutting_down
 from celery_crawl.core import connection
 from celery_crawl.core.defaults import setting
@@ -38,7 +38,11 @@ from celery_crawl.hosting.registry import Registry, WorkerInfo, waiting_reason
 from celery_crawl.jobs.handle import Job, JobStatus
 from celery_crawl.jobs.inputs import JobInput, check_args, check_job, check_seeds
 from celery_crawl.jobs.limits import check_limits, time_limited
+from celery_crawl.producer import sources_file
 from celery_crawl.producer.schedule import Schedule, Source
+
+if TYPE_CHECKING:
+    from scrapy.crawler import Crawler
 
 logger = logging.getLogger(__name__)
 HAND_BACK = "worker shutting down; another worker joins the job"
@@ -265,7 +269,9 @@ def report_progress(
 def run_producer(task: Task, spider: str) -> dict[str, Any]:
     """The body of ``celery_crawl.produce``: one backpressure-aware tick (see producer)."""
     project = project_of(task.app)
-    crawler = project.crawler(spider)  # the spider's settings, its custom_settings included
+    project.check_hostable(spider)
+    # the spider's settings, its custom_settings included: one crawler for the tick's jobs
+    crawler = project.crawler(spider)
     settings, spidercls = crawler.settings, crawler.spidercls
     producer = project.components(crawler).producer(spider)
 
@@ -273,11 +279,15 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
 
     def start(source: str, job_id: str) -> None:
         seeds = [parse_seed(spidercls, source)]
-        crawl(spider, seeds, app=task.app, job_id=job_id, limits=limits, args=args)
+        given = check_job(spider, seeds, priority=0, job_id=job_id, limits=limits, args=args)
+        start_crawl(task.app, project, crawler, given)
 
     schedule = project.components(crawler).schedule(spider)
+    sources_path = setting(settings, "PRODUCER_SOURCES_FILE")
+    if sources_path:  # the file changed: its sources into the schedule first
+        sources_file.sync_file(schedule, sources_path)
     if len(schedule):  # sources on their own schedules: those that are due
-        return run_schedule(task, spider, schedule, settings, (limits, args))
+        return run_schedule(task, crawler, schedule, (limits, args))
     sources = producible(spidercls, producer.sources(setting(settings, "PRODUCER_SOURCES")))
     tick = producer.tick(sources, start)
     return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}
@@ -285,27 +295,27 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
 
 def run_schedule(
     task: Task,
-    spider: str,
+    crawler: Crawler,
     schedule: Schedule,
-    settings: Any,
     defaults: tuple[dict[str, float], dict[str, str]],
 ) -> dict[str, Any]:
-    """A tick of ``spider``'s schedule: a job for each source due (celery_crawl.producer.schedule).
+    """A tick of the spider's schedule: a job for each source due (celery_crawl.producer.schedule).
 
     A source's own limits and arguments win over ``PRODUCER_LIMITS`` and ``PRODUCER_ARGS``.
     """
     limits, args = defaults
+    project, settings, spider = project_of(task.app), crawler.settings, crawler.spidercls.name
 
     def start(source: Source, job_id: str) -> None:
-        crawl(
+        given = check_job(
             spider,
             source.seeds,
-            source.priority,
-            app=task.app,
+            priority=source.priority,
             job_id=job_id,
             limits=limits | source.limits,
             args=args | source.args,
         )
+        start_crawl(task.app, project, crawler, given)
 
     tick = schedule.tick(
         start,

@@ -14,10 +14,13 @@ worker's request (``Request.execute_using_pool``), so its result, its STARTED
 and PROGRESS states and its events (Flower), its late acknowledgement,
 ``revoke``, and its ``Reject`` at a warm shutdown are those of a pool task.
 
-Job tasks are acknowledged late: while one runs, its message stays unacknowledged
-and would use up one of the consumer's prefetch slots. So each running job task
-raises the consumer's prefetch allowance by one, as Celery does for a task held
-for its ETA, and lowers it again when it ends.
+Job tasks are acknowledged late: while one runs or waits for a thread, its message
+stays unacknowledged and would use up one of the consumer's prefetch slots. So each
+job task raises the consumer's prefetch allowance by one, as Celery does for a task
+held for its ETA, and lowers it again when it ends: a burst of jobs (a producer tick
+that starts a thousand) never keeps beat's next ticks, or any other task, from being
+fetched. Up to :data:`WAITING_PER_TRACKER` per thread wait that way; beyond, a job
+task holds a prefetch slot while it waits, which bounds what a worker takes in.
 
 A warm shutdown sets the pool's ``stopping`` event (:func:`shutting_down`), which
 each running job task reads between its progress reports, in the process, so that
@@ -50,6 +53,8 @@ logger = logging.getLogger(__name__)
 # how long a warm shutdown waits for its running job tasks: each checks ``stopping``
 # between reports, about a progress interval apart, longer while Redis does not answer
 STOP_WAIT_SECONDS = 30.0
+# job tasks that may wait for a thread, per thread, without holding a prefetch slot
+WAITING_PER_TRACKER = 10
 # the stop event of each worker's pool in this process, by the worker's hostname
 _stopping: dict[str, threading.Event] = {}
 
@@ -73,7 +78,8 @@ class TrackerPool:
     """At most ``limit`` job tasks at once, each in a daemon thread; the others wait in order.
 
     ``qos`` gives the consumer's prefetch count (a ``kombu.common.QoS``) when a
-    task starts: it is raised by one while the task runs.
+    task comes in: it is raised by one until the task ends, for a task that runs
+    and for up to ``WAITING_PER_TRACKER * limit`` that wait.
 
     Only ``apply_async`` is a pool's: the worker's request calls it.
     """
@@ -82,7 +88,7 @@ class TrackerPool:
         self.limit = limit
         self.qos = qos
         self._lock = threading.Lock()
-        self._waiting: deque[Callable[[], Any]] = deque()
+        self._waiting: deque[Tracked] = deque()
         self._threads: set[threading.Thread] = set()
         self._closed = False
         self.stopping = threading.Event()  # set at a warm shutdown: the job tasks hand back
@@ -104,34 +110,40 @@ class TrackerPool:
             if self._closed:  # shutting down: the broker delivers its message again
                 return
             if len(self._threads) >= self.limit:
-                self._waiting.append(run)
+                uncounted = len(self._waiting) < WAITING_PER_TRACKER * self.limit
+                self._waiting.append(Tracked(run, self._raise_prefetch() if uncounted else None))
                 return
+            tracked = Tracked(run, self._raise_prefetch())
             thread = threading.Thread(
-                target=self._work, args=(run,), name="job-tracker", daemon=True
+                target=self._work, args=(tracked,), name="job-tracker", daemon=True
             )
             self._threads.add(thread)
         thread.start()
 
-    def _work(self, run: Callable[[], Any] | None) -> None:
-        """Run a task, then the next waiting one, until none waits."""
-        while run is not None:
-            self._run(run)
-            with self._lock:
-                run = self._waiting.popleft() if self._waiting and not self._closed else None
-                if run is None:
-                    self._threads.discard(threading.current_thread())
-
-    def _run(self, run: Callable[[], Any]) -> None:
-        qos = self.qos()  # None while the consumer has not connected yet
+    def _raise_prefetch(self) -> Any:
+        """The consumer's prefetch count, raised by one; None while it has not connected."""
+        qos = self.qos()
         if qos is not None:
             qos.increment_eventually()
+        return qos
+
+    def _work(self, tracked: Tracked | None) -> None:
+        """Run a task, then the next waiting one, until none waits."""
+        while tracked is not None:
+            self._run(tracked)
+            with self._lock:
+                waiting = self._waiting and not self._closed
+                tracked = self._waiting.popleft() if waiting else None
+                if tracked is None:
+                    self._threads.discard(threading.current_thread())
+
+    def _run(self, tracked: Tracked) -> None:
         try:
-            run()
+            tracked.run()
         except BaseException:  # the request's callbacks failed: the thread goes on
             logger.exception("job task tracker: the task's callbacks failed")
         finally:
-            if qos is not None:  # the same object: a reconnection makes a new one
-                qos.decrement_eventually()
+            tracked.done()
 
     def start(self) -> None:
         pass
@@ -165,8 +177,23 @@ class TrackerPool:
         self.stopping.set()
         with self._lock:
             self._closed = True
+            for tracked in self._waiting:
+                tracked.done()
             self._waiting.clear()
             return list(self._threads)
+
+
+class Tracked:
+    """A job task for a tracker thread, and the prefetch count it raised (None: none)."""
+
+    def __init__(self, run: Callable[[], Any], qos: Any) -> None:
+        self.run = run
+        self.qos = qos
+
+    def done(self) -> None:
+        if self.qos is not None:  # the same object: a reconnection makes a new one
+            self.qos.decrement_eventually()
+            self.qos = None
 
 
 class JobTrackers(bootsteps.StartStopStep):  # type: ignore[misc]

@@ -420,7 +420,7 @@ _ENTRIES = (
         "CELERY_CRAWL_JOB_TRACKERS",
         100,
         "job tasks a worker runs at once in threads beside its pool, so that no job holds a pool"
-        " slot; a job task beyond them waits for one, holding a prefetch slot",
+        " slot; up to 10 times as many wait for a thread without holding a prefetch slot",
         HOSTING,
     ),
     Setting(
@@ -480,6 +480,15 @@ _ENTRIES = (
         "one job per source, made into a seed as on the command line; the Redis set"
         " `<prefix>:{spider}:producer:sources` wins when it exists",
         PRODUCER,
+    ),
+    Setting(
+        "PRODUCER_SOURCES_FILE",
+        "",
+        "a YAML, TOML or JSON file of sources (docs/producer.md) that each producer tick syncs"
+        " into the schedule of its spider when the file has changed, as `celery-crawl sources"
+        " import --sync` would; a spider the file does not name is left as it is",
+        PRODUCER,
+        env=True,
     ),
     Setting("PRODUCER_PERIOD", 60.0, "seconds between producer ticks", PRODUCER),
     Setting("PRODUCER_JOB_CAP", 10, "most produced jobs queued or running at once", PRODUCER),

@@ -413,6 +413,11 @@ class SpiderKeys:
         return self.producer + ":schedule:intervals"
 
     @property
+    def schedule_file(self) -> str:
+        """String: the digest of the ``PRODUCER_SOURCES_FILE`` last synced into the schedule."""
+        return self.producer + ":schedule:file"
+
+    @property
     def dupefilter_count(self) -> str:
         return _name(self.dupefilter, DEDUP_COUNT)
 

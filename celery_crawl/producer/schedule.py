@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import uuid
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -43,7 +44,7 @@ from celery_crawl.queue.entries import MAX_JOB_ID
 
 logger = logging.getLogger(__name__)
 
-PUT = Argv("schedule_put", ("source_id", "definition", "interval", "paused"))
+PUT = Argv("schedule_put", ("source_id", "definition", "interval", "paused", "splay"))
 SWITCH = Argv("schedule_switch", ("source_id", "pause"))
 RELEASE = Argv("schedule_release", ("source_id",))
 TICK = Argv("schedule_tick", ("job_cap", "queue_cap", "faster", "slower"), tail=("job_ids",))
@@ -133,6 +134,13 @@ def check_source_id(source_id: Any) -> str:
     return source_id
 
 
+def splay_seconds(source: Source) -> float:
+    """Where in its first interval a source added with ``splay`` is first due: a fraction
+    of it taken from a hash of its id, so the same source always gets the same one."""
+    fraction = zlib.crc32(source.id.encode()) / 2**32
+    return round(fraction * source.interval, 3)
+
+
 def _check_seconds(name: str, value: Any, *, optional: bool) -> None:
     if value is None and optional:
         return
@@ -179,13 +187,15 @@ class Schedule:
 
     # -- managing sources ------------------------------------------------------
 
-    def put(self, source: Source, *, paused: bool | None = None) -> str:
+    def put(self, source: Source, *, paused: bool | None = None, splay: bool = False) -> str:
         """Add ``source``, or change it: ``"added"``, ``"changed"`` or ``"unchanged"``.
 
-        A new source is due now. ``paused``: True pauses it, False resumes it, None
-        (the default) leaves a source as it was. A changed source keeps its due time
-        (or comes sooner, to be due one new interval from now), and its current
-        interval unless its ``interval`` changed.
+        A new source is due now; with ``splay``, at a point of its first interval
+        that its id decides (:func:`splay_seconds`), so that sources added together
+        do not all come due together, tick after tick. ``paused``: True pauses it,
+        False resumes it, None (the default) leaves a source as it was. A changed
+        source keeps its due time (or comes sooner, to be due one new interval from
+        now), and its current interval unless its ``interval`` changed.
         """
         keys = [
             self.keys.schedule_sources,
@@ -199,6 +209,7 @@ class Schedule:
             definition=source.to_json(),
             interval=source.interval,
             paused="" if paused is None else int(paused),
+            splay=splay_seconds(source) if splay else 0,
         )
         return ("changed", "added", "unchanged")[int(self._run(PUT, keys, args))]
 

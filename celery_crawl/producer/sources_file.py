@@ -18,22 +18,31 @@ and ``paused: true`` for one that waits::
 A source keeps its paused state unless the file gives ``paused``. Importing with ``sync``
 makes each spider of the file hold exactly the file's sources, paused as the file says:
 the others of those spiders are removed. A file that breaks a rule changes nothing.
+
+With ``PRODUCER_SOURCES_FILE``, each producer tick syncs the file into its spider's
+schedule when the file has changed since the last sync (:func:`sync_file`), so that
+editing the file is the deploy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import tomllib
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import redis
 import yaml
 
 from celery_crawl.core.errors import BadInput, quote
 from celery_crawl.producer.schedule import Schedule, Source
 
+logger = logging.getLogger(__name__)
 PAUSED = "paused"  # a field of a source in a file, not of its definition
+BAD = "bad:"  # before the digest of a file version that could not be read: not tried again
 
 
 def parse(text: str, suffix: str) -> dict[str, list[tuple[Source, bool | None]]]:
@@ -47,7 +56,8 @@ def parse(text: str, suffix: str) -> dict[str, list[tuple[Source, bool | None]]]
         else:
             data = yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        raise BadInput(f"sources file: not {suffix.lstrip('.') or 'YAML'}: {exc}") from None
+        kind = {".toml": "TOML", ".json": "JSON"}.get(suffix, "YAML")
+        raise BadInput(f"sources file: not {kind}: {exc}") from None
     if not isinstance(data, dict):
         raise BadInput("sources file: a mapping of spider name to a list of its sources")
     found: dict[str, list[tuple[Source, bool | None]]] = {}
@@ -79,14 +89,20 @@ def read(path: Path) -> dict[str, list[tuple[Source, bool | None]]]:
 
 
 def load(
-    schedule: Schedule, sources: list[tuple[Source, bool | None]], *, sync: bool
+    schedule: Schedule,
+    sources: list[tuple[Source, bool | None]],
+    *,
+    sync: bool,
+    splay: bool = False,
 ) -> dict[str, int]:
     """Put ``sources`` into ``schedule``. A source's ``paused`` is kept unless the file gives
     it; with ``sync`` the file is the truth: no ``paused`` is not paused, and the schedule's
-    sources the file lacks are removed."""
+    sources the file lacks are removed. ``splay`` spreads new sources' first jobs over their
+    first interval (:meth:`Schedule.put`)."""
     counts = {"added": 0, "changed": 0, "unchanged": 0, "removed": 0}
     for source, paused in sources:
-        counts[schedule.put(source, paused=bool(paused) if sync else paused)] += 1
+        given = bool(paused) if sync else paused
+        counts[schedule.put(source, paused=given, splay=splay)] += 1
     if sync:
         kept = {source.id for source, _ in sources}
         for source in schedule.sources():
@@ -109,3 +125,48 @@ def dump(schedules: dict[str, Schedule]) -> str:
         if entries:
             data[spider] = entries
     return str(yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
+
+
+def sync_file(schedule: Schedule, path: str) -> dict[str, int] | None:
+    """Sync the sources file at ``path`` into ``schedule`` (its spider's part, as
+    ``import --sync``) if the file changed since; the counts, or None if not synced.
+
+    The digest of the version last synced is kept in Redis, so that a tick costs a
+    file read. A version that cannot be read is logged once, counted
+    (``producer/sources_file_errors``) and changes nothing; a missing file is logged
+    at every tick. A spider the file does not name keeps its sources: ``forum: []``
+    removes all of them. New sources are due at once: to spread a large first import,
+    ``celery-crawl sources import FILE --splay`` it before pointing the setting at it.
+    """
+    spider, keys = schedule.keys.spider, schedule.keys
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as exc:
+        logger.error("PRODUCER_SOURCES_FILE %s not read: %s; the schedule is unchanged", path, exc)
+        return None
+    digest = hashlib.sha256(raw).hexdigest()
+    if _last_synced(schedule) in (digest, BAD + digest):
+        return None
+    try:
+        found = parse(raw.decode("utf-8"), Path(path).suffix.lower())
+    except (BadInput, UnicodeDecodeError) as exc:
+        logger.error("PRODUCER_SOURCES_FILE %s: %s; the schedule is unchanged", path, exc)
+        with schedule.client.pipeline(transaction=True) as pipe:
+            pipe.set(keys.schedule_file, BAD + digest)
+            pipe.hincrby(keys.stats, "producer/sources_file_errors", 1)
+            pipe.execute(raise_on_error=False)  # a damaged count: the error is logged still
+        return None
+    counts = load(schedule, found[spider], sync=True) if spider in found else None
+    schedule.client.set(keys.schedule_file, digest)
+    if counts is not None:
+        summary = ", ".join(f"{n} {what}" for what, n in counts.items())
+        logger.info("PRODUCER_SOURCES_FILE %s synced into %s: %s", path, spider, summary)
+    return counts
+
+
+def _last_synced(schedule: Schedule) -> str | None:
+    try:
+        value = schedule.client.get(schedule.keys.schedule_file)
+    except redis.ResponseError:  # of another type: the next SET replaces it
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else None

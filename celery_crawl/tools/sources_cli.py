@@ -4,7 +4,7 @@
     celery-crawl sources list [SPIDER] [--json]
     celery-crawl sources show SPIDER ID [--json]
     celery-crawl sources pause|resume|remove SPIDER ID
-    celery-crawl sources import FILE [--sync]
+    celery-crawl sources import FILE [--sync] [--splay]
     celery-crawl sources export
 
 Changes take effect at the producer's next tick (``celery_crawl.produce``): no deploy,
@@ -215,6 +215,12 @@ def import_file(
     sync: Annotated[
         bool, typer.Option(help="remove the sources of the file's spiders that it lacks")
     ] = False,
+    splay: Annotated[
+        bool,
+        typer.Option(
+            help="spread the new sources' first jobs over their first interval, not all now"
+        ),
+    ] = False,
     app: base.AppOption = None,
 ) -> None:
     """Add or change the file's sources (docs/producer.md shows the format)."""
@@ -224,7 +230,7 @@ def import_file(
         for spider in found:
             project.check_hostable(spider)
         for spider, sources in found.items():
-            counts = sources_file.load(project.schedule(spider), sources, sync=sync)
+            counts = sources_file.load(project.schedule(spider), sources, sync=sync, splay=splay)
             typer.echo(f"{spider}: " + ", ".join(f"{n} {what}" for what, n in counts.items()))
             _warn_if_not_produced(project, spider)
     except (CeleryCrawlError, OSError) as exc:

@@ -38,12 +38,12 @@ def jobs_by_source(client: redis.Redis, keys: SpiderKeys) -> dict[str, list[dict
     return {source: sorted(jobs, key=lambda j: j["start"]) for source, jobs in found.items()}
 
 
-def beat(env: dict[str, str], folder: Path) -> subprocess.Popen[bytes]:
+def beat(env: dict[str, str], folder: Path, period: float = PERIOD) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "celery", "-A", WORKER_APP, "beat", "--loglevel", "INFO"]
     return subprocess.Popen(
         [*command, "--schedule", str(folder / "beat-schedule")],
         cwd=ROOT,
-        env={**env, "PRODUCER_PERIOD": str(PERIOD)},
+        env={**env, "PRODUCER_PERIOD": str(period)},
         stdout=(folder / "beat.log").open("w"),
         stderr=subprocess.STDOUT,
     )
@@ -104,3 +104,46 @@ def test_beat_starts_each_source_on_its_own_schedule(
                 source,
                 starts,
             )
+
+
+def test_beat_syncs_the_sources_file_when_it_changes(
+    env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    forum_site: Any,
+    prefix: str,
+    state_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    """PRODUCER_SOURCES_FILE: editing the file is the deploy. A source in it gets a job; one
+    added to it gets one at the next tick; one paused in it gets no more."""
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    path = tmp_path / "sources.yaml"
+    entry = '  - {{id: {0}, seeds: [{{forum_id: "{1}"}}], interval: 60, args: {{source: {0}}}}}\n'
+    path.write_text("forum:\n" + entry.format("first", "00001"))
+    env = {**env, "PRODUCER_SOURCES_FILE": str(path)}
+    start_worker(extra_env=env)
+    ticking = beat(env, tmp_path)
+    try:
+        assert wait_for(lambda: "first" in jobs_by_source(state_client, keys), 30)
+        changed = entry.format("first", "00001").replace("}\n", ", paused: true}\n")
+        path.write_text("forum:\n" + changed + entry.format("second", "00002"))
+        edited_at = time.time()
+        assert wait_for(lambda: "second" in jobs_by_source(state_client, keys), 30)
+        time.sleep(3 * PERIOD)  # ticks after the edit: "first" gets no job
+    finally:
+        ticking.terminate()
+        ticking.wait(30)
+    jobs = jobs_by_source(state_client, keys)
+    assert jobs["second"][0]["start"] - edited_at <= LATE
+    assert len(jobs["first"]) == 1 and len(jobs["second"]) == 1
+    paused = Schedule(state_client, keys).get("first")
+    assert paused is not None and paused.paused
+
+
+def wait_for(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return check()

@@ -35,6 +35,8 @@ TEST_ENV = [
     "JOB_FEED_SCHEME",
     "FEED_TEMPDIR",
     "PRODUCER_PERIOD",
+    "PRODUCER_SPIDERS",  # tests/integration/test_schedule_many.py
+    "PRODUCER_JOB_CAP",
     "CELERY_CRAWL_GC_FREEZE",
     "CELERY_CRAWL_GC_THRESHOLD",
     "REDIS_PARAMS",

@@ -151,7 +151,8 @@ def worker_env(redis_url: str, prefix: str, site_url: str, feed_dir: Path) -> di
 
 @contextlib.contextmanager
 def started_workers(env: dict[str, str], folder: Path) -> Iterator[Callable[..., Worker]]:
-    """``start(name, pool, concurrency, queues, app)`` starts a ready worker; all stop on exit."""
+    """``start(name, pool, concurrency, queues, app, extra_env)`` starts a ready worker, with
+    ``extra_env`` over ``env``; all stop on exit."""
     started: list[Worker] = []
 
     def start(
@@ -160,8 +161,11 @@ def started_workers(env: dict[str, str], folder: Path) -> Iterator[Callable[...,
         concurrency: int = 2,
         queues: str | None = None,
         app: str = WORKER_APP,
+        extra_env: dict[str, str] | None = None,
     ) -> Worker:
-        worker = Worker(name, env, folder / f"{name}.log", pool, concurrency, queues, app)
+        environment = {**env, **(extra_env or {})}
+        log = folder / f"{name}.log"
+        worker = Worker(name, environment, log, pool, concurrency, queues, app)
         started.append(worker)
         worker.wait_ready()
         return worker

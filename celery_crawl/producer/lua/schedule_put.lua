@@ -9,9 +9,10 @@
 -- ARGV[2]  its definition, JSON
 -- ARGV[3]  its interval (s)
 -- ARGV[4]  paused: "1" pause it, "0" resume it, "" leave it as it was (a new one: not paused)
+-- ARGV[5]  splay: seconds from now that a new source is first due (0: now)
 -- Returns  1 for a new source, 0 for a changed one, 2 for one unchanged
 --
--- A new source is due now. A changed one keeps its due time, or comes sooner to
+-- A new source is due now, or splay seconds from now. A changed one keeps its due time, or comes sooner to
 -- be due one new interval from now; its current interval (an adaptive source's
 -- moves) starts again from the new one only if its interval changed. A paused one
 -- is not due; a source whose job still runs is not either: its next due time is
@@ -19,6 +20,7 @@
 
 local sources, due, paused, intervals, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, definition, interval, pause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
+local splay = tonumber(ARGV[5]) or 0
 
 --!include keytypes
 local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
@@ -51,7 +53,9 @@ end
 if redis.call('HEXISTS', running, id) == 1 then return outcome end
 local now = redis.call('TIME')
 local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
-if not redis.call('ZSCORE', due, id) then
+if outcome == 1 then
+    redis.call('ZADD', due, now_ms + math.floor(splay * 1000), id)
+elseif not redis.call('ZSCORE', due, id) then
     redis.call('ZADD', due, now_ms, id)
 else
     redis.call('ZADD', due, 'LT', now_ms + interval * 1000, id)

@@ -9,7 +9,7 @@ from typing import Any
 
 from kombu.common import QoS
 
-from celery_crawl.app.trackers import TrackerPool
+from celery_crawl.app.trackers import WAITING_PER_TRACKER, TrackerPool
 
 
 def settle(check: Any, timeout: float = 10) -> None:
@@ -40,12 +40,27 @@ def test_at_most_the_limit_runs_at_once_each_raising_the_prefetch_by_one() -> No
             accept_callback=lambda pid, when: accepted.append(pid),
         )
     assert sorted([started.get(timeout=10), started.get(timeout=10)]) == [0, 1]
-    assert qos.value == 6  # two running job tasks: two more messages may come in
     assert started.empty()  # the third waits for a thread
+    # two running job tasks and one waiting: three more messages may come in, so that
+    # a burst of jobs keeps no other task (beat's next producer tick) from being fetched
+    assert qos.value == 7
     release.set()
     assert sorted(ended.get(timeout=10) for _ in range(3)) == [0, 1, 2]
     assert started.get(timeout=10) == 2 and len(accepted) == 3
     settle(lambda: qos.value == 4)
+
+
+def test_beyond_its_bound_a_waiting_task_holds_a_prefetch_slot() -> None:
+    """What a worker takes in stays bounded: past WAITING_PER_TRACKER per thread, a waiting
+    job task raises the prefetch no more."""
+    qos = QoS(lambda prefetch_count: None, 4)  # type: ignore[no-untyped-call]
+    trackers = TrackerPool(2, lambda: qos)
+    release = threading.Event()
+    for _ in range(2 + 2 * WAITING_PER_TRACKER + 5):
+        trackers.apply_async(lambda: release.wait(10))
+    assert qos.value == 4 + 2 + 2 * WAITING_PER_TRACKER
+    release.set()
+    settle(lambda: qos.value == 4 and not trackers._threads)
 
 
 def test_a_closed_pool_forgets_its_waiting_tasks_and_returns_its_running_threads() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
@@ -11,7 +12,7 @@ import redis
 
 from celery_crawl.core.errors import BadInput
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.producer.schedule import Schedule, Source
+from celery_crawl.producer.schedule import Schedule, Source, splay_seconds
 from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 
@@ -315,3 +316,29 @@ def test_a_definition_damaged_in_redis_is_left_out_and_logged(
     client.hset(keys.schedule_sources, "bad", "{not json")
     assert [source.id for source in schedule.sources()] == ["good"]
     assert "source 'bad' unreadable" in caplog.text
+
+
+def test_sources_added_with_splay_are_first_due_across_their_interval_and_only_new_ones(
+    schedule: Schedule, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    """A thousand sources put at once with ``splay`` do not all come due in one tick."""
+    sources = [Source(f"s{n}", seeds=[str(n)], interval=100) for n in range(1000)]
+    before = time.time()
+    for source in sources:
+        schedule.put(source, splay=True)
+    after = time.time()
+    due = {
+        k.decode(): v / 1000 for k, v in client.zrange(keys.schedule_due, 0, -1, withscores=True)
+    }
+    for source in sources:
+        offset = splay_seconds(source)
+        assert before + offset - 0.01 <= due[source.id] <= after + offset + 0.01
+    offsets = sorted(splay_seconds(source) for source in sources)
+    assert 0 <= offsets[0] < 1 and 99 < offsets[-1] < 100  # spread over the interval
+    assert max(b - a for a, b in itertools.pairwise(offsets)) < 2  # with no large gap
+    # a source put again keeps its due time: splay places new sources only
+    changed = Source("s1", seeds=["other"], interval=100)
+    assert schedule.put(changed, splay=True) == "changed"
+    assert client.zscore(keys.schedule_due, "s1") / 1000 == pytest.approx(due["s1"], abs=0.002)
+    assert schedule.put(Source("now", seeds=["x"], interval=100)) == "added"
+    assert client.zscore(keys.schedule_due, "now") / 1000 <= time.time() + 0.01  # no splay: now

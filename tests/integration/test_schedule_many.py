@@ -1,0 +1,135 @@
+"""A thousand sources of two spiders on their own schedules, with a real ``celery beat``.
+
+Each source is due its interval after its last job started; every tick of beat must
+start a job for every source due, so each source's jobs come within a tick of their
+due time, period after period, and every job ends with its page crawled.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.demo.site import SiteConfig, run_in_thread
+from celery_crawl.producer.schedule import Schedule, Source, splay_seconds
+from tests.integration.test_schedule_beat import beat
+from tests.support.workers import Worker
+
+PERIOD = 2.0  # seconds between beat's ticks
+RUN = 75.0  # seconds beat runs: several periods of every interval
+# each spider's sources, half at each interval (s)
+INTERVALS = {"forum": (20.0, 40.0), "paths": (30.0, 60.0)}
+PER_SPIDER = 500
+# a job is created at most this long after its source is due: the tick that finds it
+# due comes within PERIOD, and creates the jobs of that tick one after another
+LATE = PERIOD + 3.0
+STARTUP = 5.0  # seconds from starting beat to its first tick
+
+
+@pytest.fixture
+def forum_site() -> Iterator[Any]:
+    """A forum of 500 empty boards: a job of one fetches its list page."""
+    with run_in_thread(SiteConfig(forums=PER_SPIDER, posts_per_forum=0)) as site:
+        yield site
+
+
+@pytest.fixture
+def env(env: dict[str, str]) -> dict[str, str]:
+    """The workers' and beat's environment: both spiders produced, and room for every job."""
+    return {**env, "PRODUCER_SPIDERS": ",".join(INTERVALS), "PRODUCER_JOB_CAP": str(2 * PER_SPIDER)}
+
+
+def sources_of(spider: str) -> list[Source]:
+    """Half of ``spider``'s sources at each of its intervals; each one page to crawl."""
+    found = []
+    for n in range(PER_SPIDER):
+        interval = INTERVALS[spider][n % 2]
+        seed: dict[str, str] = {"forum_id": f"{n + 1:05d}"}
+        if spider == "paths":
+            seed = {"probe": f"s{n}"}
+        found.append(Source(f"{spider}-{n}", [seed], interval, args={"source": f"{spider}-{n}"}))
+    return found
+
+
+def jobs_of(client: redis.Redis, keys: SpiderKeys) -> dict[str, list[dict[str, Any]]]:
+    """Every job of the spider by source, oldest first, read in pipelined batches."""
+    names = [
+        key
+        for key in client.scan_iter(match=keys.job_prefix + "*", count=1000)
+        if b":" not in key[len(keys.job_prefix) :]
+    ]
+    with client.pipeline(transaction=False) as pipe:
+        for name in names:
+            pipe.hgetall(name)
+        hashes = pipe.execute(raise_on_error=False)
+    found: dict[str, list[dict[str, Any]]] = {}
+    for job in hashes:
+        if not isinstance(job, dict) or b"created_at" not in job:
+            continue
+        fields = {k.decode(): v.decode() for k, v in job.items()}
+        source = json.loads(fields.get("args", "{}")).get("source", "")
+        fields["start"] = float(fields["created_at"])
+        found.setdefault(source, []).append(fields)
+    return {source: sorted(jobs, key=lambda j: j["start"]) for source, jobs in found.items()}
+
+
+def wait_until_ended(client: redis.Redis, keys: list[SpiderKeys], timeout: float) -> None:
+    """Bounded: until no job of ``keys`` runs any more (the last tick's jobs finishing)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = [j["state"] for k in keys for js in jobs_of(client, k).values() for j in js]
+        if states and all(state != "running" for state in states):
+            return
+        time.sleep(1.0)
+
+
+@pytest.mark.alone  # a tick's jobs within their due time: the whole machine
+def test_a_thousand_sources_of_two_spiders_each_start_within_a_tick_of_due(
+    env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    forum_site: Any,
+    prefix: str,
+    state_client: redis.Redis,
+    tmp_path: Path,
+) -> None:
+    """1,000 sources, four intervals from 20 to 60 s, two spiders: over 75 s every source
+    gets a job at each due time, within a tick, and every job crawls its page."""
+    keys = {spider: SpiderKeys.build(spider, prefix=prefix) for spider in INTERVALS}
+    start_worker()
+    put_at = time.time()
+    for spider, spider_keys in keys.items():
+        schedule = Schedule(state_client, spider_keys)
+        for source in sources_of(spider):  # first due across its interval, not all now
+            schedule.put(source, splay=True)
+    ticking = beat(env, tmp_path, PERIOD)
+    try:
+        began = time.time()
+        time.sleep(RUN)
+    finally:
+        ticking.terminate()
+        ticking.wait(30)
+    wait_until_ended(state_client, list(keys.values()), timeout=60)
+    log = (tmp_path / "beat.log").read_text()[-2000:]
+    for spider, spider_keys in keys.items():
+        jobs = jobs_of(state_client, spider_keys)
+        for source in sources_of(spider):
+            starts = jobs.get(source.id, [])
+            assert len(starts) >= int(RUN // source.interval), (source.id, starts, log)
+            first_due = put_at + splay_seconds(source)
+            assert first_due - 1.0 <= starts[0]["start"]
+            # the sources due while beat starts: its first tick
+            assert starts[0]["start"] <= max(first_due, began + STARTUP) + LATE, source.id
+            for before, after in itertools.pairwise(starts):
+                due = before["start"] + source.interval  # created up to LATE after due
+                assert due - LATE <= after["start"] <= due + LATE, (source.id, starts)
+            assert len(starts) <= int(RUN // source.interval) + 1, (source.id, starts)
+            for job in starts:
+                assert job["state"] == "done" and int(job["done"]) == 1, (source.id, job)
