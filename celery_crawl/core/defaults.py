@@ -618,6 +618,14 @@ _ENTRIES = (
         POLITENESS,
     ),
     Setting(
+        "ROBOTSTXT_SHARED_SECONDS",
+        86400.0,
+        "with `ROBOTSTXT_OBEY`, how long a site's robots.txt, fetched by one process, serves"
+        " every process before one fetches it again; its `Crawl-delay` spaces the site's"
+        " requests for all of them, unless the site's own limits space them more",
+        POLITENESS,
+    ),
+    Setting(
         "SITE_KEY",
         "host",
         "what a site is: `host` (the URL's host name), `domain` (its registered domain, so"

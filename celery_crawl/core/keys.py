@@ -199,6 +199,11 @@ def workers_key(prefix: str) -> str:
     return f"{prefix}:workers"
 
 
+def robots_key(prefix: str, netloc: str) -> str:
+    """Hash: a host's robots.txt, fetched by one process for all (``politeness/robots.py``)."""
+    return f"{prefix}:robots:{netloc}"
+
+
 def stopping_worker(prefix: str, hostname: str) -> str:
     """Set while a worker shuts down warmly, so its job trackers step aside."""
     return f"{prefix}:stopping:{hostname}"

@@ -77,6 +77,9 @@ HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
         "celery_crawl.middleware.JobDownloaderMiddleware": 950,
         # per-site pauses and back-offs, shared by every process (celery_crawl.politeness.sites)
         "celery_crawl.politeness.SiteLimitsMiddleware": 800,
+        # with ROBOTSTXT_OBEY: robots.txt fetched once for every process, its Crawl-delay shared
+        "scrapy.downloadermiddlewares.robotstxt.RobotsTxtMiddleware": None,
+        "celery_crawl.politeness.SharedRobotsTxtMiddleware": 100,
         # Scrapy's, unless the spider sets COOKIES_SHARED: then its jars are shared
         "scrapy.downloadermiddlewares.cookies.CookiesMiddleware": None,
         "celery_crawl.cookies.SharedCookiesMiddleware": 700,

@@ -9,12 +9,14 @@ from celery_crawl.core.exports import lazy
 
 if TYPE_CHECKING:
     from celery_crawl.politeness.middleware import SiteLimitsMiddleware
+    from celery_crawl.politeness.robots import SharedRobotsTxtMiddleware
 
-__all__ = ["SiteLimitsMiddleware"]
+__all__ = ["SharedRobotsTxtMiddleware", "SiteLimitsMiddleware"]
 __getattr__ = lazy(
     __name__,
     {
         **dict.fromkeys(("SiteLimitsMiddleware",), "celery_crawl.politeness.middleware"),
+        "SharedRobotsTxtMiddleware": "celery_crawl.politeness.robots",
     },
     fallbacks=["celery_crawl.politeness.middleware"],
 )

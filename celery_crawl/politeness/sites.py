@@ -66,6 +66,7 @@ LIMIT_FIELDS = ("concurrency", "rate", "burst")
 # the lease script's ARGV fields that hold a lease to its site's limits (queue/lua/lease.lua)
 SITE_LEASE_ARGV = ("sites", "default_limits", "overrides")
 FEEDBACK = Argv("site_feedback", ("site", "mode", "recovery_ms"), tail=("mode_arguments",))
+PACE = Argv("robots_pace", ())
 
 _registered_domain = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
 
@@ -327,6 +328,17 @@ class SiteState:
         throttle = self.policy.autothrottle
         extra = throttle.args(latency, status) if throttle and latency is not None else []
         self._feedback(site, ["ok", *extra])
+
+    def crawl_delay(self, site: str, seconds: float | None) -> None:
+        """The site's robots.txt ``Crawl-delay``: the least time between its leases, for
+        every process, unless its own limits space them more (None lifts it)."""
+        self._feedback(site, ["robots", int((seconds or 0) * 1000)])
+
+    def pace(self, site: str) -> int:
+        """The ms to wait before a download from a site with a ``Crawl-delay``, so that
+        downloads from every process start one delay apart (``lua/robots_pace.lua``)."""
+        pace = scripts.script(self.client, PACE.script)
+        return int(pace(keys=[self.keys.site(site)], args=PACE.build()))
 
     def _feedback(self, site: str, args: list[Any]) -> tuple[int, int, int]:
         keys = [self.keys.site(site), self.keys.site_known, self.keys.site_leases(site)]

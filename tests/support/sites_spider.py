@@ -23,3 +23,13 @@ class SitePagesSpider(Spider):
 
     def parse(self, response: Response) -> Iterator[dict[str, Any]]:
         yield {"url": response.url, "status": response.status}
+
+
+class RobotsPagesSpider(SitePagesSpider):
+    """The same, obeying robots.txt (tests/integration/test_robots.py)."""
+
+    name = "robots_pages"
+    custom_settings: ClassVar[dict[str, Any]] = {
+        **SitePagesSpider.custom_settings,
+        "ROBOTSTXT_OBEY": True,
+    }

@@ -18,7 +18,8 @@ With a ``gate`` (a ``threading.Event``), every answer waits until it is set
 (at most ``GATE_SECONDS``): a test holds a crawl back until all its processes
 are open. Every request is recorded (``hits``: path -> count) so a test can check that
 each page was fetched, and fetched once; so is every answer's status
-(``statuses``: status -> count). Bounded: a ``ThreadingHTTPServer`` on
+(``statuses``: status -> count), with its time (``arrivals``). With ``robots``, it
+serves that as ``/robots.txt``. Bounded: a ``ThreadingHTTPServer`` on
 127.0.0.1, stopped when the context manager exits.
 """
 
@@ -27,6 +28,7 @@ from __future__ import annotations
 import csv
 import io
 import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +49,8 @@ class StaticSite:
     hits: Counter[str] = field(default_factory=Counter)
     statuses: Counter[int] = field(default_factory=Counter)
     gate: threading.Event | None = None
+    robots: str | None = None  # the body of /robots.txt; None: it answers 404
+    arrivals: list[tuple[float, str]] = field(default_factory=list)  # (monotonic, path)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def links(self, n: int) -> list[int]:
@@ -63,6 +67,7 @@ class StaticSite:
     def record(self, path: str) -> None:
         with self._lock:
             self.hits[path] += 1
+            self.arrivals.append((time.monotonic(), path))
 
     def record_status(self, status: int) -> None:
         with self._lock:
@@ -153,6 +158,8 @@ class Handler(BaseHTTPRequestHandler):
         if path in fixed:
             kind, make = fixed[path]
             return kind, make()
+        if path == "/robots.txt" and site.robots is not None:
+            return "text/plain", site.robots
         n = page_number(path, "/page/")
         if n is not None and 1 <= n <= site.pages:
             return "text/html", site.html(n)

@@ -23,6 +23,7 @@ CELERY_CRAWL_SPIDERS = [
     "hosted_members",
     "hosted_members_local",
     "site_pages",
+    "robots_pages",
     "fault_tree",
 ]
 SCHEDULER_LEASE_SECONDS = 4

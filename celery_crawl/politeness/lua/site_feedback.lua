@@ -15,6 +15,8 @@
 --          'ok': any other response; strikes end. With AutoThrottle, ARGV[4] the latency ms,
 --            ARGV[5] target concurrency, ARGV[6] start, ARGV[7] lowest, ARGV[8] highest
 --            delay ms, ARGV[9] the status: the shared estimate moves as Scrapy's AutoThrottle's
+--          'robots': the site's robots.txt was read; then ARGV[4] its Crawl-delay in ms
+--            (0: none), the least time between the site's leases (field robots)
 -- ARGV[3]  every mode: the recovery ms, in which a slowdown's interval halves (it recovers
 --          first, each call)
 -- ARGV[4..] the mode's arguments, as ARGV[2] says
@@ -162,6 +164,10 @@ elseif mode == 'backoff' then
 elseif mode == 'error' then
     slowed = server_error(tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]),
         tonumber(ARGV[7]), slow)
+elseif mode == 'robots' then
+    local delay = math.floor(tonumber(ARGV[4]) or 0)
+    if delay > 0 then redis.call('HSET', key, 'robots', delay) else redis.call('HDEL', key, 'robots') end
+    redis.call('SADD', KEYS[2], ARGV[1])
 elseif mode == 'ok' then
     if strikes > 0 then
         strikes = 0

@@ -194,13 +194,15 @@ end
 local function state_of(site)
     local state = states[site]
     if state then return state end
-    local v = redis.call('HMGET', site_key(sites, site), 'tat', 'until', 'delay', 'leased', 'parked')
+    local v = redis.call('HMGET', site_key(sites, site), 'tat', 'until', 'delay', 'leased', 'parked',
+        'robots')
     if not v[4] then redis.call('SADD', site_known_key(sites), site) end
     local leases = site_leases_key(sites, site)
     redis.call('ZREMRANGEBYSCORE', leases, '-inf', '(' .. now)  -- lost leases stop counting
     state = {inflight = redis.call('ZCARD', leases), tat = tonumber(v[1] or '0'),
         paused = tonumber(v[2] or '0'), delay = tonumber(v[3] or '0'),
         leased = tonumber(v[4] or '0'), parked_total = tonumber(v[5] or '0'),
+        robots = tonumber(v[6] or '0') or 0,
         parked = any_parked and redis.call('ZSCORE', parked_index, site) ~= false,
         dirty = not v[4]}
     states[site] = state

@@ -182,6 +182,7 @@ CALLERS = (
     "celery_crawl.cookies.store",
     "celery_crawl.hosting.registry",
     "celery_crawl.jobs.store",
+    "celery_crawl.politeness.robots",
     "celery_crawl.politeness.sites",
     "celery_crawl.producer.producer",
     "celery_crawl.producer.schedule",

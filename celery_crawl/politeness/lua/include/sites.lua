@@ -8,7 +8,8 @@
 -- entry names being known only inside the script):
 --   S .. site            hash: tat (ms: when the next lease is due, GCRA), until (ms:
 --                        paused before then: Retry-After, back-off), delay (ms: the shared
---                        AutoThrottle interval), strikes (back-offs in a row), backoff_at,
+--                        AutoThrottle interval), robots (ms: its robots.txt Crawl-delay,
+--                        politeness/robots.py), strikes (back-offs in a row), backoff_at,
 --                        and counters for status: leased, backoffs, parked (entries that
 --                        had to wait), paused_ms (time paused by back-offs)
 --   S .. site .. ':leases'  sorted set of the site's leases held now (member: lease id ..
@@ -128,11 +129,20 @@ local function site_parse_limits(text)
     return {tonumber(cap), tonumber(interval), math.max(1, tonumber(burst))}
 end
 
+-- The ms between the site's leases, and its burst: the limits' interval, the shared
+-- delay (slowdown, AutoThrottle), or its robots.txt Crawl-delay, the longest. A
+-- Crawl-delay that binds allows no burst: one request per delay, as the site asks.
+local function site_spacing(state, limits)
+    local interval = math.max(limits[2], state.delay, state.robots)
+    if state.robots > limits[2] and state.robots >= state.delay then return interval, 1 end
+    return interval, limits[3]
+end
+
 -- Milliseconds until the site may take one more lease: 0 now, -1 at its cap.
 local function site_wait_ms(state, limits, now)
     if state.paused > now then return state.paused - now end
-    local interval = math.max(limits[2], state.delay)
-    local due = state.tat - interval * (limits[3] - 1)
+    local interval, burst = site_spacing(state, limits)
+    local due = state.tat - interval * (burst - 1)
     if interval > 0 and due > now then return due - now end
     if limits[1] > 0 and state.inflight >= limits[1] then return -1 end
     return 0
@@ -140,7 +150,7 @@ end
 
 -- The site takes one lease now; true when the lease counts against its cap.
 local function site_take(state, limits, now)
-    state.tat = math.max(state.tat, now) + math.max(limits[2], state.delay)
+    state.tat = math.max(state.tat, now) + (site_spacing(state, limits))
     state.leased = state.leased + 1
     state.dirty = true
     if limits[1] > 0 then

@@ -1,0 +1,86 @@
+"""robots.txt with ``ROBOTSTXT_OBEY``: fetched once for four worker processes, its rules
+obeyed by each, and its Crawl-delay held across them all (``politeness/robots.py``)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from celery import Celery
+
+from celery_crawl import crawl
+from celery_crawl.core.keys import SpiderKeys
+from tests.support.static_site import StaticSite, serve
+from tests.support.workers import Worker, started_workers
+
+DELAY = 0.25  # the site's Crawl-delay: 4 requests a second, for every process together
+ROBOTS = f"User-agent: *\nDisallow: /private/\nCrawl-delay: {DELAY}\n"
+PAGES = 60
+
+
+@pytest.fixture
+def robots_site() -> Iterator[StaticSite]:
+    with serve(StaticSite(pages=PAGES, robots=ROBOTS)) as site:
+        yield site
+
+
+@pytest.fixture
+def four_processes(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+    # the site unlimited by the settings: only its robots.txt spaces its requests
+    values = {**env, "SITE_CONCURRENCY": "0", "SITE_RATE": "0"}
+    with started_workers(values, tmp_path) as start:
+        for name in ("w1", "w2"):  # two workers of two processes each
+            start(name, pool="prefork", concurrency=2)
+        yield start
+
+
+def stats_of(
+    client: redis.Redis, keys: SpiderKeys, forbidden: int, timeout: float = 20
+) -> dict[str, int]:
+    """The crawl-wide robots.txt counters, once the four processes' counts are all in
+    (each process sends its counts in batches)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        raw = client.hgetall(keys.stats)
+        found = {k.decode(): int(v) for k, v in raw.items() if k.startswith(b"robotstxt/")}
+        complete = found.get("robotstxt/shared", 0) >= 3
+        if complete and found.get("robotstxt/forbidden", 0) >= forbidden:
+            return found
+        if time.monotonic() > deadline:
+            return found
+        time.sleep(0.2)
+
+
+@pytest.mark.alone  # the spacing of a site's requests: the whole machine
+def test_four_processes_fetch_robots_txt_once_and_hold_its_crawl_delay_together(
+    app: Celery,
+    prefix: str,
+    state_client: redis.Redis,
+    robots_site: StaticSite,
+    four_processes: Callable[..., Worker],
+) -> None:
+    pages = [robots_site.url + path for path in robots_site.page_paths()]
+    private = [f"{robots_site.url}/private/{n}.html" for n in range(5)]
+    job = crawl("robots_pages", pages + private, app=app)
+    result = job.wait(timeout=120)
+    assert result["state"] == "done" and result["pages"] == PAGES, result
+    # one fetch of robots.txt; the other three processes read the shared copy
+    assert robots_site.hits["/robots.txt"] == 1
+    stats = stats_of(state_client, SpiderKeys.build("robots_pages", prefix=prefix), len(private))
+    assert stats.get("robotstxt/request_count") == 1 and stats.get("robotstxt/shared") == 3, stats
+    # its rules, in every process: no disallowed page was fetched
+    assert not any(path.startswith("/private/") for path in robots_site.hits)
+    assert stats.get("robotstxt/forbidden") == len(private)
+    # its Crawl-delay, across the four processes: the pages came no faster than it asks
+    times = sorted(at for at, path in robots_site.arrivals if path.startswith("/page/"))
+    assert len(times) == PAGES
+    span = times[-1] - times[0]
+    assert span >= (PAGES - 1) * DELAY * 0.95, span
+    # and never in bursts: at most one more than the delay allows in any second
+    for first, _ in enumerate(times):
+        in_a_second = sum(1 for t in itertools.islice(times, first, None) if t < times[first] + 1)
+        assert in_a_second <= 1 / DELAY + 1, (first, times)
