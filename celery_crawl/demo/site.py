@@ -16,6 +16,12 @@ Data model:
 - Comment ``n`` (0-based) of a post has the id ``f"{post_id}-{n}"``; its
   ``parent_id`` is null or the id of an earlier comment of the same post.
 
+Forums that grow (``growth``: new posts per minute, cycled over the forums) list
+more posts as time passes: from ``growth_from`` on, forum ``i`` gains a post every
+``60 / rate`` seconds (:meth:`SiteConfig.appeared_at` says when each appeared; its
+``published_at`` says so too), so busy and quiet forums run side by side. Their
+pages are functions of the config, the ids and the time.
+
 Faults, drawn from one RNG seeded with ``seed`` (so a retry of a URL may
 succeed): a request is answered 503 with probability ``error_rate``; a 200
 body is cut in half, which is never valid JSON, with probability
@@ -116,6 +122,10 @@ class SiteConfig:
     rate_limit: float = 0.0  # accepted requests per second before 429s; 0: no limit
     retry_after: int = 1  # seconds, in the Retry-After header of a rate-limit 429
     rate_limit_status: int = 429  # 429 with Retry-After, or 503 without, above rate_limit
+    # forums that grow while the site runs: new posts per minute, by forum (cycled over
+    # the forums; () none), from the unix time growth_from on
+    growth: tuple[float, ...] = ()
+    growth_from: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.posts_per_forum < POST_ID_STRIDE:
@@ -130,10 +140,32 @@ class SiteConfig:
             raise ValueError("rate_limit and retry_after must not be negative")
         if self.rate_limit_status not in (429, 503):
             raise ValueError("rate_limit_status is 429 or 503")
+        if any(not (math.isfinite(rate) and rate >= 0) for rate in self.growth):
+            raise ValueError("growth rates are posts per minute, 0 or more")
 
-    def max_page(self) -> int:
-        """List pages of each forum (an empty forum still has page 1)."""
-        return max(1, math.ceil(self.posts_per_forum / self.posts_per_page))
+    def max_page(self, posts: int | None = None) -> int:
+        """List pages of each forum, or of one of ``posts`` (an empty forum still has page 1)."""
+        count = self.posts_per_forum if posts is None else posts
+        return max(1, math.ceil(count / self.posts_per_page))
+
+    def growth_of(self, index: int) -> float:
+        """New posts per minute of forum ``index`` (1-based) while the site runs."""
+        return self.growth[(index - 1) % len(self.growth)] if self.growth else 0.0
+
+    def posts_in(self, index: int, now: float | None = None) -> int:
+        """The posts forum ``index`` lists at unix time ``now`` (None: its first ones)."""
+        rate = self.growth_of(index)
+        if now is None or rate <= 0 or now < self.growth_from:
+            return self.posts_per_forum
+        grown = int((now - self.growth_from) * rate / 60)
+        return min(self.posts_per_forum + grown, POST_ID_STRIDE - 1)
+
+    def appeared_at(self, index: int, ordinal: int) -> float | None:
+        """When a post that grew appeared (unix time); None for the first posts."""
+        rate = self.growth_of(index)
+        if ordinal < self.posts_per_forum or rate <= 0:
+            return None
+        return self.growth_from + (ordinal - self.posts_per_forum + 1) * 60 / rate
 
     def forum_ids(self) -> list[str]:
         return [forum_id(index) for index in range(1, self.forums + 1)]
@@ -146,13 +178,14 @@ class SiteConfig:
             for ordinal in range(self.posts_per_forum)
         ]
 
-    def locate(self, post: str) -> tuple[int, int] | None:
-        """(forum index, post ordinal) of a post id, or None if there is no such post."""
+    def locate(self, post: str, now: float | None = None) -> tuple[int, int] | None:
+        """(forum index, post ordinal) of a post id, or None if there is no such post
+        (at unix time ``now``, for a forum that grows)."""
         number = parse_int(post)
         if number is None:
             return None
         index, ordinal = divmod(number, POST_ID_STRIDE)
-        if 1 <= index <= self.forums and ordinal < self.posts_per_forum:
+        if 1 <= index <= self.forums and ordinal < self.posts_in(index, now):
             return index, ordinal
         return None
 
@@ -232,7 +265,10 @@ def author(seed: int, key: str) -> str:
 def list_entry(config: SiteConfig, index: int, ordinal: int) -> Json:
     post = post_id(index, ordinal)
     count = config.comment_count(post, ordinal)
+    appeared = config.appeared_at(index, ordinal)
     published = EPOCH + timedelta(hours=ordinal, minutes=index)
+    if appeared is not None:
+        published = datetime.fromtimestamp(appeared, UTC)
     return {
         "post_id": post,
         "title": title(post, ordinal),
@@ -243,17 +279,18 @@ def list_entry(config: SiteConfig, index: int, ordinal: int) -> Json:
     }
 
 
-def list_page(config: SiteConfig, forum: str, page: int) -> Json | None:
+def list_page(config: SiteConfig, forum: str, page: int, now: float | None = None) -> Json | None:
     if len(forum) != 5 or not (forum.isascii() and forum.isdigit()):
         return None
     index = int(forum)
-    max_page = config.max_page()
     if not 1 <= index <= config.forums:
         return None
+    posts = config.posts_in(index, now)
+    max_page = config.max_page(posts)
     if not 1 <= page <= max_page:
         return None
     first = (page - 1) * config.posts_per_page
-    last = min(first + config.posts_per_page, config.posts_per_forum)
+    last = min(first + config.posts_per_page, posts)
     return {
         "forum_id": forum,
         "page": page,
@@ -263,8 +300,8 @@ def list_page(config: SiteConfig, forum: str, page: int) -> Json | None:
     }
 
 
-def post_page(config: SiteConfig, post: str) -> Json | None:
-    located = config.locate(post)
+def post_page(config: SiteConfig, post: str, now: float | None = None) -> Json | None:
+    located = config.locate(post, now)
     if located is None or config.is_deleted(located[1]):
         return None
     index, ordinal = located
@@ -293,8 +330,8 @@ def comment(config: SiteConfig, post: str, number: int) -> Json:
     }
 
 
-def comment_page(config: SiteConfig, post: str, page: int) -> Json | None:
-    located = config.locate(post)
+def comment_page(config: SiteConfig, post: str, page: int, now: float | None = None) -> Json | None:
+    located = config.locate(post, now)
     if located is None or config.is_deleted(located[1]):
         return None
     count = config.comment_count(post, located[1])
@@ -314,22 +351,22 @@ def comment_page(config: SiteConfig, post: str, page: int) -> Json | None:
 # -- routing ----------------------------------------------------------------
 
 
-def _route_list(config: SiteConfig, args: list[str]) -> Json | None:
+def _route_list(config: SiteConfig, args: list[str], now: float | None) -> Json | None:
     page = parse_int(args[1])
-    return None if page is None else list_page(config, args[0], page)
+    return None if page is None else list_page(config, args[0], page, now)
 
 
-def _route_post(config: SiteConfig, args: list[str]) -> Json | None:
-    return post_page(config, args[0])
+def _route_post(config: SiteConfig, args: list[str], now: float | None) -> Json | None:
+    return post_page(config, args[0], now)
 
 
-def _route_comment(config: SiteConfig, args: list[str]) -> Json | None:
+def _route_comment(config: SiteConfig, args: list[str], now: float | None) -> Json | None:
     page = parse_int(args[1])
-    return None if page is None else comment_page(config, args[0], page)
+    return None if page is None else comment_page(config, args[0], page, now)
 
 
 # (first path segment, number of segments) -> handler of the remaining segments
-ROUTES: dict[tuple[str, int], Callable[[SiteConfig, list[str]], Json | None]] = {
+ROUTES: dict[tuple[str, int], Callable[[SiteConfig, list[str], float | None], Json | None]] = {
     ("list", 4): _route_list,
     ("post", 3): _route_post,
     ("comment", 4): _route_comment,
@@ -342,12 +379,23 @@ def path_kind(path: str) -> str:
     return kind if kind in ("list", "post", "comment") else "unknown"
 
 
+def render(config: SiteConfig, path: str, now: float | None = None) -> tuple[int, bytes]:
+    """Status and JSON body of a GET of ``path`` (query string ignored); at unix time
+    ``now`` (default: the clock) for a site whose forums grow."""
+    if not config.growth:
+        return _render_fixed(config, path)
+    return _render(config, path, time.time() if now is None else now)
+
+
 @lru_cache(maxsize=8192)
-def render(config: SiteConfig, path: str) -> tuple[int, bytes]:
-    """Status and JSON body of a GET of ``path`` (query string ignored)."""
+def _render_fixed(config: SiteConfig, path: str) -> tuple[int, bytes]:
+    return _render(config, path, None)
+
+
+def _render(config: SiteConfig, path: str, now: float | None) -> tuple[int, bytes]:
     parts = path.split("?", 1)[0].split("/")
     handler = ROUTES.get((parts[1], len(parts))) if len(parts) > 1 else None
-    payload = handler(config, parts[2:]) if handler is not None else None
+    payload = handler(config, parts[2:], now) if handler is not None else None
     if payload is None:
         return 404, NOT_FOUND_BODY
     return 200, json.dumps(payload).encode()
@@ -789,6 +837,12 @@ def _parser(prog: str | None = None) -> argparse.ArgumentParser:
         default=SiteConfig.rate_limit_status,
         help="answer above the rate limit 429 with Retry-After, or 503 without (overloaded)",
     )
+    parser.add_argument(
+        "--growth",
+        default="",
+        help="forums that grow while it runs: new posts per minute, comma-separated, cycled"
+        " over the forums (e.g. 6,1,0.05: a busy, a steady and a quiet forum in turn)",
+    )
     return parser
 
 
@@ -804,6 +858,8 @@ def config_from_args(args: argparse.Namespace) -> SiteConfig:
         rate_limit=args.rate_limit,
         retry_after=args.retry_after,
         rate_limit_status=args.rate_limit_status,
+        growth=tuple(float(rate) for rate in args.growth.split(",") if rate.strip()),
+        growth_from=time.time(),
     )
 
 

@@ -268,6 +268,42 @@ class Schedule:
             definition, due, paused, interval, running = pipe.execute()
         if definition is None:
             return None
+        return self._state(source_id, definition, due, paused=bool(paused), raw=(interval, running))
+
+    def states(self) -> list[SourceState]:
+        """Every source and where it stands, by id, read in one round trip (``list``,
+        ``export``); a definition that cannot be read is logged and left out."""
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.hgetall(self.keys.schedule_sources)
+            pipe.zrange(self.keys.schedule_due, 0, -1, withscores=True)
+            pipe.smembers(self.keys.schedule_paused)
+            pipe.hgetall(self.keys.schedule_intervals)
+            pipe.hgetall(self.keys.producer_running)
+            definitions, due, paused, intervals, running = pipe.execute()
+        due_at = dict(due)
+        found = []
+        for raw_id, definition in sorted(definitions.items()):
+            source_id = raw_id.decode("utf-8", "replace")
+            raw = (intervals.get(raw_id), running.get(raw_id))
+            state = self._state(
+                source_id, definition, due_at.get(raw_id), paused=raw_id in paused, raw=raw
+            )
+            if state is not None:
+                found.append(state)
+        return found
+
+    def _state(
+        self,
+        source_id: str,
+        definition: bytes,
+        due: float | None,
+        *,
+        paused: bool,
+        raw: tuple[bytes | None, bytes | None],
+    ) -> SourceState | None:
+        """A source's state from what Redis holds: ``raw`` is its current interval and
+        its running reservation (``job id|reserved at``)."""
+        interval, running = raw
         source = self._parse(source_id, definition)
         if source is None:
             return None
@@ -275,7 +311,7 @@ class Schedule:
             source=source,
             interval=float(interval) if interval is not None else source.interval,
             due_at=due / 1000 if due is not None else None,
-            paused=bool(paused),
+            paused=paused,
             running_job=running.decode().partition("|")[0] if running else None,
         )
 

@@ -116,10 +116,9 @@ def dump(schedules: dict[str, Schedule]) -> str:
     data: dict[str, list[dict[str, Any]]] = {}
     for spider, schedule in schedules.items():
         entries = []
-        for source in schedule.sources():
-            state = schedule.get(source.id)
-            entry = {k: v for k, v in asdict(source).items() if v not in (None, {}, False)}
-            if state is not None and state.paused:
+        for state in schedule.states():  # one round trip for the spider's sources
+            entry = {k: v for k, v in asdict(state.source).items() if v not in (None, {}, False)}
+            if state.paused:
                 entry[PAUSED] = True
             entries.append(entry)
         if entries:

@@ -23,7 +23,7 @@ import typer
 
 from celery_crawl.core.errors import CeleryCrawlError
 from celery_crawl.producer import sources_file
-from celery_crawl.producer.schedule import Schedule, Source, SourceState
+from celery_crawl.producer.schedule import Source, SourceState
 from celery_crawl.tools import app_option as base
 
 cli = typer.Typer(
@@ -128,11 +128,6 @@ def _row(spider: str, state: SourceState, now: float) -> dict[str, Any]:
     }
 
 
-def _states(schedule: Schedule) -> list[SourceState]:
-    found = (schedule.get(source.id) for source in schedule.sources())
-    return [state for state in found if state is not None]
-
-
 @cli.command("list")
 def list_sources(
     spider: Annotated[str | None, typer.Argument(help="one spider (default: all)")] = None,
@@ -144,7 +139,7 @@ def list_sources(
         project = _project(app)
         spiders = [spider] if spider else project.spider_names()
         now = time.time()
-        rows = [_row(name, s, now) for name in spiders for s in _states(project.schedule(name))]
+        rows = [_row(name, s, now) for name in spiders for s in project.schedule(name).states()]
     except CeleryCrawlError as exc:
         raise _fail(exc) from None
     if as_json:

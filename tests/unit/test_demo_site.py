@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import urllib.error
@@ -12,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
+from celery_crawl.demo.site import SiteConfig, SiteThread, post_id, render, run_in_thread
 
 SMALL = SiteConfig(forums=2, posts_per_forum=30)
 MAX_FOLLOW = 1000  # bound on next_page chains; far above any page count used here
@@ -322,3 +323,23 @@ def test_an_empty_forum_still_has_page_one() -> None:
 def test_bad_configs_are_refused(overrides: dict[str, Any]) -> None:
     with pytest.raises(ValueError):
         SiteConfig(**overrides)
+
+
+def test_forums_that_grow_list_new_posts_as_time_passes_each_when_it_appeared() -> None:
+    start = 1_800_000_000.0
+    config = SiteConfig(forums=2, posts_per_forum=5, posts_per_page=5, growth=(6.0, 0.0))
+    config = dataclasses.replace(config, growth_from=start)
+    assert config.posts_in(1, start + 30) == 8 and config.posts_in(2, start + 30) == 5
+    new = post_id(1, 5)  # the first that grew: it appeared 10 s in
+    assert config.appeared_at(1, 5) == start + 10 and config.appeared_at(1, 4) is None
+    assert render(config, f"/post/{new}", now=start + 9.9)[0] == 404
+    assert render(config, f"/post/{new}", now=start + 10)[0] == 200
+    status, body = render(config, "/list/00001/1", now=start + 30)
+    page = json.loads(body)
+    assert status == 200 and page["max_page"] == 2 and page["next_page"] == 2
+    last = json.loads(render(config, "/list/00001/2", now=start + 30)[1])["posts"]
+    assert [entry["post_id"] for entry in last] == [post_id(1, 5), post_id(1, 6), post_id(1, 7)]
+    assert last[0]["published_at"] == "2027-01-15T08:00:10Z"  # when it appeared
+    assert render(config, "/list/00002/2", now=start + 30)[0] == 404  # the quiet one: as it was
+    with pytest.raises(ValueError, match="posts per minute"):
+        SiteConfig(growth=(-1.0,))

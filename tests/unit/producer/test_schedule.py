@@ -15,6 +15,7 @@ from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer.schedule import Schedule, Source, splay_seconds
 from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
+from tests.support.round_trips import RoundTrips
 
 FAST = {"job_cap": 100, "queue_cap": 100_000, "faster": 0.5, "slower": 2.0}
 
@@ -342,3 +343,30 @@ def test_sources_added_with_splay_are_first_due_across_their_interval_and_only_n
     assert client.zscore(keys.schedule_due, "s1") / 1000 == pytest.approx(due["s1"], abs=0.002)
     assert schedule.put(Source("now", seeds=["x"], interval=100)) == "added"
     assert client.zscore(keys.schedule_due, "now") / 1000 <= time.time() + 0.01  # no splay: now
+
+
+def test_every_state_is_read_in_one_round_trip_and_matches_each_read_alone(
+    schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
+) -> None:
+    for name in ("a", "b", "c"):
+        schedule.put(Source(name, seeds=[name], interval=60, adaptive=name == "c"))
+    schedule.pause("b")
+    schedule.tick(starter(queue, []), **FAST | {"job_cap": 1})  # "a" runs a job
+    client.hset(keys.schedule_sources, "broken", "not json")  # logged, left out
+    pipelines: list[Any] = []
+    real_pipeline = client.pipeline
+
+    def counted_pipeline(*args: Any, **kwargs: Any) -> Any:
+        pipelines.append(real_pipeline(*args, **kwargs))
+        return pipelines[-1]
+
+    client.pipeline = counted_pipeline  # type: ignore[method-assign]
+    try:
+        with RoundTrips(client) as trips:
+            states = schedule.states()
+    finally:
+        del client.pipeline
+    assert len(pipelines) == 1 and trips.count == 0  # one transaction, no command beside it
+    assert [state.source.id for state in states] == ["a", "b", "c"]
+    assert states == [schedule.get(name) for name in ("a", "b", "c")]
+    assert states[0].running_job and states[1].paused and states[2].due_at is not None
