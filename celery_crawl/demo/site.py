@@ -839,11 +839,23 @@ def _parser(prog: str | None = None) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--growth",
-        default="",
+        type=_growth,
+        default=(),
         help="forums that grow while it runs: new posts per minute, comma-separated, cycled"
         " over the forums (e.g. 6,1,0.05: a busy, a steady and a quiet forum in turn)",
     )
     return parser
+
+
+def _growth(text: str) -> tuple[float, ...]:
+    """``--growth 10,2,0.2``: posts per minute, each a finite number, 0 or more."""
+    try:
+        rates = tuple(float(rate) for rate in text.split(",") if rate.strip())
+    except ValueError:
+        rates = (-1.0,)
+    if any(not (math.isfinite(rate) and rate >= 0) for rate in rates):
+        raise argparse.ArgumentTypeError(f"{text!r}: posts per minute, e.g. 10,2,0.2")
+    return rates
 
 
 def config_from_args(args: argparse.Namespace) -> SiteConfig:
@@ -858,7 +870,7 @@ def config_from_args(args: argparse.Namespace) -> SiteConfig:
         rate_limit=args.rate_limit,
         retry_after=args.retry_after,
         rate_limit_status=args.rate_limit_status,
-        growth=tuple(float(rate) for rate in args.growth.split(",") if rate.strip()),
+        growth=args.growth,
         growth_from=time.time(),
     )
 

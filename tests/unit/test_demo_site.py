@@ -13,7 +13,15 @@ from typing import Any
 
 import pytest
 
-from celery_crawl.demo.site import SiteConfig, SiteThread, post_id, render, run_in_thread
+from celery_crawl.demo.site import (
+    SiteConfig,
+    SiteThread,
+    _parser,
+    config_from_args,
+    post_id,
+    render,
+    run_in_thread,
+)
 
 SMALL = SiteConfig(forums=2, posts_per_forum=30)
 MAX_FOLLOW = 1000  # bound on next_page chains; far above any page count used here
@@ -343,3 +351,13 @@ def test_forums_that_grow_list_new_posts_as_time_passes_each_when_it_appeared() 
     assert render(config, "/list/00002/2", now=start + 30)[0] == 404  # the quiet one: as it was
     with pytest.raises(ValueError, match="posts per minute"):
         SiteConfig(growth=(-1.0,))
+
+
+def test_the_command_line_takes_growth_rates_and_refuses_what_is_not_one(capsys: Any) -> None:
+    args = _parser().parse_args(["--growth", "10,2,0.2"])
+    assert config_from_args(args).growth == (10.0, 2.0, 0.2)
+    assert config_from_args(_parser().parse_args([])).growth == ()
+    for bad in ("abc", "1,-2", "nan"):
+        with pytest.raises(SystemExit):
+            _parser().parse_args(["--growth", bad])
+    assert "posts per minute" in capsys.readouterr().err
