@@ -110,8 +110,8 @@ class TrackerPool:
             if self._closed:  # shutting down: the broker delivers its message again
                 return
             if len(self._threads) >= self.limit:
-                uncounted = len(self._waiting) < WAITING_PER_TRACKER * self.limit
-                self._waiting.append(Tracked(run, self._raise_prefetch() if uncounted else None))
+                counted = len(self._waiting) < self._bound
+                self._waiting.append(Tracked(run, self._raise_prefetch() if counted else None))
                 return
             tracked = Tracked(run, self._raise_prefetch())
             thread = threading.Thread(
@@ -119,6 +119,11 @@ class TrackerPool:
             )
             self._threads.add(thread)
         thread.start()
+
+    @property
+    def _bound(self) -> int:
+        """How many waiting tasks raise the prefetch: the first ones in line."""
+        return WAITING_PER_TRACKER * self.limit
 
     def _raise_prefetch(self) -> Any:
         """The consumer's prefetch count, raised by one; None while it has not connected."""
@@ -136,6 +141,15 @@ class TrackerPool:
                 tracked = self._waiting.popleft() if waiting else None
                 if tracked is None:
                     self._threads.discard(threading.current_thread())
+                    return
+                self._count(tracked)
+                if len(self._waiting) >= self._bound:  # one more in line within the bound
+                    self._count(self._waiting[self._bound - 1])
+
+    def _count(self, tracked: Tracked) -> None:
+        """A task that came beyond the bound, now running or within it, holds no slot."""
+        if tracked.qos is None:
+            tracked.qos = self._raise_prefetch()
 
     def _run(self, tracked: Tracked) -> None:
         try:

@@ -626,6 +626,13 @@ _ENTRIES = (
         POLITENESS,
     ),
     Setting(
+        "ROBOTSTXT_CRAWL_DELAY_MAX",
+        60.0,
+        "the longest robots.txt `Crawl-delay` obeyed, in seconds: a longer one (some sites ask"
+        " for a day) spaces the site's requests this much; 0: no cap",
+        POLITENESS,
+    ),
+    Setting(
         "SITE_KEY",
         "host",
         "what a site is: `host` (the URL's host name), `domain` (its registered domain, so"

@@ -26,6 +26,7 @@ editing the file is the deploy.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -37,7 +38,7 @@ from typing import Any
 import redis
 import yaml
 
-from celery_crawl.core.errors import BadInput, quote
+from celery_crawl.core.errors import BadInput, CeleryCrawlError, quote
 from celery_crawl.producer.schedule import Schedule, Source
 
 logger = logging.getLogger(__name__)
@@ -132,9 +133,14 @@ def sync_file(schedule: Schedule, path: str) -> dict[str, int] | None:
 
     The digest of the version last synced is kept in Redis, so that a tick costs a
     file read. A version that cannot be read is logged once, counted
-    (``producer/sources_file_errors``) and changes nothing; a missing file is logged
-    at every tick. A spider the file does not name keeps its sources: ``forum: []``
-    removes all of them. New sources are due at once: to spread a large first import,
+    (``producer/sources_file_errors``) and changes nothing (a source it refuses may
+    follow others already synced). A missing file is logged at every tick; a sync
+    that Redis refuses is logged and counted at every tick; either way the rest of
+    the tick goes on. Two ticks that sync different versions at once leave the
+    digest of one: a tick whose digest differs from the file's syncs it again.
+
+    A spider the file does not name keeps its sources: ``forum: []`` removes all of
+    them. New sources are due at once: to spread a large first import,
     ``celery-crawl sources import FILE --splay`` it before pointing the setting at it.
     """
     spider, keys = schedule.keys.spider, schedule.keys
@@ -148,19 +154,30 @@ def sync_file(schedule: Schedule, path: str) -> dict[str, int] | None:
         return None
     try:
         found = parse(raw.decode("utf-8"), Path(path).suffix.lower())
-    except (BadInput, UnicodeDecodeError) as exc:
+        counts = load(schedule, found[spider], sync=True) if spider in found else None
+        schedule.client.set(keys.schedule_file, digest)
+    except (BadInput, UnicodeDecodeError) as exc:  # this version: logged once
         logger.error("PRODUCER_SOURCES_FILE %s: %s; the schedule is unchanged", path, exc)
-        with schedule.client.pipeline(transaction=True) as pipe:
-            pipe.set(keys.schedule_file, BAD + digest)
-            pipe.hincrby(keys.stats, "producer/sources_file_errors", 1)
-            pipe.execute(raise_on_error=False)  # a damaged count: the error is logged still
+        _count_error(schedule, BAD + digest)
         return None
-    counts = load(schedule, found[spider], sync=True) if spider in found else None
-    schedule.client.set(keys.schedule_file, digest)
+    except (CeleryCrawlError, redis.RedisError) as exc:  # Redis refused: the next tick retries
+        logger.error("PRODUCER_SOURCES_FILE %s not synced: %s; tried again next tick", path, exc)
+        _count_error(schedule, None)
+        return None
     if counts is not None:
         summary = ", ".join(f"{n} {what}" for what, n in counts.items())
         logger.info("PRODUCER_SOURCES_FILE %s synced into %s: %s", path, spider, summary)
     return counts
+
+
+def _count_error(schedule: Schedule, mark: str | None) -> None:
+    """Count a failed sync and, with ``mark``, remember its version; as Redis allows."""
+    with schedule.client.pipeline(transaction=True) as pipe:
+        if mark is not None:
+            pipe.set(schedule.keys.schedule_file, mark)
+        pipe.hincrby(schedule.keys.stats, "producer/sources_file_errors", 1)
+        with contextlib.suppress(redis.RedisError):  # refused, or a damaged count:
+            pipe.execute(raise_on_error=False)  # the error is logged still
 
 
 def _last_synced(schedule: Schedule) -> str | None:

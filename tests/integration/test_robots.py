@@ -65,7 +65,7 @@ def test_four_processes_fetch_robots_txt_once_and_hold_its_crawl_delay_together(
 ) -> None:
     pages = [robots_site.url + path for path in robots_site.page_paths()]
     private = [f"{robots_site.url}/private/{n}.html" for n in range(5)]
-    job = crawl("robots_pages", pages + private, app=app)
+    job = crawl("robots_pages", private + pages, app=app)  # the private ones read first
     result = job.wait(timeout=120)
     assert result["state"] == "done" and result["pages"] == PAGES, result
     # one fetch of robots.txt; the other three processes read the shared copy

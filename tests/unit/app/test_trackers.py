@@ -55,11 +55,17 @@ def test_beyond_its_bound_a_waiting_task_holds_a_prefetch_slot() -> None:
     job task raises the prefetch no more."""
     qos = QoS(lambda prefetch_count: None, 4)  # type: ignore[no-untyped-call]
     trackers = TrackerPool(2, lambda: qos)
-    release = threading.Event()
-    for _ in range(2 + 2 * WAITING_PER_TRACKER + 5):
-        trackers.apply_async(lambda: release.wait(10))
+    first, last = threading.Event(), threading.Event()
+    for _ in range(2 + 2 * WAITING_PER_TRACKER):
+        trackers.apply_async(lambda: first.wait(10))
+    for _ in range(5):
+        trackers.apply_async(lambda: last.wait(10))
     assert qos.value == 4 + 2 + 2 * WAITING_PER_TRACKER
-    release.set()
+    first.set()
+    # the five that came beyond the bound: once they run, or wait within it, they count
+    settle(lambda: len(trackers._waiting) == 3)
+    settle(lambda: qos.value == 4 + 2 + 3)
+    last.set()
     settle(lambda: qos.value == 4 and not trackers._threads)
 
 

@@ -92,6 +92,16 @@ def test_a_burst_leases_that_many_at_once(client: redis.Redis, prefix: str) -> N
     assert names(queue.lease(5)) == ["a0", "a1", "a2"]
 
 
+@pytest.mark.parametrize("rate", [0.5, 4.0])  # limits wider than the delay, and narrower
+def test_a_crawl_delay_allows_no_burst(client: redis.Redis, prefix: str, rate: float) -> None:
+    queue = queue_with(client, prefix, Limits(rate=rate, burst=3))
+    SiteState(client, queue.keys).crawl_delay("a.example", 1.0)
+    queue.push_many([entry(f"a{i}", "a.example") for i in range(5)])
+    assert names(queue.lease(5)) == ["a0"]  # one now, the next no sooner than the delay
+    assert queue.lease(5) == []
+    assert queue.next_ready is not None and queue.next_ready > 0.9
+
+
 def test_priority_holds_within_a_parked_site(client: redis.Redis, prefix: str) -> None:
     queue = queue_with(client, prefix, Limits(concurrency=1))
     queue.push_many([entry("first", "a.example")])

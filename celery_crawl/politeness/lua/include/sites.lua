@@ -130,11 +130,11 @@ local function site_parse_limits(text)
 end
 
 -- The ms between the site's leases, and its burst: the limits' interval, the shared
--- delay (slowdown, AutoThrottle), or its robots.txt Crawl-delay, the longest. A
--- Crawl-delay that binds allows no burst: one request per delay, as the site asks.
+-- delay (slowdown, AutoThrottle), or its robots.txt Crawl-delay, the longest. A site
+-- with a Crawl-delay allows no burst: never two requests closer than the delay.
 local function site_spacing(state, limits)
     local interval = math.max(limits[2], state.delay, state.robots)
-    if state.robots > limits[2] and state.robots >= state.delay then return interval, 1 end
+    if state.robots > 0 then return interval, 1 end
     return interval, limits[3]
 end
 
