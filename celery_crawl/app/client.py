@@ -41,6 +41,7 @@ def crawl(
     job_id: str | None = None,
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
+    source: str | None = None,
 ) -> Job:
     """Start a crawl job; returns at once with a handle (``wait``, ``status``, ``cancel``).
 
@@ -62,6 +63,10 @@ def crawl(
     ``_ERRORCOUNT``. ``depth`` is the job's ``DEPTH_LIMIT``: deeper requests are
     not followed (by default the spider's ``DEPTH_LIMIT``).
 
+    ``source`` names what the job crawls again and again (a source of the producer's
+    schedule sets its own): a hit-expiring filter (``HitExpiringDupeFilter``) counts
+    the crawls of each source apart.
+
     Input that breaks the rules of :mod:`celery_crawl.jobs.inputs` (job id, seeds,
     priority, limits, arguments) raises :class:`~celery_crawl.core.errors.BadInput`
     before anything is written.
@@ -69,7 +74,9 @@ def crawl(
     from celery import current_app
 
     job_id = uuid.uuid4().hex if job_id is None else job_id
-    given = check_job(spider, seeds, priority=priority, job_id=job_id, limits=limits, args=args)
+    given = check_job(
+        spider, seeds, priority=priority, job_id=job_id, limits=limits, args=args, source=source
+    )
     app = app or current_app
     project = project_of(app)
     project.check_hostable(spider)
@@ -83,10 +90,20 @@ def start_crawl(app: Any, project: Project, crawler: Crawler, given: JobInput) -
     limits = check_limits(project.job_limits(crawler, given.limits))  # the settings' too
     spider, seeds, args, priority = given.spider, given.seeds, given.args, given.priority
     job, _ = start_job(
-        project, spider, seeds, priority, given.job_id, limits=limits, args=args, crawler=crawler
+        project,
+        spider,
+        seeds,
+        priority,
+        given.job_id,
+        limits=limits,
+        args=args,
+        crawler=crawler,
+        source=given.source,
     )
     job.app = app
-    kwargs = {"priority": priority, "limits": limits, "args": args}
+    kwargs: dict[str, Any] = {"priority": priority, "limits": limits, "args": args}
+    if given.source:
+        kwargs["source"] = given.source
     app.send_task(JOB_TASK, args=(spider, seeds), kwargs=kwargs, task_id=job.id)
     return job
 
@@ -101,6 +118,7 @@ def start_job(
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
     crawler: Crawler | None = None,
+    source: str = "",
 ) -> tuple[Job, bool]:
     """Create the job and enqueue its seeds; a job that exists already is left as it is.
 
@@ -120,6 +138,8 @@ def start_job(
     fields.update(limit_fields(limits or {}))
     if args:
         fields[ARGS_FIELD] = json.dumps(args, separators=(",", ":"))
+    if source:
+        fields["source"] = source
     with connection.reachable(queue.client):
         created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
         try:

@@ -58,6 +58,7 @@ def run_job(
     priority: int = 0,
     limits: dict[str, float] | None = None,
     args: dict[str, str] | None = None,
+    source: str = "",
 ) -> dict[str, Any]:
     """The body of ``celery_crawl.crawl``: start the job (or find it started), watch it,
     report, return stats.
@@ -66,7 +67,13 @@ def run_job(
     as ``crawl()`` checks them (:mod:`celery_crawl.jobs.inputs`) before anything is written.
     """
     given = check_job(
-        spider, seeds, priority=priority, job_id=task.request.id, limits=limits, args=args
+        spider,
+        seeds,
+        priority=priority,
+        job_id=task.request.id,
+        limits=limits,
+        args=args,
+        source=source,
     )
     project = project_of(task.app)
     hostname = task.request.hostname or ""
@@ -167,6 +174,7 @@ def start_when_room(task: Task, project: Project, given: JobInput) -> tuple[Job,
                 limits=given.limits,
                 args=given.args,
                 crawler=crawler,
+                source=given.source,
             )
         except connection.OUT_OF_MEMORY as exc:
             if time.monotonic() >= deadline:
@@ -314,6 +322,7 @@ def run_schedule(
             job_id=job_id,
             limits=limits | source.limits,
             args=args | source.args,
+            source=source.id,
         )
         start_crawl(task.app, project, crawler, given)
 

@@ -342,10 +342,10 @@ _ENTRIES = (
     Setting(
         "DUPEFILTER_CLASS",
         "celery_crawl.dupefilter.RFPDupeFilter",
-        "the shared dedup filter: `RFPDupeFilter` (exact), `BloomDupeFilter` or"
-        " `ExpiringDupeFilter` of `celery_crawl.dupefilter`. Scrapy's default and the"
-        " scrapy-redis path mean the exact one. Fingerprints come from Scrapy's"
-        " `REQUEST_FINGERPRINTER_CLASS`",
+        "the shared dedup filter: `RFPDupeFilter` (exact), `BloomDupeFilter`,"
+        " `ExpiringDupeFilter` or `HitExpiringDupeFilter` of `celery_crawl.dupefilter`."
+        " Scrapy's default and the scrapy-redis path mean the exact one. Fingerprints come"
+        " from Scrapy's `REQUEST_FINGERPRINTER_CLASS`",
         DEDUP,
     ),
     Setting(
@@ -389,6 +389,13 @@ _ENTRIES = (
         "DUPEFILTER_EXPIRE_BUCKETS",
         24,
         "expiring filter: time buckets per window; memory is freed a bucket at a time",
+        DEDUP,
+    ),
+    Setting(
+        "DUPEFILTER_EXPIRE_CRAWLS",
+        5,
+        "hit-expiring filter: a fingerprint is forgotten once this many crawls of its source in"
+        " a row did not link to it (a crawl: a job, with `DUPEFILTER_SCOPE = 'spider'`)",
         DEDUP,
     ),
     # -- Stats ---------------------------------------------------------------

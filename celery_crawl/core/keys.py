@@ -66,6 +66,9 @@ DEDUP_REMOVED = "removed"  # of those, removed since: <count>:removed
 DEDUP_BLOOM = "bloom"  # a bloom filter's geometry; its sub-filters are bloom:<i>
 DEDUP_EXPIRING = "expiring"  # an expiring filter's geometry
 DEDUP_TIME = "t"  # an expiring filter's time bucket t:<t>, a set of buckets with its count
+DEDUP_HITS = "hits"  # a hit-expiring filter's parameters (crawls)
+DEDUP_CRAWLS = "crawls"  # a hit-expiring filter's crawls so far, by source
+DEDUP_CRAWL = "h"  # a hit-expiring filter's crawl h:<source>:<n>: a set
 
 
 def _name(*parts: str) -> str:
@@ -98,6 +101,12 @@ DEDUP_KEYS: dict[str, dict[str, str | None]] = {
         _name(_TIME_BASE, DEDUP_COUNT): "counter",
         _name(_TIME_BASE, DEDUP_COUNT, DEDUP_REMOVED): "counter",
     },
+    "hits": {
+        DEDUP_COUNT: "counter",
+        DEDUP_HITS: "numbers",
+        DEDUP_CRAWLS: "numbers",
+        _name(DEDUP_CRAWL, "<source>", "<n>"): "set",
+    },
 }
 
 
@@ -118,6 +127,12 @@ def lua_dedup_keys() -> str:
         "expiring_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_EXPIRING)}",
         "expiring_base_key(dedup, t)": (
             f"dedup .. {lua_value(':' + DEDUP_TIME + ':')} .. string.format('%d', t)"
+        ),
+        "hits_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_HITS)}",
+        "hits_crawls_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_CRAWLS)}",
+        "hits_base_key(dedup, source, n)": (
+            f"dedup .. {lua_value(':' + DEDUP_CRAWL + ':')} .. source .. {sep}"
+            " .. string.format('%d', n)"
         ),
     }
     return "\n".join(
@@ -143,8 +158,10 @@ def dedup_key_types(dupefilter: str, names: Iterable[str]) -> dict[str, str]:
 
 
 def _dedup_pattern(name: str) -> str:
-    """A regular expression for a name of :data:`DEDUP_KEYS`: ``<n>`` is a number."""
-    return ":".join(r"\d+" if part == "<n>" else re.escape(part) for part in name.split(":"))
+    """A regular expression for a name of :data:`DEDUP_KEYS`: ``<n>`` is a number,
+    ``<source>`` a source id (no colon) or ``-``, no source."""
+    parts = {"<n>": r"\d+", "<source>": r"[A-Za-z0-9_.-]+"}
+    return ":".join(parts.get(part, re.escape(part)) for part in name.split(":"))
 
 
 # a writer's record of its last numbered call (``written``, ``stats_written``): kept past

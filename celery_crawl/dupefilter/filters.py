@@ -1,4 +1,4 @@
-"""Shared request dedup: exact (the default), bloom filter, or expiring.
+"""Shared request dedup: exact (the default), bloom filter, expiring, or hit-expiring.
 
 Fingerprints come from the crawler's ``request_fingerprinter`` (so
 ``REQUEST_FINGERPRINTER_CLASS`` is respected). Each filter class has a Lua
@@ -13,6 +13,9 @@ use outside a scheduler. The layouts are described in the Lua fragments:
   request that was never crawled, at a rate below ``error_rate``.
 - ``ExpiringDupeFilter`` (``dupefilter/lua/include/dedup_expiring.lua``): exact, but forgets a
   fingerprint after a window, so memory is bounded by the window.
+- ``HitExpiringDupeFilter`` (``dupefilter/lua/include/dedup_hits.lua``): exact, but forgets
+  a fingerprint that ``DUPEFILTER_EXPIRE_CRAWLS`` crawls of its source in a row did not
+  meet, so memory is bounded by what the source still links.
 
 :data:`KINDS` is the registry of the kinds: each one's name, class, fragment and how
 its size is read; every other place that knows the kinds derives from it (its keys
@@ -134,6 +137,21 @@ class ExpiringParams(Params):
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class HitsParams(Params):
+    """A fingerprint is forgotten once ``crawls`` crawls of its source in a row missed it."""
+
+    crawls: int = SETTINGS["DUPEFILTER_EXPIRE_CRAWLS"].default
+
+    def __post_init__(self) -> None:
+        if self.crawls < 1:
+            raise ConfigError(f"DUPEFILTER_EXPIRE_CRAWLS must be at least 1, not {self.crawls}")
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Self:
+        return cls(crawls=setting(settings, "DUPEFILTER_EXPIRE_CRAWLS"))
+
+
 class RFPDupeFilter:
     """Exact dedup shared by every process that points at the same Redis."""
 
@@ -218,7 +236,7 @@ class RFPDupeFilter:
 
     @property
     def kind(self) -> str:
-        """``exact``, ``bloom`` or ``expiring``: what the filter records as its kind in Redis."""
+        """``exact``, ``bloom``, ``expiring`` or ``hits``: the kind the filter records in Redis."""
         return self.lua.removeprefix("dedup_")
 
     def open(self) -> None:
@@ -281,6 +299,21 @@ class ExpiringDupeFilter(RFPDupeFilter):
     params_class = ExpiringParams
 
 
+class HitExpiringDupeFilter(RFPDupeFilter):
+    """Exact dedup that forgets a fingerprint ``DUPEFILTER_EXPIRE_CRAWLS`` crawls of its
+    source after the last one that met it (linked to it again).
+
+    For recrawls with ``DUPEFILTER_SCOPE = "spider"``: a crawl is a job, its source the
+    job's ``source`` (the producer's schedule sets it; ``crawl(..., source=...)``).
+    A page that every crawl links (a forum's listing of its newest posts) stays known
+    however long it is linked; once it scrolls off, it is forgotten N crawls later,
+    however long those take. Each source's fingerprints are its own.
+    """
+
+    lua = "dedup_hits"
+    params_class = HitsParams
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
     """A kind of dedup filter, and where each of its parts is.
@@ -323,6 +356,7 @@ KINDS: dict[str, Kind] = {
         Kind("exact", RFPDupeFilter),
         Kind("bloom", BloomDupeFilter),
         Kind("expiring", ExpiringDupeFilter, size="own"),
+        Kind("hits", HitExpiringDupeFilter),
     )
 }
 

@@ -87,6 +87,7 @@ class JobStatus:
     args: dict[str, str] | None = None  # spider arguments
     # stats that came after the job ended (a worker cut off, back late): kept apart
     late: dict[str, int] | None = None
+    source: str = ""  # the source of the producer's schedule the job crawled; "" none
 
     @property
     def finished(self) -> bool:
@@ -163,6 +164,7 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes], read_at: flo
         },
         args=json.loads(fields.get(ARGS_FIELD, "{}")),
         late={k[5:]: _count(v) for k, v in fields.items() if k.startswith("late/")},
+        source=fields.get("source", ""),
     )
 
 

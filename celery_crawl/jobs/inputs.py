@@ -55,10 +55,18 @@ class JobInput:
     job_id: str
     limits: dict[str, float]
     args: dict[str, str]
+    source: str = ""  # the source of the producer's schedule the job crawls; "" none
 
 
 def check_job(
-    spider: Any, seeds: Any, *, priority: Any, job_id: Any, limits: Any, args: Any
+    spider: Any,
+    seeds: Any,
+    *,
+    priority: Any,
+    job_id: Any,
+    limits: Any,
+    args: Any,
+    source: Any = "",
 ) -> JobInput:
     """Every rule of this module over one job's input; raises :class:`BadInput`."""
     return JobInput(
@@ -68,7 +76,20 @@ def check_job(
         check_job_id(job_id),
         check_limits(limits),
         check_args(args),
+        check_source(source),
     )
+
+
+def check_source(source: Any) -> str:
+    """A job's source: "" (none), or a source id, which follows the job ids' rule."""
+    if source == "" or source is None:
+        return ""
+    if not isinstance(source, str) or not JOB_ID.fullmatch(source):
+        raise BadInput(
+            f"source {quote(source)}: 1 to {MAX_JOB_ID} characters of A-Z a-z 0-9 _ . -,"
+            " the first a letter or digit"
+        )
+    return source
 
 
 def check_spider_name(spider: Any) -> str:

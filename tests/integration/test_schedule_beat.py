@@ -24,7 +24,8 @@ LATE = PERIOD + 1.5  # a job starts at most this long after its source is due: a
 
 
 def jobs_by_source(client: redis.Redis, keys: SpiderKeys) -> dict[str, list[dict[str, float]]]:
-    """Every job of the spider, by the ``source`` spider argument the test gives each source."""
+    """Every job of the spider, by its source: the job's field, which the producer sets
+    (and which the test also gives each source as its ``source`` spider argument)."""
     found: dict[str, list[dict[str, float]]] = {}
     for key in client.scan_iter(match=keys.job_prefix + "*", count=1000):
         if client.type(key) != b"hash" or b":" in key[len(keys.job_prefix) :]:
@@ -32,7 +33,8 @@ def jobs_by_source(client: redis.Redis, keys: SpiderKeys) -> dict[str, list[dict
         job = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
         if "created_at" not in job:
             continue
-        source = json.loads(job.get("args", "{}")).get("source", "")
+        source = job.get("source", "")
+        assert source == json.loads(job.get("args", "{}")).get("source", ""), job
         times = {"start": float(job["created_at"]), "end": float(job.get("finished_at", "inf"))}
         found.setdefault(source, []).append(times)
     return {source: sorted(jobs, key=lambda j: j["start"]) for source, jobs in found.items()}

@@ -38,6 +38,9 @@ PATHS = {
     "celery_crawl.dupefilter.ExpiringDupeFilter": (
         "celery_crawl.dupefilter.filters.ExpiringDupeFilter"
     ),
+    "celery_crawl.dupefilter.HitExpiringDupeFilter": (
+        "celery_crawl.dupefilter.filters.HitExpiringDupeFilter"
+    ),
     "celery_crawl.cookies.SharedCookiesMiddleware": (
         "celery_crawl.cookies.middleware.SharedCookiesMiddleware"
     ),

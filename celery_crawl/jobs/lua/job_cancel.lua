@@ -75,6 +75,7 @@ for i = 3, #KEYS, 3 do
         plan_levels(site_parked_key(KEYS[i], site), span.plans, span.fps)
     end
     dedup_use(span.dedup, span.count)
+    dedup_source(job_source(job))  -- the fingerprints are the job's: its source's
     dedup_guard(spec, span.fps)  -- the filter's keys dedup_remove meets
     spans[#spans + 1] = span
 end
@@ -105,6 +106,7 @@ end
 
 for _, span in ipairs(spans) do
     dedup_use(span.dedup, span.count)
+    dedup_source(job_source(job))
     for _, fp in ipairs(span.fps) do
         if dedup_remove(fp) then unfiltered = unfiltered + 1 end
     end

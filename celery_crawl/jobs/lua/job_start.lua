@@ -7,7 +7,9 @@
 -- ARGV[3]  number of job fields f
 -- ARGV[4]  dedup scope: 'job' or 'spider' (as in enqueue.lua)
 -- then n groups: priority, fingerprint, job id, payload, lane 0, site (as in enqueue.lua)
--- then f pairs: field, value (spider, seeds, priority, ...)
+-- then f pairs: field, value (spider, seeds, priority, source, ...); with the spider
+--          dedup scope, a job with a source starts a crawl of it in the filter
+--          (dedup_crawl_start: a hit-expiring filter counts the source's crawls)
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed; an
 --          error naming the key, and nothing written, when a key it would write is
@@ -25,6 +27,11 @@ local DEDUP_ARGV = 5 + 6 * n + 2 * f
 local key = JOB_PREFIX .. job
 if redis.call('EXISTS', key) == 1 then return {0, 0} end
 
+local fields_at = 5 + 6 * n
+for i = fields_at, fields_at + 2 * f - 1, 2 do
+    if ARGV[i] == 'source' then JOB_SOURCES[job] = ARGV[i + 1] end  -- before its hash exists
+end
+
 local lanes = {[0] = {KEYS[1], KEYS[2], KEYS[3], KEYS[4]}}
 local spec = {}  -- every key it writes checked first (include/keytypes.lua)
 job_guard(spec, job)
@@ -36,10 +43,10 @@ local now = redis.call('TIME')
 redis.call('HSET', key, 'state', 'running', 'pending', 0, 'leased', 0, 'done', 0,
     'created_at', now[1] + now[2] / 1000000)
 job_phase(job, 'queued')
-local fields_at = 5 + 6 * n
 for i = fields_at, fields_at + 2 * f - 1, 2 do
     redis.call('HSET', key, ARGV[i], ARGV[i + 1])
 end
+if SCOPE == 'spider' then dedup_crawl_start(job_source(job)) end
 local accepted, count = push_requests(lanes, ARGV, 5, n), 0
 for _, flag in ipairs(accepted) do count = count + flag end
 job_finish_if_done(job)

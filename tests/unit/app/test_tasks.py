@@ -11,6 +11,7 @@ from celery import Celery
 from celery_crawl import create_app
 from celery_crawl.app.client import start_job
 from celery_crawl.app.tasks import start_when_room
+from celery_crawl.core.errors import BadInput
 from celery_crawl.hosting.project import Project, project_of
 from celery_crawl.jobs.handle import Job
 from celery_crawl.jobs.inputs import check_job
@@ -52,3 +53,13 @@ def test_a_job_that_crawl_started_is_found_and_its_seeds_are_not_made_again(
     job, created = start(app, "by-crawl")
     assert not created and job.id == started.id and job.exists()
     assert len(queue) == 0  # nothing pushed again
+
+
+def test_a_job_records_its_source_and_a_bad_one_is_refused(app: Celery) -> None:
+    given = check_job(
+        "forum", SEEDS, priority=0, job_id="of-a-source", limits={}, args={}, source="busy-1"
+    )
+    job, created = start_when_room(app.tasks["celery_crawl.crawl"], project_of(app), given)
+    assert created and job.status().source == "busy-1"
+    with pytest.raises(BadInput, match="source"):
+        check_job("forum", SEEDS, priority=0, job_id="x", limits={}, args={}, source="a:b")

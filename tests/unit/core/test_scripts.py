@@ -381,7 +381,8 @@ def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
         "return {dedup_kind_key(d), sets_bucket_key(d, 2, 17), sets_count_key(d),"
         " sets_removed_key(sets_count_key(d)), bloom_key(d), bloom_filter_key(bloom_key(d), 3),"
         " expiring_key(d), expiring_base_key(d, 12345),"
-        " sets_bucket_key(expiring_base_key(d, 12345), 0, 5)}\n"
+        " sets_bucket_key(expiring_base_key(d, 12345), 0, 5), hits_key(d), hits_crawls_key(d),"
+        " hits_base_key(d, 'busy-board', 7)}\n"
     )
     found = [key.decode() for key in client.eval(scripts.source("main"), 1, d)]
     assert found == [
@@ -394,6 +395,9 @@ def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
         f"{d}:expiring",
         f"{d}:t:12345",
         f"{d}:t:12345:0:5",
+        f"{d}:hits",
+        f"{d}:crawls",
+        f"{d}:h:busy-board:7",
     ]
     assert DEDUP_KEYS == {
         "": {"kind": "string"},
@@ -404,6 +408,12 @@ def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
             "t:<n>:<n>:<n>": "set",
             "t:<n>:count": "counter",
             "t:<n>:count:removed": "counter",
+        },
+        "hits": {
+            "count": "counter",
+            "hits": "numbers",
+            "crawls": "numbers",
+            "h:<source>:<n>": "set",
         },
     }
 

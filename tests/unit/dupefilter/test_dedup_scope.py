@@ -7,7 +7,12 @@ import redis
 
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.dupefilter.filters import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
+from celery_crawl.dupefilter.filters import (
+    BloomDupeFilter,
+    ExpiringDupeFilter,
+    HitExpiringDupeFilter,
+    RFPDupeFilter,
+)
 from celery_crawl.jobs.handle import Job
 from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base, PriorityQueue
@@ -78,7 +83,12 @@ def test_an_unknown_scope_is_refused(client: redis.Redis, prefix: str) -> None:
 
 @pytest.mark.parametrize(
     ("filter_class", "forgets"),
-    [(RFPDupeFilter, True), (ExpiringDupeFilter, True), (BloomDupeFilter, False)],
+    [
+        (RFPDupeFilter, True),
+        (ExpiringDupeFilter, True),
+        (HitExpiringDupeFilter, True),
+        (BloomDupeFilter, False),
+    ],
 )
 def test_spider_scope_cancel_takes_the_purged_fingerprints_out_of_the_filter(
     client: redis.Redis, prefix: str, filter_class: type[RFPDupeFilter], forgets: bool

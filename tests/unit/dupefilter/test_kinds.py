@@ -92,7 +92,8 @@ def test_repair_knows_the_type_of_every_key_it_writes(
     keys = written(client, df)
     assert dedup_key_types(df.keys.dupefilter, keys) == dynamic_keys(client, df.keys)
     declared = {
-        re.escape(f"{df.keys.dupefilter}:") + name.replace("<n>", r"\d+"): wanted
+        re.escape(f"{df.keys.dupefilter}:")
+        + name.replace("<n>", r"\d+").replace("<source>", r"[A-Za-z0-9_.-]+"): wanted
         for name, wanted in kind.keys.items()
     }
     for key in keys:

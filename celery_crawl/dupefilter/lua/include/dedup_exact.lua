@@ -50,3 +50,7 @@ end
 local function dedup_use(dedup_key, count_key)
     DEDUP_KEY, COUNT_KEY = dedup_key, count_key
 end
+
+-- Hit-expiring filters' hooks (include/dedup_hits.lua): this kind has no sources.
+local function dedup_source(_) end
+local function dedup_crawl_start(_) end

@@ -5,6 +5,7 @@
 -- Uses: nothing from the including script.
 -- Defines: dedup_kind_key(dedup), sets_bucket_key(base, generation, bucket),
 -- sets_count_key(base), sets_removed_key(count), bloom_key(dedup),
--- bloom_filter_key(bloom, i), expiring_key(dedup), expiring_base_key(dedup, t).
+-- bloom_filter_key(bloom, i), expiring_key(dedup), expiring_base_key(dedup, t),
+-- hits_key(dedup), hits_crawls_key(dedup), hits_base_key(dedup, source, n).
 
 --!generated celery_crawl.core.keys:lua_dedup_keys

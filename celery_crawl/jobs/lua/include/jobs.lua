@@ -54,7 +54,7 @@
 --
 -- Uses: JOB_PREFIX. Includes counters, keytypes and sites (and with it entries); its
 -- tables FINAL, JOB_COUNTERS and LIMITED are generated from celery_crawl.jobs.store.
--- Defines: FINAL, JOB_COUNTERS, LIMITED, job_seen_add, job_running, job_late, job_add, job_phase,
+-- Defines: FINAL, JOB_COUNTERS, LIMITED, JOB_SOURCES, job_source, job_seen_add, job_running, job_late, job_add, job_phase,
 -- job_ack, job_finish_if_done, job_end, job_check_limits, ack_leases, job_wake,
 -- job_notify, job_guard(spec, job), ack_guard(spec, inflight, args, first, last).
 -- (ack_leases(levels, inflight, args, first, last) takes the queue's levels key and its
@@ -78,6 +78,19 @@ local ENDED_TTL = 24 * 3600  -- a dead participant's list of ended jobs
 -- A job hash of another type (damaged) counts as no job: core/lua/repair.lua moves it aside.
 local function job_exists(job)
     return job ~= '' and redis.call('TYPE', JOB_PREFIX .. job)['ok'] == 'hash'
+end
+
+-- The source of a job (its field source, a source of the producer's schedule; '' for
+-- none), read once per script run. A script that creates the job fills JOB_SOURCES[job]
+-- before its hash exists.
+local JOB_SOURCES = {}
+local function job_source(job)
+    if job == '' then return '' end
+    if JOB_SOURCES[job] == nil then
+        local source = redis.pcall('HGET', JOB_PREFIX .. job, 'source')  -- damaged: none
+        JOB_SOURCES[job] = type(source) == 'string' and source or ''
+    end
+    return JOB_SOURCES[job]
 end
 
 -- Job dedup scope: true when fp is new to the job (and records it).

@@ -1,10 +1,11 @@
 -- Pushing requests into the level lists: included, never run alone.
 --
--- Uses: dedup_add and dedup_use (the dupefilter's fragment), job_running,
--- job_add and job_seen_add (include/jobs.lua), included before it; SCOPE, the
--- dedup scope: 'job' checks a job's requests against the job's own set
--- (job_seen_add), 'spider' against the spider's filter. Requests of no job
--- always use the spider's filter. Includes keys (the key names).
+-- Uses: dedup_add, dedup_use and dedup_source (the dupefilter's fragment),
+-- job_running, job_add, job_seen_add and job_source (include/jobs.lua), included
+-- before it; SCOPE, the dedup scope: 'job' checks a job's requests against the
+-- job's own set (job_seen_add), 'spider' against the spider's filter, for the
+-- job's source (a hit-expiring filter keeps each source's apart). Requests of no
+-- job always use the spider's filter. Includes keys (the key names).
 -- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
 -- fingerprint, job id, payload, lane, site) from args starting at index first, and
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
@@ -27,12 +28,11 @@ local function wake(signal, added)
 end
 
 local function push_guard(spec, lanes, args, first, n)
-    local fps = {}
+    local fps = {}  -- per lane, per source: the fingerprints that meet its filter
     for i = 0, n - 1 do
         local at = first + 6 * i
         local fp, job, lane = args[at + 1], args[at + 2], tonumber(args[at + 4])
         local keys = lanes[lane]
-        fps[lane] = fps[lane] or {}
         spec_add(spec, keys[1], 'zset')
         spec_add(spec, keys[2], 'list')
         spec_add(spec, level_key(keys[1], args[at]), 'list')
@@ -40,12 +40,18 @@ local function push_guard(spec, lanes, args, first, n)
         if fp ~= '' and SCOPE == 'job' and job ~= '' then
             spec_add(spec, job_seen_key(job), 'set')
         elseif fp ~= '' then
-            fps[lane][#fps[lane] + 1] = fp
+            local source = job_source(job)
+            fps[lane] = fps[lane] or {}
+            fps[lane][source] = fps[lane][source] or {}
+            table.insert(fps[lane][source], fp)
         end
     end
-    for lane, list in pairs(fps) do
+    for lane, sources in pairs(fps) do
         dedup_use(lanes[lane][3], lanes[lane][4])
-        dedup_guard(spec, list)
+        for source, list in pairs(sources) do
+            dedup_source(source)
+            dedup_guard(spec, list)
+        end
     end
     dedup_use(lanes[0][3], lanes[0][4])
 end
@@ -60,6 +66,7 @@ local function push_requests(lanes, args, first, n)
         if lane ~= current then dedup_use(keys[3], keys[4]) end
         current = lane
         local own = SCOPE == 'job' and job ~= ''
+        if not own and fp ~= '' then dedup_source(job_source(job)) end
         if job_running(job) and (fp == '' or (own and job_seen_add(job, fp))
                 or (not own and dedup_add(fp))) then
             local flags, tail = #job, ''

@@ -1,0 +1,155 @@
+-- Hit-expiring exact dedup, for recrawls of sources whose pages scroll away (a
+-- forum's rolling listing). Fills the dupefilter slot of enqueue.lua,
+-- job_start.lua, job_cancel.lua, scheduler_leave.lua and dedup.lua; never run alone.
+--
+-- A fingerprint is forgotten once N crawls of its source in a row did not meet it:
+-- a page that a crawl links again (a hit) is kept, one no longer linked is dropped
+-- N crawls later, whatever the time between crawls. A crawl is a job with the
+-- spider dedup scope; its source is the job's field `source` (a source of the
+-- producer's schedule), or '-' for a job without one and for requests of no job.
+-- Layout under the dupefilter key D (one hash tag):
+-- - D:hits          hash: crawls (N), stored when the filter is created; afterwards
+--                   the stored one wins;
+-- - D:crawls        hash: source -> the number of its crawls started (its crawl c);
+-- - D:h:<s>:<c>     a set per crawl c of source s: the fingerprints last met in it
+--                   (one plain set: a crawl meets at most a few thousand, which Redis
+--                   keeps compact up to set-max-listpack-entries);
+-- - COUNT_KEY       the fingerprints of every source, live.
+-- A source's live crawls are c - N .. c. A fingerprint met again moves into the
+-- current crawl's set; when crawl c + 1 starts (dedup_crawl_start), crawl c - N's set
+-- is deleted whole: what no crawl since has met. Each source's fingerprints are its
+-- own: two sources that link one page each fetch it once.
+--
+-- Uses: DEDUP_KEY, COUNT_KEY, and one parameter from ARGV[DEDUP_ARGV]: crawls.
+-- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_remove(fp) (true when a
+-- live crawl held it), dedup_count(), dedup_config(), dedup_each_key(visit),
+-- dedup_guard(spec, fps), dedup_use(dedup_key, count_key), as every fragment does
+-- (include/dedup_exact.lua tells what each does); and the two every fragment has for
+-- this kind: dedup_source(source), which the other functions then work for (push.lua
+-- sets it for each request's job), and dedup_crawl_start(source), which job_start.lua
+-- calls as a job of the source starts.
+--!include keytypes
+--!include dedup_keys
+
+local DEDUP_KIND = 'hits' -- claimed in D:kind by the first process that opens the filter
+
+local HITS_KEY, CRAWLS_KEY = hits_key(DEDUP_KEY), hits_crawls_key(DEDUP_KEY)
+local NO_SOURCE = '-'
+local hits_source = NO_SOURCE
+local hits_cache = nil -- crawls (N) and the source's current crawl, read once per source
+
+local function hits_limit(create)
+    local stored = tonumber(redis.call('HGET', HITS_KEY, 'crawls'))
+    if stored then return stored end
+    local crawls = tonumber(ARGV[DEDUP_ARGV]) or 1
+    if create then redis.call('HSET', HITS_KEY, 'crawls', crawls) end
+    return crawls
+end
+
+local function hits_state(create)
+    if hits_cache then return hits_cache end
+    hits_cache = {
+        crawls = hits_limit(create),
+        current = tonumber(redis.call('HGET', CRAWLS_KEY, hits_source) or '0'),
+    }
+    return hits_cache
+end
+
+local function hits_base(crawl)
+    return hits_base_key(DEDUP_KEY, hits_source, crawl)
+end
+
+-- The live crawl whose set holds fp, the newest first; nil when none does.
+local function hits_find(state, fp)
+    for crawl = state.current, math.max(0, state.current - state.crawls), -1 do
+        if redis.call('SISMEMBER', hits_base(crawl), fp) == 1 then return crawl end
+    end
+    return nil
+end
+
+-- Returns true when fp was new (and records it); false when a live crawl met it,
+-- and then it is the current crawl's: a hit keeps it.
+local function dedup_add(fp)
+    local state = hits_state(true)
+    local found = hits_find(state, fp)
+    if found == state.current then return false end
+    if found then
+        redis.call('SREM', hits_base(found), fp)
+    else
+        redis.call('INCR', COUNT_KEY)
+    end
+    redis.call('SADD', hits_base(state.current), fp)
+    return found == nil
+end
+
+local function dedup_seen(fp)
+    return hits_find(hits_state(false), fp) ~= nil
+end
+
+local function dedup_remove(fp)
+    local found = hits_find(hits_state(false), fp)
+    if not found then return false end
+    redis.call('SREM', hits_base(found), fp)
+    redis.call('DECR', COUNT_KEY)
+    return true
+end
+
+local function dedup_count()
+    return tonumber(redis.call('GET', COUNT_KEY) or '0')
+end
+
+local function dedup_config()
+    hits_limit(true)
+    return redis.call('HGETALL', HITS_KEY)
+end
+
+-- Sum of visit(key) over every key of every source's live crawls, and the hashes.
+local function dedup_each_key(visit)
+    local crawls, total = hits_limit(false), 0
+    local counted = redis.call('HGETALL', CRAWLS_KEY)
+    counted[#counted + 1], counted[#counted + 2] = NO_SOURCE, '0'  -- requests of no job
+    for i = 1, #counted, 2 do
+        local source, current = counted[i], tonumber(counted[i + 1]) or 0
+        for crawl = math.max(0, current - crawls), current do
+            total = total + visit(hits_base_key(DEDUP_KEY, source, crawl))
+        end
+    end
+    return total + visit(HITS_KEY) + visit(CRAWLS_KEY) + visit(COUNT_KEY)
+end
+
+-- The hashes first (numbers: the crawl range follows them); then the source's live
+-- crawls, with the one before them (dedup_crawl_start deletes it) and the next one.
+-- Every fingerprint of a source meets the same keys: fps is not needed.
+local function dedup_guard(spec, _)
+    spec_add(spec, COUNT_KEY, 'counter')
+    spec_add(spec, HITS_KEY, 'numbers')
+    spec_add(spec, CRAWLS_KEY, 'numbers')
+    if key_type_problem({HITS_KEY, 'numbers', CRAWLS_KEY, 'numbers'}) then return end
+    local state = hits_state(false)
+    for crawl = math.max(0, state.current - state.crawls - 1), state.current + 1 do
+        spec_add(spec, hits_base(crawl), 'set')
+    end
+end
+
+local function dedup_use(dedup_key, count_key)
+    DEDUP_KEY, COUNT_KEY, hits_cache = dedup_key, count_key, nil
+    HITS_KEY, CRAWLS_KEY = hits_key(dedup_key), hits_crawls_key(dedup_key)
+end
+
+local function dedup_source(source)
+    source = (source == nil or source == '') and NO_SOURCE or source
+    if source ~= hits_source then hits_source, hits_cache = source, nil end
+end
+
+-- A crawl of the source starts: it is the current one, and what the crawl N + 1
+-- before it met, and no crawl since, is forgotten.
+local function dedup_crawl_start(source)
+    dedup_source(source)
+    local state = hits_state(true)
+    state.current = redis.call('HINCRBY', CRAWLS_KEY, hits_source, 1)
+    local dropped = state.current - state.crawls - 1
+    if dropped < 0 then return end
+    local forgotten = hits_base(dropped)
+    redis.call('DECRBY', COUNT_KEY, redis.call('SCARD', forgotten))
+    redis.call('DEL', forgotten)
+end
