@@ -18,7 +18,14 @@ CELERY_CRAWL_SPIDERS = ["forum", "forum_detail", *IDLE_NAMES]
 # so the table shows what the limiter costs.
 SITE_CONCURRENCY = 1000
 SITE_RATE = 0.0
-CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, "SITE_LIMITS_ENABLED"]  # noqa: F405
+# the dedup benchmark (benchmarks/dedup_rolling.py) runs each filter from the environment
+CELERY_CRAWL_ENV = [
+    *CELERY_CRAWL_ENV,  # noqa: F405
+    "SITE_LIMITS_ENABLED",
+    "DUPEFILTER_CLASS",
+    "DUPEFILTER_EXPIRE_SECONDS",
+    "DUPEFILTER_EXPIRE_CRAWLS",
+]
 
 # the freshness benchmark starts a job per forum at each tick it is due: none held back
 PRODUCER_JOB_CAP = 1000

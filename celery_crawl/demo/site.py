@@ -22,6 +22,10 @@ more posts as time passes: from ``growth_from`` on, forum ``i`` gains a post eve
 ``published_at`` says so too), so busy and quiet forums run side by side. Their
 pages are functions of the config, the ids and the time.
 
+A rolling listing (``listed``: K above 0) lists only each forum's newest K posts,
+oldest first, as a busy board or a news front page does: older posts are still
+served at ``/post/<id>``, but no list page links to them any more.
+
 Faults, drawn from one RNG seeded with ``seed`` (so a retry of a URL may
 succeed): a request is answered 503 with probability ``error_rate``; a 200
 body is cut in half, which is never valid JSON, with probability
@@ -126,6 +130,7 @@ class SiteConfig:
     # the forums; () none), from the unix time growth_from on
     growth: tuple[float, ...] = ()
     growth_from: float = 0.0
+    listed: int = 0  # list pages show only each forum's newest `listed` posts; 0: all
 
     def __post_init__(self) -> None:
         if not 0 <= self.posts_per_forum < POST_ID_STRIDE:
@@ -136,12 +141,17 @@ class SiteConfig:
             raise ValueError("page sizes must be at least 1")
         if not (0.0 <= self.error_rate <= 1.0 and 0.0 <= self.malformed_rate <= 1.0):
             raise ValueError("error_rate and malformed_rate must be in [0, 1]")
+        self._check_politeness()
+        if any(not (math.isfinite(rate) and rate >= 0) for rate in self.growth):
+            raise ValueError("growth rates are posts per minute, 0 or more")
+        if self.listed < 0:
+            raise ValueError("listed is the number of newest posts listed, 0 (all) or more")
+
+    def _check_politeness(self) -> None:
         if self.rate_limit < 0 or self.retry_after < 0:
             raise ValueError("rate_limit and retry_after must not be negative")
         if self.rate_limit_status not in (429, 503):
             raise ValueError("rate_limit_status is 429 or 503")
-        if any(not (math.isfinite(rate) and rate >= 0) for rate in self.growth):
-            raise ValueError("growth rates are posts per minute, 0 or more")
 
     def max_page(self, posts: int | None = None) -> int:
         """List pages of each forum, or of one of ``posts`` (an empty forum still has page 1)."""
@@ -286,10 +296,11 @@ def list_page(config: SiteConfig, forum: str, page: int, now: float | None = Non
     if not 1 <= index <= config.forums:
         return None
     posts = config.posts_in(index, now)
-    max_page = config.max_page(posts)
+    oldest = max(0, posts - config.listed) if config.listed else 0  # a rolling listing
+    max_page = config.max_page(posts - oldest)
     if not 1 <= page <= max_page:
         return None
-    first = (page - 1) * config.posts_per_page
+    first = oldest + (page - 1) * config.posts_per_page
     last = min(first + config.posts_per_page, posts)
     return {
         "forum_id": forum,
@@ -844,6 +855,12 @@ def _parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="forums that grow while it runs: new posts per minute, comma-separated, cycled"
         " over the forums (e.g. 6,1,0.05: a busy, a steady and a quiet forum in turn)",
     )
+    parser.add_argument(
+        "--listed",
+        type=int,
+        default=0,
+        help="a rolling listing: list only each forum's newest N posts (0: all of them)",
+    )
     return parser
 
 
@@ -872,6 +889,7 @@ def config_from_args(args: argparse.Namespace) -> SiteConfig:
         rate_limit_status=args.rate_limit_status,
         growth=args.growth,
         growth_from=time.time(),
+        listed=args.listed,
     )
 
 

@@ -353,6 +353,23 @@ def test_forums_that_grow_list_new_posts_as_time_passes_each_when_it_appeared() 
         SiteConfig(growth=(-1.0,))
 
 
+def test_a_rolling_listing_lists_only_the_newest_posts_which_stay_served() -> None:
+    start = 1_800_000_000.0
+    config = SiteConfig(forums=1, posts_per_forum=5, posts_per_page=2, growth=(6.0,), listed=3)
+    config = dataclasses.replace(config, growth_from=start)
+    listed = []
+    for page in (1, 2):
+        body = json.loads(render(config, f"/list/00001/{page}", now=start + 30)[1])
+        assert body["max_page"] == 2
+        listed += [entry["post_id"] for entry in body["posts"]]
+    assert listed == [post_id(1, 5), post_id(1, 6), post_id(1, 7)]  # the newest 3 of 8
+    assert render(config, f"/post/{post_id(1, 0)}", now=start + 30)[0] == 200  # still served
+    assert render(config, "/list/00001/3", now=start + 30)[0] == 404
+    with pytest.raises(ValueError, match="listed"):
+        SiteConfig(listed=-1)
+    assert config_from_args(_parser().parse_args(["--listed", "40"])).listed == 40
+
+
 def test_the_command_line_takes_growth_rates_and_refuses_what_is_not_one(capsys: Any) -> None:
     args = _parser().parse_args(["--growth", "10,2,0.2"])
     assert config_from_args(args).growth == (10.0, 2.0, 0.2)
