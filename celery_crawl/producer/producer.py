@@ -108,6 +108,9 @@ class Producer:
             self.keys.producer_cursor,
             self.keys.stats,
             self.keys.job_prefix,
+            self.keys.schedule_sources,
+            self.keys.schedule_due,
+            self.keys.schedule_paused,
             *(member.queue for member in self.group),
         ]
         args = PRODUCE.build(job_cap=self.job_cap, queue_cap=self.queue_cap, sources=len(sources))

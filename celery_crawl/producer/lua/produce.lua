@@ -9,7 +9,10 @@
 -- KEYS[2]  cursor: index into the source list where the next tick starts
 -- KEYS[3]  stats hash: producer/produced, producer/held_back, producer/skipped_running
 -- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
--- KEYS[5 ..]  the queue levels (sorted set of priority levels) of each spider of the group
+-- KEYS[5]  the spider's schedule (schedule_tick.lua): sources, hash of source id -> definition
+-- KEYS[6]  the schedule's due: sorted set of the sources waiting for a job, by due time (ms)
+-- KEYS[7]  the schedule's paused: set of the paused sources
+-- KEYS[8 ..]  the queue levels (sorted set of priority levels) of each spider of the group
 -- ARGV[1]  job cap: most jobs produced and not finished at once
 -- ARGV[2]  queue cap: produce nothing while the group's queues hold at least this many
 -- ARGV[3]  number of sources n
@@ -18,6 +21,11 @@
 -- Returns  a flat list: the group's queue length, then source, job id, source,
 --          job id, ... of the reservations
 --
+-- The running hash is the schedule's too: a spider whose schedule is emptied runs
+-- this tick, and a source put on the schedule again while its job ran must not be
+-- forgotten with it. A finished job's source that is on the schedule (and not
+-- paused) is made due now, as schedule_tick.lua would, so the schedule takes it up.
+--
 -- Damage heals here: a reservation that cannot be read is forgotten (its job's
 -- hash of another type too: no job), a cursor or a count that is not a number
 -- starts from 0. A key of another type, the group's queues' included, is refused
@@ -25,6 +33,8 @@
 -- with its spider and calls again.
 
 local running, cursor_key, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local scheduled, due, paused = KEYS[5], KEYS[6], KEYS[7]
+local LEVELS = 8
 local job_cap, queue_cap, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
 --!include counters
@@ -34,12 +44,15 @@ local spec = {}  -- every key it reads or writes checked first (include/keytypes
 spec_add(spec, running, 'hash')
 spec_add(spec, cursor_key, 'string')
 spec_add(spec, stats, 'hash')
-for i = 5, #KEYS do queue_guard(spec, KEYS[i], nil) end
+spec_add(spec, scheduled, 'hash')
+spec_add(spec, due, 'zset')
+spec_add(spec, paused, 'set')
+for i = LEVELS, #KEYS do queue_guard(spec, KEYS[i], nil) end
 local refused = refuse_damaged(spec)
 if refused then return refused end
 
 local queued = 0
-for i = 5, #KEYS do
+for i = LEVELS, #KEYS do
     queued = queued + queue_length(KEYS[i])
 end
 
@@ -56,6 +69,11 @@ for i = 1, #entries, 2 do
     local stale = state == false and now - tonumber(at or 0) > START_GRACE
     if stale or (state ~= false and state ~= 'running') then
         redis.call('HDEL', running, entries[i])
+        if redis.call('HEXISTS', scheduled, entries[i]) == 1
+                and redis.call('SISMEMBER', paused, entries[i]) == 0 then
+            local clock = redis.call('TIME')
+            redis.call('ZADD', due, 'NX', clock[1] * 1000 + math.floor(clock[2] / 1000), entries[i])
+        end
     end
 end
 

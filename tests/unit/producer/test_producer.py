@@ -12,6 +12,7 @@ import redis
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer.producer import Producer
+from celery_crawl.producer.schedule import Schedule, Source
 from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 
@@ -206,3 +207,29 @@ def test_a_sources_set_of_the_wrong_type_is_a_clear_error(
     with pytest.raises(ConfigError, match="must be a set of source ids"):
         Producer(client, keys).sources(FORUMS)
     assert client.get(keys.sources) == b"00001,00002"  # application data: never moved
+
+
+def test_a_source_put_on_the_schedule_while_its_job_ran_is_not_forgotten(
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    """The running hash is the schedule's too: a tick of the source list (the schedule
+    emptied meanwhile) that forgets the finished job makes the scheduled source due."""
+    schedule = Schedule(client, keys)
+    schedule.put(Source("board", [{"forum_id": "00001"}], 60))
+    tick = schedule.tick(starter_of_sources(queue), job_cap=5, queue_cap=1000, faster=1, slower=1)
+    assert [source.id for source, _ in tick.produced] == ["board"]
+    assert client.zscore(keys.schedule_due, "board") is None  # running: not due
+    finish_all(queue)  # its job ends; no schedule tick has seen it yet
+    Producer(client, keys).reserve([])  # a tick of the source list
+    assert client.zscore(keys.schedule_due, "board") is not None  # due again, not lost
+    tick = schedule.tick(starter_of_sources(queue), job_cap=5, queue_cap=1000, faster=1, slower=1)
+    assert [source.id for source, _ in tick.produced] == ["board"]
+    schedule.pause("board")  # while its second job runs
+    finish_all(queue)
+    Producer(client, keys).reserve([])
+    assert client.zscore(keys.schedule_due, "board") is None  # paused: not made due
+
+
+def starter_of_sources(queue: PriorityQueue) -> Any:
+    start = starter(queue)
+    return lambda source, job_id: start(source.id, job_id)
