@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 PUT = Argv("schedule_put", ("source_id", "definition", "interval", "paused", "splay"))
 SWITCH = Argv("schedule_switch", ("source_id", "pause"))
 RELEASE = Argv("schedule_release", ("source_id",))
+RECONCILE = Argv("schedule_reconcile", ())
 TICK = Argv("schedule_tick", ("job_cap", "queue_cap", "faster", "slower"), tail=("job_ids",))
 
 MIN_INTERVAL = 1.0  # seconds: a source is due at most once a second
@@ -182,8 +183,37 @@ class Schedule:
         self.repairer = Repairer(client, keys, self.group)
 
     def _run(self, layout: Argv, keys: list[str], args: list[Any]) -> Any:
+        """One call of a schedule script; refused for a damaged key, the key is moved
+        aside, the schedule reconciled (:meth:`reconcile`), and the call sent again."""
         call = scripts.script(self.client, layout.script)
-        return retried(self.repairer, lambda: call(keys=keys, args=args))
+        try:
+            return call(keys=keys, args=args)
+        except redis.ResponseError as exc:
+            if self.repairer.after(exc) is None:
+                raise
+        try:
+            self.reconcile()
+        except redis.ResponseError as exc:  # another key damaged: the call names it
+            logger.error("schedule of %s not reconciled: %s", self.keys.spider, exc)
+        return call(keys=keys, args=args)
+
+    def reconcile(self) -> tuple[int, int]:
+        """After a repair: a source neither due, paused nor running is due now, and the
+        entries of sources that are gone are dropped; (made due, dropped). It reads
+        every source: the repair runs it, a tick does not."""
+        keys = [*self._switch_keys()[:3], self.keys.schedule_intervals, self.keys.producer_running]
+        made_due, dropped = (int(n) for n in self._call(RECONCILE, keys))
+        if made_due or dropped:
+            logger.warning(
+                "schedule of %s reconciled: %d sources due again, %d stale entries dropped",
+                self.keys.spider,
+                made_due,
+                dropped,
+            )
+        return made_due, dropped
+
+    def _call(self, layout: Argv, keys: list[str]) -> Any:
+        return scripts.script(self.client, layout.script)(keys=keys, args=[])
 
     # -- managing sources ------------------------------------------------------
 

@@ -370,3 +370,21 @@ def test_every_state_is_read_in_one_round_trip_and_matches_each_read_alone(
     assert [state.source.id for state in states] == ["a", "b", "c"]
     assert states == [schedule.get(name) for name in ("a", "b", "c")]
     assert states[0].running_job and states[1].paused and states[2].due_at is not None
+
+
+def test_a_damaged_due_set_is_repaired_and_every_source_is_due_again(
+    schedule: Schedule, client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue
+) -> None:
+    """Redis holding garbage: the due set moved aside loses every due time; the schedule
+    is reconciled from its sources, so none starves (a paused one stays paused)."""
+    for name in ("a", "b", "quiet"):
+        schedule.put(Source(name, seeds=[name], interval=60))
+    schedule.pause("quiet")
+    client.delete(keys.schedule_due)
+    client.set(keys.schedule_due, "garbage")
+    started: list[tuple[str, str]] = []
+    tick = schedule.tick(starter(queue, started), **FAST)  # refused, repaired, reconciled
+    assert sorted(source.id for source, _ in tick.produced) == ["a", "b"]
+    assert client.exists(keys.schedule_due + "~damaged")  # moved aside, kept to look at
+    client.hset(keys.schedule_intervals, "gone", 60)  # an entry of a source that is gone
+    assert schedule.reconcile() == (0, 1)  # a and b run, quiet is paused: none made due
