@@ -101,9 +101,9 @@ def start_crawl(app: Any, project: Project, crawler: Crawler, given: JobInput) -
         source=given.source,
     )
     job.app = app
-    kwargs: dict[str, Any] = {"priority": priority, "limits": limits, "args": args}
-    if given.source:
-        kwargs["source"] = given.source
+    # the source is in the job's hash already: a worker of an older version, which takes
+    # no such argument, still runs the task
+    kwargs = {"priority": priority, "limits": limits, "args": args}
     app.send_task(JOB_TASK, args=(spider, seeds), kwargs=kwargs, task_id=job.id)
     return job
 
@@ -141,7 +141,8 @@ def start_job(
     if source:
         fields["source"] = source
     with connection.reachable(queue.client):
-        created, _ = queue.start_job(job_id, entries, {**fields, "priority": str(priority)})
+        fields["priority"] = str(priority)
+        created, _ = queue.start_job(job_id, entries, fields, project.job_spans(crawler))
         try:
             queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
         except connection.OUT_OF_MEMORY:

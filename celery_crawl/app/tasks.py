@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import time
@@ -36,7 +37,7 @@ from celery_crawl.core.keys import job_spider, stopping_worker
 from celery_crawl.hosting.project import Project, parse_seed, project_of
 from celery_crawl.hosting.registry import Registry, WorkerInfo, waiting_reason
 from celery_crawl.jobs.handle import Job, JobStatus
-from celery_crawl.jobs.inputs import JobInput, check_args, check_job, check_seeds
+from celery_crawl.jobs.inputs import JOB_ID, JobInput, check_args, check_job, check_seeds
 from celery_crawl.jobs.limits import check_limits, time_limited
 from celery_crawl.producer import sources_file
 from celery_crawl.producer.schedule import Schedule, Source
@@ -287,7 +288,15 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
 
     def start(source: str, job_id: str) -> None:
         seeds = [parse_seed(spidercls, source)]
-        given = check_job(spider, seeds, priority=0, job_id=job_id, limits=limits, args=args)
+        given = check_job(
+            spider,
+            seeds,
+            priority=0,
+            job_id=job_id,
+            limits=limits,
+            args=args,
+            source=source_id(source),
+        )
         start_crawl(task.app, project, crawler, given)
 
     schedule = project.components(crawler).schedule(spider)
@@ -299,6 +308,15 @@ def run_producer(task: Task, spider: str) -> dict[str, Any]:
     sources = producible(spidercls, producer.sources(setting(settings, "PRODUCER_SOURCES")))
     tick = producer.tick(sources, start)
     return {"produced": dict(tick.produced), "sources": tick.sources, "queued": tick.queued}
+
+
+def source_id(source: str) -> str:
+    """The job's source for a source of ``PRODUCER_SOURCES``: the text itself when it is a
+    valid source id (a forum id), else a digest of it (a URL), so that a hit-expiring
+    filter counts each source's crawls apart."""
+    if JOB_ID.fullmatch(source):
+        return source
+    return "src-" + hashlib.sha1(source.encode(), usedforsecurity=False).hexdigest()[:20]
 
 
 def run_schedule(

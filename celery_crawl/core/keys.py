@@ -104,7 +104,7 @@ DEDUP_KEYS: dict[str, dict[str, str | None]] = {
     "hits": {
         DEDUP_COUNT: "counter",
         DEDUP_HITS: "numbers",
-        DEDUP_CRAWLS: "numbers",
+        DEDUP_CRAWLS: "hash",
         _name(DEDUP_CRAWL, "<source>", "<n>"): "set",
     },
 }

@@ -215,7 +215,8 @@ class SiteConfig:
         return math.ceil(count / self.comments_per_page)
 
     def expected(self) -> Expected:
-        """The ground truth a complete crawl must reproduce."""
+        """The ground truth a complete crawl must reproduce: every post of the forums as
+        configured, listed or not (a rolling listing, ``listed``, hides the older ones)."""
         posts = deleted = comment_pages = comments = 0
         for index in range(1, self.forums + 1):
             for ordinal in range(self.posts_per_forum):

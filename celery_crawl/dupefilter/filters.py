@@ -313,6 +313,18 @@ class HitExpiringDupeFilter(RFPDupeFilter):
     lua = "dedup_hits"
     params_class = HitsParams
 
+    @classmethod
+    def from_crawler(cls, crawler: Crawler) -> Self:
+        scope = setting(crawler.settings, "DUPEFILTER_SCOPE")
+        if scope != "spider":
+            logger.warning(
+                "HitExpiringDupeFilter counts the crawls of a source only with"
+                " DUPEFILTER_SCOPE = 'spider' (it is %r): the requests that meet it are then"
+                " never forgotten",
+                scope,
+            )
+        return super().from_crawler(crawler)
+
 
 @dataclasses.dataclass(frozen=True)
 class Kind:

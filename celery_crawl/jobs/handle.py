@@ -119,6 +119,7 @@ class JobStatus:
             "limits": self.limits or {},
             "args": self.args or {},
             "late": self.late or {},
+            "source": self.source,
         }
 
 

@@ -113,9 +113,11 @@ class JobStore:
         uses_priority: bool,
         dedup: DedupScript,
         dedup_scope: str,
+        group: Sequence[SpiderKeys] = (),
     ) -> tuple[bool, int]:
         """Create ``job`` with its seeds, pushed through the dedup filter into the queue whose
-        ``push_keys`` are given, unless it exists: (created, seeds accepted)."""
+        ``push_keys`` are given, unless it exists: (created, seeds accepted). ``group``: the
+        other spiders of its group, whose filters its routed requests meet."""
         args = START.build(
             job_id=job, seed_requests=len(seeds), job_fields=len(fields), dedup_scope=dedup_scope
         )
@@ -124,7 +126,8 @@ class JobStore:
         for field, value in fields.items():
             args += START.group(1, field=field, value=value)
         args += dedup.params
-        created, accepted = self._run(START, push_keys, args, dupefilter=dedup.lua)
+        filters = [key for keys in group for key in (keys.dupefilter, keys.dupefilter_count)]
+        created, accepted = self._run(START, [*push_keys, *filters], args, dupefilter=dedup.lua)
         return bool(created), int(accepted)
 
     def exists(self, job: str) -> bool:

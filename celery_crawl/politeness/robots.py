@@ -14,13 +14,13 @@ Redis (:func:`celery_crawl.core.keys.robots_key`) for ``ROBOTSTXT_SHARED_SECONDS
   process keeps its own parsed copy as long as the one in Redis lives, no longer;
 - when Redis refuses, the process fetches robots.txt for itself, as Scrapy does, and
   tries to share again after :data:`FAILED_SECONDS`; ``robotstxt/shared_errors`` counts it;
-- the parsed ``Crawl-delay`` (for ``ROBOTSTXT_USER_AGENT``, or the user agent), capped at
-  ``ROBOTSTXT_CRAWL_DELAY_MAX``, becomes the site's least time between leases for every
-  process (``SiteState.crawl_delay``), with no burst, unless the site's own limits
-  space its requests more; and the
-  downloads themselves start one delay apart, whichever process makes them
-  (``SiteState.pace``): the requests leased before the delay was known wait their
-  turn. Scrapy itself ignores ``Crawl-delay``.
+- the parsed ``Crawl-delay`` (for ``ROBOTSTXT_USER_AGENT``, or the user agent), capped
+  at ``ROBOTSTXT_CRAWL_DELAY_MAX``, becomes the site's least time between leases for
+  every process (``SiteState.crawl_delay``), unless the site's own limits space its
+  requests more, and allows it no burst whatever they say; and the downloads themselves
+  start one delay apart, whichever process makes them (``SiteState.pace``): the requests
+  leased before the delay was known wait their turn. Scrapy itself ignores
+  ``Crawl-delay``.
 
 Disallowed requests are dropped as Scrapy drops them (``robotstxt/forbidden``).
 """
@@ -140,7 +140,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         if self._delayed and not request.meta.get("dont_obey_robotstxt"):
             site = self.sites.policy.site_of(request)
             if site in self._delayed:
-                wait = self.sites.pace(site)
+                try:
+                    wait = self.sites.pace(site)
+                except redis.RedisError as exc:  # the download goes on, unpaced, not failed
+                    logger.warning("Crawl-delay of %s not paced, Redis refused: %s", site, exc)
+                    self._stats.inc_value("robotstxt/shared_errors")
+                    wait = 0
                 if wait > 0:
                     await sleep(wait / 1000)
 
@@ -160,7 +165,10 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         except Exception:  # a parser's failure or a signal handler's: obey nothing a while
             logger.exception("robots.txt of %s could not be read: obeying nothing", netloc)
             self._stats.inc_value("robotstxt/shared_errors")
-        finally:  # never leave the waiters waiting, even when cancelled
+        except BaseException:  # cancelled: the next request reads it again
+            seconds = 0.0
+            raise
+        finally:  # never leave the waiters waiting
             self._parsers[netloc] = parser
             self._expires[netloc] = time.monotonic() + seconds
             pending.callback(parser)

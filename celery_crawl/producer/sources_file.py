@@ -131,13 +131,14 @@ def sync_file(schedule: Schedule, path: str) -> dict[str, int] | None:
     """Sync the sources file at ``path`` into ``schedule`` (its spider's part, as
     ``import --sync``) if the file changed since; the counts, or None if not synced.
 
-    The digest of the version last synced is kept in Redis, so that a tick costs a
-    file read. A version that cannot be read is logged once, counted
+    The digest of the version last synced is kept in Redis, so that a tick costs a file
+    read. A version that cannot be read is logged once, counted
     (``producer/sources_file_errors``) and changes nothing (a source it refuses may
-    follow others already synced). A missing file is logged at every tick; a sync
-    that Redis refuses is logged and counted at every tick; either way the rest of
-    the tick goes on. Two ticks that sync different versions at once leave the
-    digest of one: a tick whose digest differs from the file's syncs it again.
+    follow others already synced). A missing file is logged at every tick; a sync that
+    Redis refuses is logged at every tick, and counted when Redis takes the count (a
+    full Redis refuses that too); either way the rest of the tick goes on. Two ticks
+    that sync different versions at once leave the digest of one: a tick whose digest
+    differs from the file's syncs it again.
 
     A spider the file does not name keeps its sources: ``forum: []`` removes all of
     them. New sources are due at once: to spread a large first import,
@@ -150,9 +151,9 @@ def sync_file(schedule: Schedule, path: str) -> dict[str, int] | None:
         logger.error("PRODUCER_SOURCES_FILE %s not read: %s; the schedule is unchanged", path, exc)
         return None
     digest = hashlib.sha256(raw).hexdigest()
-    if _last_synced(schedule) in (digest, BAD + digest):
-        return None
     try:
+        if _last_synced(schedule) in (digest, BAD + digest):
+            return None
         found = parse(raw.decode("utf-8"), Path(path).suffix.lower())
         counts = load(schedule, found[spider], sync=True) if spider in found else None
         schedule.client.set(keys.schedule_file, digest)

@@ -206,10 +206,15 @@ class Base:
             )
 
     def start_job(
-        self, job: str, seeds: Sequence[Entry], fields: dict[str, str]
+        self,
+        job: str,
+        seeds: Sequence[Entry],
+        fields: dict[str, str],
+        group: Sequence[SpiderKeys] = (),
     ) -> tuple[bool, int]:
         """Create job ``job`` with its seeds in this queue, unless it exists: (created,
-        seeds accepted). The job store runs it (``jobs/lua/job_start.lua``)."""
+        seeds accepted). The job store runs it (``jobs/lua/job_start.lua``); ``group``
+        names the other spiders of the group, whose filters the job's routed requests meet."""
         return self.job_store.start(
             job,
             self._push_keys(),
@@ -218,6 +223,7 @@ class Base:
             uses_priority=self.uses_priority,
             dedup=self.dedup,
             dedup_scope=self.dedup_scope,
+            group=[keys for keys in group if keys.spider != self.keys.spider],
         )
 
     def _push_keys(self) -> list[str]:

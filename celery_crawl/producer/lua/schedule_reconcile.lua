@@ -6,6 +6,7 @@
 -- KEYS[3]  paused: set of the paused sources
 -- KEYS[4]  intervals: hash of source id -> its current interval (s)
 -- KEYS[5]  running: the producer's hash of source -> "job id|reserved at (unix s)"
+-- ARGV     none
 -- Returns  {sources made due, entries dropped}
 --
 -- A source that is neither due, nor paused, nor running (its due entry was lost with

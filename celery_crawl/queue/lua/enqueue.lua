@@ -52,8 +52,8 @@
 --          applied before); or, when a key
 --          it would write, of any lane, is damaged, an error that names it
 --          (include/keytypes.lua), and nothing written
--- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
---          dedup_bloom.lua or dedup_expiring.lua (it defines the dedup_* functions)
+-- Slot     dupefilter: the configured filter's fragment, that of its kind in
+--          celery_crawl.dupefilter.filters.KINDS (it defines the dedup_* functions)
 --
 -- The level list of priority p is KEYS[1] .. ':' .. p, in the same hash tag;
 -- every lane's keys are in it too, so children for another spider of the

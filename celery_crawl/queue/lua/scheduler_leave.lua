@@ -19,8 +19,8 @@
 -- Returns  {schedulers still open, keys deleted}; an error naming the key, nothing written,
 --          when a key it reads or writes is damaged (include/keytypes.lua): the open
 --          schedulers, and with ARGV[2] = 1 every key of the queue and filter it would clear
--- Slot     dupefilter: the configured filter's fragment, include/dedup_exact.lua,
---          dedup_bloom.lua or dedup_expiring.lua (it defines dedup_each_key)
+-- Slot     dupefilter: the configured filter's fragment, that of its kind in
+--          celery_crawl.dupefilter.filters.KINDS (it defines dedup_each_key)
 
 local DEDUP_KEY, COUNT_KEY, DEDUP_ARGV = KEYS[6], KEYS[7], 3
 --!slot dupefilter

@@ -63,3 +63,12 @@ def test_a_job_records_its_source_and_a_bad_one_is_refused(app: Celery) -> None:
     assert created and job.status().source == "busy-1"
     with pytest.raises(BadInput, match="source"):
         check_job("forum", SEEDS, priority=0, job_id="x", limits={}, args={}, source="a:b")
+
+
+def test_a_producer_source_names_its_jobs_source() -> None:
+    from celery_crawl.app.tasks import source_id
+
+    assert source_id("00001") == "00001"  # a forum id is a source id as it is
+    url = source_id("https://news.example/front?page=1")  # a URL is not: its digest
+    assert url.startswith("src-") and url == source_id("https://news.example/front?page=1")
+    assert check_job("forum", SEEDS, priority=0, job_id="x", limits={}, args={}, source=url)

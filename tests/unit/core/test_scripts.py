@@ -412,7 +412,7 @@ def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
         "hits": {
             "count": "counter",
             "hits": "numbers",
-            "crawls": "numbers",
+            "crawls": "hash",
             "h:<source>:<n>": "set",
         },
     }

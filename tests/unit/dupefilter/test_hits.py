@@ -84,3 +84,54 @@ def test_the_number_of_crawls_is_checked_and_stored(client: redis.Redis, prefix:
     forum = Forum(client, prefix, crawls=3)
     forum.crawl("board", [1])
     assert forum.filter.stored_params() == {"crawls": "3"}
+
+
+def test_a_damaged_crawl_count_refuses_the_job_before_it_writes(
+    client: redis.Redis, prefix: str
+) -> None:
+    """Redis holding garbage: the start is refused whole (the key named, for the repair),
+    not left half-written, even when no seed meets the filter (Scrapy's dont_filter)."""
+    forum = Forum(client, prefix, crawls=2)
+    crawls = f"{forum.filter.keys.dupefilter}:crawls"
+    client.set(crawls, "garbage")
+    seed = [Entry(LISTING, 0, None, "j")]
+    with pytest.raises(redis.ResponseError, match="crawls"):
+        forum.queue.start_job("j", seed, {"spider": "forum", "source": "board"})
+    assert not client.exists(forum.queue.keys.job("j"))
+    client.delete(crawls)
+    client.hset(crawls, "board", "not a number")  # a field of text: counted from 0
+    assert forum.queue.start_job("j", seed, {"spider": "forum", "source": "board"})[0]
+    assert client.hget(crawls, "board") == b"1"
+
+
+def test_requests_routed_to_another_spider_of_the_group_are_forgotten_too(
+    client: redis.Redis, prefix: str
+) -> None:
+    """The vertical split: a job of ``forum`` sends its posts to ``forum_detail``'s queue,
+    whose filter counts the job's source's crawls as well."""
+    script = HitExpiringDupeFilter(client, SpiderKeys.build("forum", prefix=prefix), None).script
+    group = [
+        SpiderKeys.build("forum", prefix=prefix),
+        SpiderKeys.build("forum_detail", group="forum", prefix=prefix),
+    ]
+    forum, detail = (
+        PriorityQueue(client, keys, dedup=script, dedup_scope="spider") for keys in group
+    )
+
+    def crawl(number: int, posts: list[int]) -> list[bool]:
+        job = f"j{number}"
+        fields = {"spider": "forum", "source": "board"}
+        forum.start_job(job, [Entry(LISTING, 0, None, job)], fields, group)
+        (seed,) = forum.lease(1)
+        routed = [Entry(b"p", 0, post(n), job) for n in posts]
+        flags = forum.push_many([], acks=[seed.member], routed=[(detail, routed)])
+        while leases := detail.lease(100):
+            detail.ack([lease.member for lease in leases])
+        return flags
+
+    assert crawl(1, [1, 2]) == [True, True]
+    for number in range(2, 6):  # HitsParams' default: 5 crawls
+        crawl(number, [2])
+    assert crawl(6, [2]) == [False]
+    assert crawl(7, [1, 2]) == [True, False]  # post 1: 6 crawls unlinked, forgotten
+    assert client.hget(f"{group[1].dupefilter}:crawls", "board") == b"7"

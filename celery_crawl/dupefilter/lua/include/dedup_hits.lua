@@ -10,15 +10,20 @@
 -- Layout under the dupefilter key D (one hash tag):
 -- - D:hits          hash: crawls (N), stored when the filter is created; afterwards
 --                   the stored one wins;
--- - D:crawls        hash: source -> the number of its crawls started (its crawl c);
+-- - D:crawls        hash: source -> the number of its crawls started (its crawl c); a
+--                   field that is not a number counts as 0 and is rewritten;
 -- - D:h:<s>:<c>     a set per crawl c of source s: the fingerprints last met in it
---                   (one plain set: a crawl meets at most a few thousand, which Redis
---                   keeps compact up to set-max-listpack-entries);
+--                   (one plain set: Redis keeps it compact, about 22 bytes a
+--                   fingerprint, up to set-max-listpack-entries, 128 by default);
 -- - COUNT_KEY       the fingerprints of every source, live.
 -- A source's live crawls are c - N .. c. A fingerprint met again moves into the
 -- current crawl's set; when crawl c + 1 starts (dedup_crawl_start), crawl c - N's set
 -- is deleted whole: what no crawl since has met. Each source's fingerprints are its
--- own: two sources that link one page each fetch it once.
+-- own: two sources that link one page each fetch it once. A crawl counts as it
+-- starts, whatever it finds: N crawls of a site that is down forget its pages.
+-- With a group's vertical split, a job's requests routed to another spider meet that
+-- spider's filter, for the job's source: job_start.lua starts the crawl in the
+-- filter of every spider of the group.
 --
 -- Uses: DEDUP_KEY, COUNT_KEY, and one parameter from ARGV[DEDUP_ARGV]: crawls.
 -- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_remove(fp) (true when a
@@ -46,11 +51,18 @@ local function hits_limit(create)
     return crawls
 end
 
+-- A count of crawls as stored: a whole number from 0, or 0 for text (a damaged field).
+local function hits_count(value)
+    local n = tonumber(value or '')
+    if not n or n ~= n or n < 0 or n == math.huge then return 0 end
+    return math.floor(n)
+end
+
 local function hits_state(create)
     if hits_cache then return hits_cache end
     hits_cache = {
         crawls = hits_limit(create),
-        current = tonumber(redis.call('HGET', CRAWLS_KEY, hits_source) or '0'),
+        current = hits_count(redis.call('HGET', CRAWLS_KEY, hits_source)),
     }
     return hits_cache
 end
@@ -107,9 +119,11 @@ end
 local function dedup_each_key(visit)
     local crawls, total = hits_limit(false), 0
     local counted = redis.call('HGETALL', CRAWLS_KEY)
-    counted[#counted + 1], counted[#counted + 2] = NO_SOURCE, '0'  -- requests of no job
+    if redis.call('HEXISTS', CRAWLS_KEY, NO_SOURCE) == 0 then  -- requests of no job
+        counted[#counted + 1], counted[#counted + 2] = NO_SOURCE, '0'
+    end
     for i = 1, #counted, 2 do
-        local source, current = counted[i], tonumber(counted[i + 1]) or 0
+        local source, current = counted[i], hits_count(counted[i + 1])
         for crawl = math.max(0, current - crawls), current do
             total = total + visit(hits_base_key(DEDUP_KEY, source, crawl))
         end
@@ -117,14 +131,16 @@ local function dedup_each_key(visit)
     return total + visit(HITS_KEY) + visit(CRAWLS_KEY) + visit(COUNT_KEY)
 end
 
--- The hashes first (numbers: the crawl range follows them); then the source's live
--- crawls, with the one before them (dedup_crawl_start deletes it) and the next one.
--- Every fingerprint of a source meets the same keys: fps is not needed.
+-- The parameters first (numbers: the crawl range follows them; D:crawls is only
+-- checked to be a hash, its source's field read leniently: a check of every source's
+-- count would cost every source at each call); then the source's live crawls, with
+-- the one before them (dedup_crawl_start deletes it) and the next one. Every
+-- fingerprint of a source meets the same keys: fps is not needed.
 local function dedup_guard(spec, _)
     spec_add(spec, COUNT_KEY, 'counter')
     spec_add(spec, HITS_KEY, 'numbers')
-    spec_add(spec, CRAWLS_KEY, 'numbers')
-    if key_type_problem({HITS_KEY, 'numbers', CRAWLS_KEY, 'numbers'}) then return end
+    spec_add(spec, CRAWLS_KEY, 'hash')
+    if key_type_problem({HITS_KEY, 'numbers', CRAWLS_KEY, 'hash'}) then return end
     local state = hits_state(false)
     for crawl = math.max(0, state.current - state.crawls - 1), state.current + 1 do
         spec_add(spec, hits_base(crawl), 'set')
@@ -146,7 +162,8 @@ end
 local function dedup_crawl_start(source)
     dedup_source(source)
     local state = hits_state(true)
-    state.current = redis.call('HINCRBY', CRAWLS_KEY, hits_source, 1)
+    state.current = state.current + 1  -- not HINCRBY: a field of text is rewritten, not refused
+    redis.call('HSET', CRAWLS_KEY, hits_source, state.current)
     local dropped = state.current - state.crawls - 1
     if dropped < 0 then return end
     local forgotten = hits_base(dropped)
