@@ -8,6 +8,8 @@ due time, period after period, and every job ends with its page crawled.
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,16 +29,16 @@ RUN = 75.0  # seconds beat runs: several periods of every interval
 # each spider's sources, half at each interval (s)
 INTERVALS = {"forum": (20.0, 40.0), "paths": (30.0, 60.0)}
 PER_SPIDER = 500
-# a job is created at most this long after its source is due: the tick that finds it
-# due comes within PERIOD, and creates the jobs of that tick one after another
-LATE = PERIOD + 3.0
-# on a loaded 2-core machine a tick may wait for the one before it: the most any job is late
-MOST_LATE = 3 * PERIOD + 3.0
-# no job starts before its due time: its source's last reservation plus its interval. The
-# test sees the last job's creation, which a busy tick makes up to about a tick after it
-# reserved the source: that much is allowed, far under the shortest interval (20 s)
-EARLY = PERIOD
+# The bounds follow from what a tick is. A source due at t is reserved by the first tick
+# after t, within PERIOD; that tick creates its jobs one after another, in up to WORK
+# seconds (the longest tick of the run, read from the worker's log: on a loaded 2-core
+# machine a tick of 30 jobs took up to 2.4 s); and it may wait for the tick before it
+# to end. So 99% of the jobs are created within PERIOD + WORK (+ 1 s of pickup), every
+# one within PERIOD + 2 WORK (+ 2 s); and a job's creation follows its source's
+# reservation by at most WORK, which the "never early" check allows (+ 0.5 s).
+SLACK_TYPICAL, SLACK_MOST, SLACK_EARLY = 1.0, 2.0, 0.5
 STARTUP = 5.0  # seconds from starting beat to its first tick
+TICK = re.compile(r"celery_crawl\.produce\[[^]]+\] succeeded in ([0-9.]+)s")
 
 
 @pytest.fixture
@@ -106,8 +108,8 @@ def test_a_thousand_sources_of_two_spiders_each_start_within_a_tick_of_due(
     tmp_path: Path,
 ) -> None:
     """1,000 sources, four intervals from 20 to 60 s, two spiders: over 75 s every source
-    gets a job at each due time, 99% of them within a tick (and none more than three
-    ticks late), and every job crawls its page."""
+    gets a job at each due time, never before it, 99% of them within a tick and the
+    tick's work, every one within a tick and two ticks' work; every job crawls its page."""
     keys = {spider: SpiderKeys.build(spider, prefix=prefix) for spider in INTERVALS}
     start_worker()
     put_at = time.time()
@@ -125,6 +127,14 @@ def test_a_thousand_sources_of_two_spiders_each_start_within_a_tick_of_due(
     wait_until_ended(state_client, list(keys.values()), timeout=60)
     stopped = began + RUN
     log = (tmp_path / "beat.log").read_text()[-2000:]
+    ticks = [float(seconds) for seconds in TICK.findall((tmp_path / "w1.log").read_text())]
+    assert len(ticks) >= RUN / PERIOD, ticks  # both spiders' ticks, every period
+    work = max(ticks)
+    early, late, most_late = (
+        work + SLACK_EARLY,
+        PERIOD + work + SLACK_TYPICAL,
+        PERIOD + 2 * work + SLACK_MOST,
+    )
     lateness = []  # seconds from each job's due time to its creation
     for spider, spider_keys in keys.items():
         jobs = jobs_of(state_client, spider_keys)
@@ -134,16 +144,17 @@ def test_a_thousand_sources_of_two_spiders_each_start_within_a_tick_of_due(
             due = put_at + splay_seconds(source)
             for number, job in enumerate(starts):
                 assert job["state"] == "done" and int(job["done"]) == 1, (source.id, job)
-                assert job["start"] >= due - EARLY, (source.id, starts)  # never early
+                assert job["start"] >= due - early, (source.id, starts)  # never early
                 # the sources due while beat starts: due at its first tick
                 late_from = max(due, began + STARTUP) if number == 0 else due
                 lateness.append(job["start"] - late_from)
                 due = job["start"] + source.interval
             # none missing: the next job was not due yet when beat stopped
-            assert due + MOST_LATE >= stopped, (source.id, starts)
+            assert due + most_late >= stopped, (source.id, starts)
     lateness.sort()
     typical = lateness[int(0.99 * len(lateness))]
     print(f"{len(lateness)} jobs; lateness median {lateness[len(lateness) // 2]:.2f} s,")
-    print(f"99th percentile {typical:.2f} s, most {lateness[-1]:.2f} s")
-    assert typical <= LATE  # within a tick (and the tick's own time)
-    assert lateness[-1] <= MOST_LATE  # and no source starved behind the others
+    print(f"99th percentile {typical:.2f} s, most {lateness[-1]:.2f} s;")
+    print(f"{len(ticks)} ticks, median {statistics.median(ticks):.2f} s, longest {work:.2f} s")
+    assert typical <= late  # within a tick, and the tick's own work
+    assert lateness[-1] <= most_late  # and no source starved behind the others
