@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 MAX_BLOOM_BITS = 2**32 - 8  # a Redis string holds at most 512 MB
+_WARNED: dict[str, bool] = {}  # the spiders warned of a hit-expiring filter outside its scope
 
 
 @dataclasses.dataclass(frozen=True)
@@ -316,7 +317,8 @@ class HitExpiringDupeFilter(RFPDupeFilter):
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
         scope = setting(crawler.settings, "DUPEFILTER_SCOPE")
-        if scope != "spider":
+        if scope != "spider" and not _WARNED.get(crawler.spidercls.name):
+            _WARNED[crawler.spidercls.name] = True  # once per spider and process
             logger.warning(
                 "HitExpiringDupeFilter counts the crawls of a source only with"
                 " DUPEFILTER_SCOPE = 'spider' (it is %r): the requests that meet it are then"

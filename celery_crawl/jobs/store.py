@@ -127,7 +127,10 @@ class JobStore:
             args += START.group(1, field=field, value=value)
         args += dedup.params
         filters = [key for keys in group for key in (keys.dupefilter, keys.dupefilter_count)]
-        created, accepted = self._run(START, [*push_keys, *filters], args, dupefilter=dedup.lua)
+        call = scripts.script(self.client, START.script, dupefilter=dedup.lua)
+        # refused for a damaged key (nothing written): repaired, with the group's, and sent again
+        repairer = Repairer(self.client, self.keys, group)
+        created, accepted = retried(repairer, lambda: call(keys=[*push_keys, *filters], args=args))
         return bool(created), int(accepted)
 
     def exists(self, job: str) -> bool:

@@ -27,6 +27,7 @@ Disallowed requests are dropped as Scrapy drops them (``robotstxt/forbidden``).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -41,7 +42,7 @@ from scrapy.http.request import NO_CALLBACK
 from scrapy.utils.defer import maybe_deferred_to_future
 from scrapy.utils.httpobj import urlparse_cached
 from scrapy.utils.misc import build_from_crawler
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import CancelledError, Deferred
 
 from celery_crawl.core import connection, scripts
 from celery_crawl.core.defaults import setting
@@ -113,7 +114,8 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         self.sites = sites
         self.delay_max = delay_max  # the longest Crawl-delay obeyed; 0: any
         self._expires: dict[str, float] = {}  # netloc -> when this process reads it again
-        self._delayed: set[str] = set()  # the sites with a Crawl-delay: paced at download
+        self._delays: dict[str, float] = {}  # the sites with a Crawl-delay: paced at download
+        self._alone: dict[str, float] = {}  # site -> its next download while Redis refuses
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Self:
@@ -137,17 +139,30 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     async def process_request(self, request: Request, spider: Any = None) -> None:
         """Scrapy's rules, then the site's Crawl-delay for every process together."""
         await super().process_request(request)
-        if self._delayed and not request.meta.get("dont_obey_robotstxt"):
+        if self._delays and not request.meta.get("dont_obey_robotstxt"):
             site = self.sites.policy.site_of(request)
-            if site in self._delayed:
-                try:
-                    wait = self.sites.pace(site)
-                except redis.RedisError as exc:  # the download goes on, unpaced, not failed
-                    logger.warning("Crawl-delay of %s not paced, Redis refused: %s", site, exc)
-                    self._stats.inc_value("robotstxt/shared_errors")
-                    wait = 0
+            if site in self._delays:
+                wait = self._pace(site)
                 if wait > 0:
-                    await sleep(wait / 1000)
+                    await sleep(wait)
+
+    def _pace(self, site: str) -> float:
+        """Seconds until the site's next download may start: for every process together,
+        or, while Redis refuses, for this process alone."""
+        try:
+            wait = self.sites.pace(site) / 1000
+        except redis.RedisError as exc:
+            if site not in self._alone:
+                logger.warning(
+                    "Crawl-delay of %s paced in this process, Redis refused: %s", site, exc
+                )
+            self._stats.inc_value("robotstxt/shared_errors")
+            now = time.monotonic()
+            start = max(now, self._alone.get(site, now))
+            self._alone[site] = start + self._delays[site]
+            return start - now
+        self._alone.pop(site, None)
+        return wait
 
     async def robot_parser(self, request: Request) -> RobotParser | None:
         """This process's copy while it lives; else one read for every request waiting."""
@@ -162,12 +177,12 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
         parser, seconds = None, self.robots.kept(False)
         try:
             parser, seconds = await self._read(request, netloc)
+        except (CancelledError, asyncio.CancelledError):  # the next request reads it again
+            seconds = 0.0
+            raise
         except Exception:  # a parser's failure or a signal handler's: obey nothing a while
             logger.exception("robots.txt of %s could not be read: obeying nothing", netloc)
             self._stats.inc_value("robotstxt/shared_errors")
-        except BaseException:  # cancelled: the next request reads it again
-            seconds = 0.0
-            raise
         finally:  # never leave the waiters waiting
             self._parsers[netloc] = parser
             self._expires[netloc] = time.monotonic() + seconds
@@ -247,9 +262,9 @@ class SharedRobotsTxtMiddleware(RobotsTxtMiddleware):
     def _share_delay(self, site: str, delay: float | None) -> None:
         """The site's Crawl-delay, for every process (kept for this one when Redis refuses)."""
         if delay:
-            self._delayed.add(site)
+            self._delays[site] = delay
         else:
-            self._delayed.discard(site)
+            self._delays.pop(site, None)
         try:
             self.sites.crawl_delay(site, delay)
         except redis.RedisError as exc:

@@ -36,7 +36,7 @@ import redis
 from celery_crawl.core import scripts
 from celery_crawl.core.errors import BadInput, ConfigError, quote
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.core.repair import Repairer, retried
+from celery_crawl.core.repair import Repairer, refused_key, retried
 from celery_crawl.core.scripts import Argv
 from celery_crawl.jobs.inputs import JOB_ID, check_args, check_priority, check_seeds
 from celery_crawl.jobs.limits import check_limits
@@ -189,20 +189,21 @@ class Schedule:
         try:
             return call(keys=keys, args=args)
         except redis.ResponseError as exc:
+            named = set(refused_key(exc))
             if self.repairer.after(exc) is None:
                 raise
-        try:
-            self.reconcile()
-        except redis.ResponseError as exc:  # another key damaged: the call names it
-            logger.error("schedule of %s not reconciled: %s", self.keys.spider, exc)
+        if not named or named & set(self._reconciled_keys()):  # reads every source: rare
+            try:
+                self.reconcile()
+            except redis.ResponseError as exc:  # another key damaged: the call names it
+                logger.error("schedule of %s not reconciled: %s", self.keys.spider, exc)
         return call(keys=keys, args=args)
 
     def reconcile(self) -> tuple[int, int]:
         """After a repair: a source neither due, paused nor running is due now, and the
         entries of sources that are gone are dropped; (made due, dropped). It reads
         every source: the repair runs it, a tick does not."""
-        keys = [*self._switch_keys()[:3], self.keys.schedule_intervals, self.keys.producer_running]
-        made_due, dropped = (int(n) for n in self._call(RECONCILE, keys))
+        made_due, dropped = (int(n) for n in self._call(RECONCILE, self._reconciled_keys()))
         if made_due or dropped:
             logger.warning(
                 "schedule of %s reconciled: %d sources due again, %d stale entries dropped",
@@ -211,6 +212,9 @@ class Schedule:
                 dropped,
             )
         return made_due, dropped
+
+    def _reconciled_keys(self) -> list[str]:
+        return [*self._switch_keys()[:3], self.keys.schedule_intervals, self.keys.producer_running]
 
     def _call(self, layout: Argv, keys: list[str]) -> Any:
         return scripts.script(self.client, layout.script)(keys=keys, args=[])

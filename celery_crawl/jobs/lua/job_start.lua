@@ -46,7 +46,7 @@ if SCOPE == 'spider' then  -- the keys dedup_crawl_start writes, whatever the se
     for _, filter in ipairs(filters) do
         dedup_use(filter[1], filter[2])
         dedup_source(job_source(job))
-        dedup_guard(spec, {})
+        dedup_crawl_guard(spec)
     end
     dedup_use(KEYS[3], KEYS[4])
 end

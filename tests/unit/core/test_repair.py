@@ -344,6 +344,17 @@ def _job_with_lease(client: redis.Redis, prefix: str) -> tuple[PriorityQueue, by
     return forum, lease.member
 
 
+def _job_start_raw(queue: PriorityQueue, _: bytes) -> Any:
+    """The job start script alone (``Base.start_job`` repairs and sends it again itself)."""
+    from celery_crawl.core import scripts
+    from celery_crawl.jobs.store import START
+
+    args = START.build(job_id="k", seed_requests=1, job_fields=0, dedup_scope=queue.dedup_scope)
+    args += Entry(b"c", fingerprint=b"\x02" * 20, job="k").args(queue.uses_priority)
+    call = scripts.script(queue.client, START.script, dupefilter=queue.dedup.lua)
+    return call(keys=queue._push_keys(), args=[*args, *queue.dedup.params])
+
+
 # (what the call does, the key kind damaged): each script on its own keys
 SCRIPT_DAMAGE = {
     "ack: in-flight set": (lambda q, m: q.ack([m]), lambda k: k.inflight),
@@ -359,11 +370,19 @@ SCRIPT_DAMAGE = {
         lambda q, m: q.job_store.leave("j", "s1"),
         lambda k: k.job("j") + ":done",
     ),
-    "job_start: dedup count": (
-        lambda q, m: q.start_job("k", [Entry(b"c", fingerprint=b"\x02" * 20, job="k")], {}),
-        lambda k: k.dupefilter_count,
-    ),
+    "job_start: dedup count": (_job_start_raw, lambda k: k.dupefilter_count),
 }
+
+
+def test_a_job_start_meeting_a_damaged_key_is_repaired_and_sent_again(
+    client: redis.Redis, prefix: str
+) -> None:
+    queue, _ = _job_with_lease(client, prefix)
+    client.delete(queue.keys.dupefilter_count)
+    client.set(queue.keys.dupefilter_count, "abc")
+    created, accepted = queue.start_job("k", [Entry(b"c", fingerprint=b"\x02" * 20, job="k")], {})
+    assert created and accepted == 1
+    assert client.get(queue.keys.dupefilter_count + "~damaged") == b"abc"
 
 
 @pytest.mark.parametrize("case", sorted(SCRIPT_DAMAGE))

@@ -86,21 +86,21 @@ def test_the_number_of_crawls_is_checked_and_stored(client: redis.Redis, prefix:
     assert forum.filter.stored_params() == {"crawls": "3"}
 
 
-def test_a_damaged_crawl_count_refuses_the_job_before_it_writes(
+def test_a_damaged_crawl_count_is_repaired_before_the_job_writes(
     client: redis.Redis, prefix: str
 ) -> None:
-    """Redis holding garbage: the start is refused whole (the key named, for the repair),
-    not left half-written, even when no seed meets the filter (Scrapy's dont_filter)."""
+    """Redis holding garbage: the start is refused whole, the key moved aside, and the
+    start sent again; never half-written, even when no seed meets the filter (Scrapy's
+    dont_filter seeds)."""
     forum = Forum(client, prefix, crawls=2)
     crawls = f"{forum.filter.keys.dupefilter}:crawls"
     client.set(crawls, "garbage")
     seed = [Entry(LISTING, 0, None, "j")]
-    with pytest.raises(redis.ResponseError, match="crawls"):
-        forum.queue.start_job("j", seed, {"spider": "forum", "source": "board"})
-    assert not client.exists(forum.queue.keys.job("j"))
-    client.delete(crawls)
-    client.hset(crawls, "board", "not a number")  # a field of text: counted from 0
     assert forum.queue.start_job("j", seed, {"spider": "forum", "source": "board"})[0]
+    assert client.get(crawls + "~damaged") == b"garbage"  # kept aside, to look at
+    assert client.hget(crawls, "board") == b"1"
+    client.hset(crawls, "board", "not a number")  # a field of text: counted from 0
+    assert forum.queue.start_job("k", seed, {"spider": "forum", "source": "board"})[0]
     assert client.hget(crawls, "board") == b"1"
 
 

@@ -112,6 +112,19 @@ def test_a_refusing_redis_fetches_for_this_process_alone(make_crawler: Any) -> N
     assert len(results) == 2
     assert all(not parser.allowed(f"http://{HOST}/private/1", "Scrapy") for parser in results)
     assert middleware.crawler.stats.get_value("robotstxt/shared_errors") >= 1
+    # its Crawl-delay (120 s, capped at 60) still spaces this process's downloads
+    waits = [middleware._pace("forum.example") for _ in range(3)]
+    # (each try to reach Redis takes a moment off the waits)
+    assert waits[0] == 0 and 55 < waits[1] <= 60 and 110 < waits[2] <= 120, waits
+
+
+def test_a_cancelled_read_is_read_again_not_kept_as_obey_nothing(make_crawler: Any) -> None:
+    middleware = held(make_crawler)
+    reading = ensureDeferred(middleware.robot_parser(Request(f"http://{HOST}/a")))
+    reading.addErrback(lambda failure: None)
+    reading.cancel()  # Twisted's CancelledError, an Exception
+    assert parsers_of(middleware, ["/b"]) == []  # not "obey nothing": a read again
+    assert len(middleware.downloads) == 2
 
 
 def test_the_sharing_settings_are_checked(make_crawler: Any) -> None:

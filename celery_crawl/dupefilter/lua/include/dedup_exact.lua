@@ -54,3 +54,4 @@ end
 -- Hit-expiring filters' hooks (include/dedup_hits.lua): this kind has no sources.
 local function dedup_source(_) end
 local function dedup_crawl_start(_) end
+local function dedup_crawl_guard(_) end

@@ -31,8 +31,14 @@
 -- dedup_guard(spec, fps), dedup_use(dedup_key, count_key), as every fragment does
 -- (include/dedup_exact.lua tells what each does); and the two every fragment has for
 -- this kind: dedup_source(source), which the other functions then work for (push.lua
--- sets it for each request's job), and dedup_crawl_start(source), which job_start.lua
--- calls as a job of the source starts.
+-- sets it for each request's job), dedup_crawl_start(source), which job_start.lua
+-- calls as a job of the source starts, and dedup_crawl_guard(spec), the keys that
+-- dedup_crawl_start writes for the current source (a no-op in the other kinds).
+--
+-- Damage: a field of D:crawls that is not a number counts as 0, so its source's
+-- crawls start again from 1 and meet the sets h:<s>:1.. still there; what they hold
+-- is then taken as met in the current crawl and kept N crawls more. Moving D:crawls
+-- aside (its repair) does the same. Nothing is fetched twice for it.
 --!include keytypes
 --!include dedup_keys
 
@@ -145,6 +151,10 @@ local function dedup_guard(spec, _)
     for crawl = math.max(0, state.current - state.crawls - 1), state.current + 1 do
         spec_add(spec, hits_base(crawl), 'set')
     end
+end
+
+local function dedup_crawl_guard(spec)
+    dedup_guard(spec, {})
 end
 
 local function dedup_use(dedup_key, count_key)
