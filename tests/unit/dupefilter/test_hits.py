@@ -135,3 +135,12 @@ def test_requests_routed_to_another_spider_of_the_group_are_forgotten_too(
     assert crawl(6, [2]) == [False]
     assert crawl(7, [1, 2]) == [True, False]  # post 1: 6 crawls unlinked, forgotten
     assert client.hget(f"{group[1].dupefilter}:crawls", "board") == b"7"
+
+
+def test_n_is_stored_by_the_first_write_even_when_a_check_read_it_first(
+    client: redis.Redis, prefix: str
+) -> None:
+    keys = SpiderKeys.build("forum", prefix=prefix)
+    dedup = HitExpiringDupeFilter(client, keys, None, params=HitsParams(crawls=4))
+    assert dedup.add_fingerprints([post(1)]) == [True]  # no process opened it before
+    assert client.hget(f"{keys.dupefilter}:hits", "crawls") == b"4"

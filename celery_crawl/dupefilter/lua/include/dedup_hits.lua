@@ -49,12 +49,13 @@ local NO_SOURCE = '-'
 local hits_source = NO_SOURCE
 local hits_cache = nil -- crawls (N) and the source's current crawl, read once per source
 
+-- N, and whether it is stored: the stored one wins; created from ARGV with create.
 local function hits_limit(create)
     local stored = tonumber(redis.call('HGET', HITS_KEY, 'crawls'))
-    if stored then return stored end
+    if stored then return stored, true end
     local crawls = tonumber(ARGV[DEDUP_ARGV]) or 1
     if create then redis.call('HSET', HITS_KEY, 'crawls', crawls) end
-    return crawls
+    return crawls, create
 end
 
 -- A count of crawls as stored: a whole number from 0, or 0 for text (a damaged field).
@@ -64,12 +65,14 @@ local function hits_count(value)
     return math.floor(n)
 end
 
+-- Read once per filter and source; read again by the first write, so that N is stored
+-- even when a check (dedup_guard) read it first.
 local function hits_state(create)
-    if hits_cache then return hits_cache end
-    hits_cache = {
-        crawls = hits_limit(create),
-        current = hits_count(redis.call('HGET', CRAWLS_KEY, hits_source)),
-    }
+    if hits_cache and (hits_cache.stored or not create) then return hits_cache end
+    local crawls, stored = hits_limit(create)
+    local current = hits_cache and hits_cache.current
+        or hits_count(redis.call('HGET', CRAWLS_KEY, hits_source))
+    hits_cache = {crawls = crawls, stored = stored, current = current}
     return hits_cache
 end
 
