@@ -26,6 +26,8 @@ from celery_crawl.producer.schedule import Schedule
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
 
+    from celery_crawl.core.keys import SpiderKeys
+
 logger = logging.getLogger(__name__)
 JOB_TASK = "celery_crawl.crawl"
 PRODUCE_TASK = "celery_crawl.produce"
@@ -142,18 +144,22 @@ def start_job(
         fields["source"] = source
     with connection.reachable(queue.client):
         fields["priority"] = str(priority)
-        created, _ = queue.start_job(job_id, entries, fields, project.job_spans(crawler))
+        spans = project.job_spans(crawler)
+        created, _ = queue.start_job(job_id, entries, fields, spans)
         try:
             queue.client.set(job_spider(project.prefix, job_id), spider, ex=JOB_INDEX_TTL)
         except connection.OUT_OF_MEMORY:
             logger.warning("job %s: its index entry not written yet: Redis is full", job_id)
-    return job_handle(project, crawler, job_id), created
+    return job_handle(project, crawler, job_id, spans), created
 
 
-def job_handle(project: Project, crawler: Crawler, job_id: str) -> Job:
-    """The handle on job ``job_id`` of ``crawler``'s spider; nothing is read or written."""
+def job_handle(
+    project: Project, crawler: Crawler, job_id: str, spans: list[SpiderKeys] | None = None
+) -> Job:
+    """The handle on job ``job_id`` of ``crawler``'s spider; nothing is read or written.
+    ``spans``: the spider's group, when the caller has it already."""
     queue = project.queue(crawler)
-    spans = project.job_spans(crawler)
+    spans = spans if spans is not None else project.job_spans(crawler)
     return Job(job_id, crawler.spidercls.name, queue.client, queue.keys, spans, dedup=queue.dedup)
 
 

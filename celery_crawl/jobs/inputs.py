@@ -81,15 +81,20 @@ def check_job(
 
 
 def check_source(source: Any) -> str:
-    """A job's source: "" (none), or a source id, which follows the job ids' rule."""
+    """A job's source: "" (none), or a source id (:func:`check_source_id`)."""
     if source == "" or source is None:
         return ""
-    if not isinstance(source, str) or not JOB_ID.fullmatch(source):
+    return check_source_id(source)
+
+
+def check_source_id(source_id: Any) -> str:
+    """Source ids follow the job ids' rule: they name keys and show in logs."""
+    if not isinstance(source_id, str) or not JOB_ID.fullmatch(source_id):
         raise BadInput(
-            f"source {quote(source)}: 1 to {MAX_JOB_ID} characters of A-Z a-z 0-9 _ . -,"
+            f"source id {quote(source_id)}: 1 to {MAX_JOB_ID} characters of A-Z a-z 0-9 _ . -,"
             " the first a letter or digit"
         )
-    return source
+    return source_id
 
 
 def check_spider_name(spider: Any) -> str:

@@ -38,9 +38,13 @@ from celery_crawl.core.errors import BadInput, ConfigError, quote
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, refused_key, retried
 from celery_crawl.core.scripts import Argv
-from celery_crawl.jobs.inputs import JOB_ID, check_args, check_priority, check_seeds
+from celery_crawl.jobs.inputs import (
+    check_args,
+    check_priority,
+    check_seeds,
+    check_source_id,
+)
 from celery_crawl.jobs.limits import check_limits
-from celery_crawl.queue.entries import MAX_JOB_ID
 
 logger = logging.getLogger(__name__)
 
@@ -123,16 +127,6 @@ class Source:
             return cls(**data)
         except TypeError as exc:  # a field of the wrong kind that a check did not name
             raise BadInput(f"source {quote(data.get('id'))}: {exc}") from None
-
-
-def check_source_id(source_id: Any) -> str:
-    """Source ids follow the job ids' rule: they name keys and show in logs."""
-    if not isinstance(source_id, str) or not JOB_ID.fullmatch(source_id):
-        raise BadInput(
-            f"source id {quote(source_id)}: 1 to {MAX_JOB_ID} characters of A-Z a-z 0-9 _ . -,"
-            " the first a letter or digit"
-        )
-    return source_id
 
 
 def splay_seconds(source: Source) -> float:
