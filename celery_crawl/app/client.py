@@ -32,6 +32,11 @@ logger = logging.getLogger(__name__)
 JOB_TASK = "celery_crawl.crawl"
 PRODUCE_TASK = "celery_crawl.produce"
 JOB_INDEX_TTL = 30 * 24 * 3600  # a job not yet finished; its tracker renews it, its end shortens it
+# The message priority of a job task. kombu's Redis transport keeps a queue's messages
+# in one list per priority step (0, 3, 6, 9) and takes from them in that order, 0
+# (every message without a priority) first: a tick that starts a hundred jobs queues
+# their messages behind beat's next tick, and behind any other task, not ahead of them.
+JOB_MESSAGE_PRIORITY = 6
 
 
 def crawl(
@@ -101,12 +106,19 @@ def start_crawl(app: Any, project: Project, crawler: Crawler, given: JobInput) -
         args=args,
         crawler=crawler,
         source=given.source,
+        scheduled=(given.due_at, given.reserved_at),
     )
     job.app = app
     # the source is in the job's hash already: a worker of an older version, which takes
     # no such argument, still runs the task
     kwargs = {"priority": priority, "limits": limits, "args": args}
-    app.send_task(JOB_TASK, args=(spider, seeds), kwargs=kwargs, task_id=job.id)
+    app.send_task(
+        JOB_TASK,
+        args=(spider, seeds),
+        kwargs=kwargs,
+        task_id=job.id,
+        priority=JOB_MESSAGE_PRIORITY,
+    )
     return job
 
 
@@ -121,11 +133,14 @@ def start_job(
     args: dict[str, str] | None = None,
     crawler: Crawler | None = None,
     source: str = "",
+    scheduled: tuple[float, float] = (0.0, 0.0),
 ) -> tuple[Job, bool]:
     """Create the job and enqueue its seeds; a job that exists already is left as it is.
 
     ``crawler`` is the spider's crawler if the caller made one already
     (:meth:`~celery_crawl.hosting.project.Project.crawler`); else one is made here.
+    ``source`` and ``scheduled`` (its due and reservation times, unix s) are the
+    schedule's, for a job a tick started (:class:`~celery_crawl.jobs.handle.JobStatus`).
 
     A full Redis refuses a new job (``OutOfMemoryError``, raised). Redis checks
     memory as a script starts, so the job may be created and only its index entry
@@ -142,6 +157,8 @@ def start_job(
         fields[ARGS_FIELD] = json.dumps(args, separators=(",", ":"))
     if source:
         fields["source"] = source
+    if scheduled[1]:
+        fields["due_at"], fields["reserved_at"] = (f"{at:.3f}" for at in scheduled)
     with connection.reachable(queue.client):
         fields["priority"] = str(priority)
         spans = project.job_spans(crawler)

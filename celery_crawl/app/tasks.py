@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -40,7 +41,7 @@ from celery_crawl.jobs.handle import Job, JobStatus
 from celery_crawl.jobs.inputs import JOB_ID, JobInput, check_args, check_job, check_seeds
 from celery_crawl.jobs.limits import check_limits, time_limited
 from celery_crawl.producer import sources_file
-from celery_crawl.producer.schedule import Schedule, Source
+from celery_crawl.producer.schedule import Reserved, Schedule
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -332,16 +333,18 @@ def run_schedule(
     limits, args = defaults
     project, settings, spider = project_of(task.app), crawler.settings, crawler.spidercls.name
 
-    def start(source: Source, job_id: str) -> None:
+    def start(reserved: Reserved) -> None:
+        source = reserved.source
         given = check_job(
             spider,
             source.seeds,
             priority=source.priority,
-            job_id=job_id,
+            job_id=reserved.job_id,
             limits=limits | source.limits,
             args=args | source.args,
             source=source.id,
         )
+        given = dataclasses.replace(given, due_at=reserved.due_at, reserved_at=reserved.reserved_at)
         start_crawl(task.app, project, crawler, given)
 
     tick = schedule.tick(
@@ -351,7 +354,7 @@ def run_schedule(
         faster=setting(settings, "PRODUCER_ADAPTIVE_FASTER"),
         slower=setting(settings, "PRODUCER_ADAPTIVE_SLOWER"),
     )
-    produced = {source.id: job_id for source, job_id in tick.produced}
+    produced = {reserved.source.id: reserved.job_id for reserved in tick.produced}
     return {"produced": produced, "still_due": tick.still_due, "queued": tick.queued}
 
 

@@ -88,6 +88,9 @@ class JobStatus:
     # stats that came after the job ended (a worker cut off, back late): kept apart
     late: dict[str, int] | None = None
     source: str = ""  # the source of the producer's schedule the job crawled; "" none
+    # when the schedule made the source due, and when its tick reserved it (unix s); 0 none
+    due_at: float = 0.0
+    reserved_at: float = 0.0
 
     @property
     def finished(self) -> bool:
@@ -120,7 +123,17 @@ class JobStatus:
             "args": self.args or {},
             "late": self.late or {},
             "source": self.source,
+            "due_at": self.due_at,
+            "reserved_at": self.reserved_at,
         }
+
+
+def _time(value: str) -> float:
+    """A time of a job's hash (unix s); 0 if it is absent or damaged."""
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0
 
 
 def _count(value: str) -> int:
@@ -166,6 +179,8 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes], read_at: flo
         args=json.loads(fields.get(ARGS_FIELD, "{}")),
         late={k[5:]: _count(v) for k, v in fields.items() if k.startswith("late/")},
         source=fields.get("source", ""),
+        due_at=_time(fields.get("due_at", "0")),
+        reserved_at=_time(fields.get("reserved_at", "0")),
     )
 
 

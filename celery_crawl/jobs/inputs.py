@@ -56,6 +56,9 @@ class JobInput:
     limits: dict[str, float]
     args: dict[str, str]
     source: str = ""  # the source of the producer's schedule the job crawls; "" none
+    # when the schedule made that source due, and when a tick reserved it (unix s); 0 none
+    due_at: float = 0.0
+    reserved_at: float = 0.0
 
 
 def check_job(

@@ -29,7 +29,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -156,11 +156,22 @@ class SourceState:
     running_job: str | None
 
 
+class Reserved(NamedTuple):
+    """A source a tick reserved, for the job ``job_id``: when it was due, and when the
+    tick reserved it (unix seconds, the server's clock). Its next due time counts from
+    ``reserved_at`` (start to start)."""
+
+    source: Source
+    job_id: str
+    due_at: float
+    reserved_at: float
+
+
 @dataclass(frozen=True)
 class ScheduleTick:
     """What one tick of a schedule decided."""
 
-    produced: list[tuple[Source, str]]  # (source, job id)
+    produced: list[Reserved]
     still_due: int  # sources due and held back (the caps), overdue from now on
     queued: int
 
@@ -377,27 +388,29 @@ class Schedule:
         ]
         job_ids = [uuid.uuid4().hex for _ in range(min(job_cap, MAX_RESERVED_PER_TICK))]
         args = TICK.build(job_cap=job_cap, queue_cap=queue_cap, faster=faster, slower=slower)
-        queued, still_due, *flat = self._run(TICK, keys, args + TICK.rest(job_ids=job_ids))
+        reply = self._run(TICK, keys, args + TICK.rest(job_ids=job_ids))
+        queued, still_due, now_ms, *flat = reply
         produced = []
-        for i in range(0, len(flat), 3):
+        for i in range(0, len(flat), 4):
             source_id, job_id = flat[i].decode(), flat[i + 1].decode()
             source = self._parse(source_id, flat[i + 2])
             if source is None:  # JSON, but breaks a rule: paused until put again
                 self._run(SWITCH, self._switch_keys(), SWITCH.build(source_id=source_id, pause=1))
                 continue
-            produced.append((source, job_id))
+            produced.append(Reserved(source, job_id, float(flat[i + 3]) / 1000, now_ms / 1000))
         return ScheduleTick(produced, int(still_due), int(queued))
 
     def tick(
         self,
-        start: Callable[[Source, str], Any],
+        start: Callable[[Reserved], Any],
         *,
         job_cap: int,
         queue_cap: int,
         faster: float,
         slower: float,
     ) -> ScheduleTick:
-        """Reserve the sources due, then start a job of each with ``start(source, job_id)``.
+        """Reserve the sources due, then start a job of each with ``start(reserved)``
+        (:class:`Reserved`: the source, the job id, when it was due and reserved).
 
         A job that cannot be started gives its reservation back: its source is due
         again at the next tick, its interval unchanged. ``faster`` and ``slower``
@@ -409,9 +422,10 @@ class Schedule:
                 f" PRODUCER_ADAPTIVE_SLOWER {slower!r} a finite number of 1 or more"
             )
         tick = self.reserve(job_cap, queue_cap, faster, slower)
-        for source, job_id in tick.produced:
+        for reserved in tick.produced:
+            source = reserved.source
             try:
-                start(source, job_id)
+                start(reserved)
             except BadInput as exc:  # the spider refuses it: every tick would, so it waits
                 logger.error("schedule: source %s paused: %s", quote(source.id), exc)
                 self.pause(source.id)

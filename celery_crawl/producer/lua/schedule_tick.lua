@@ -17,7 +17,8 @@
 -- ARGV[4]  slower: its interval times this after a job without
 -- ARGV[5..]  fresh job ids, one per source it may reserve
 -- Returns  a flat list: the group's queue length, the sources still due after this
---          tick, then source, job id, definition, ... of the reservations
+--          tick, the tick's time (unix ms), then source, job id, definition, due
+--          time (unix ms) of each reservation
 --
 -- A source's next due time is set when its job has ended: its last reservation
 -- plus its interval (start to start), now if that has passed. An adaptive
@@ -108,11 +109,13 @@ end
 
 local room = math.min(job_cap - redis.call('HLEN', running), #ARGV - 4)
 if queued >= queue_cap then room = 0 end
-local reply = {queued, 0}
+local reply = {queued, 0, now_ms}
 if room > 0 then
-    local found = redis.call('ZRANGE', due, '-inf', now_ms, 'BYSCORE', 'LIMIT', 0, room)
+    local found = redis.call(
+        'ZRANGE', due, '-inf', now_ms, 'BYSCORE', 'LIMIT', 0, room, 'WITHSCORES')
     local unreadable = 0
-    for index, source in ipairs(found) do
+    for index = 1, #found / 2 do
+        local source, due_ms = found[2 * index - 1], found[2 * index]
         redis.call('ZREM', due, source)
         local definition = redis.call('HGET', sources, source)
         if definition and not definition_of(source) then
@@ -124,12 +127,13 @@ if room > 0 then
             reply[#reply + 1] = source
             reply[#reply + 1] = job
             reply[#reply + 1] = definition
+            reply[#reply + 1] = due_ms
         end
     end
     if unreadable > 0 then count(stats, 'producer/sources_unreadable', unreadable) end
 end
 local still_due = redis.call('ZCOUNT', due, '-inf', now_ms)
 reply[2] = still_due
-count(stats, 'producer/produced', (#reply - 2) / 3)  -- a damaged count starts afresh
+count(stats, 'producer/produced', (#reply - 3) / 4)  -- a damaged count starts afresh
 count(stats, 'producer/held_back', still_due)
 return reply

@@ -217,13 +217,13 @@ def test_a_source_put_on_the_schedule_while_its_job_ran_is_not_forgotten(
     schedule = Schedule(client, keys)
     schedule.put(Source("board", [{"forum_id": "00001"}], 60))
     tick = schedule.tick(starter_of_sources(queue), job_cap=5, queue_cap=1000, faster=1, slower=1)
-    assert [source.id for source, _ in tick.produced] == ["board"]
+    assert [reserved.source.id for reserved in tick.produced] == ["board"]
     assert client.zscore(keys.schedule_due, "board") is None  # running: not due
     finish_all(queue)  # its job ends; no schedule tick has seen it yet
     Producer(client, keys).reserve([])  # a tick of the source list
     assert client.zscore(keys.schedule_due, "board") is not None  # due again, not lost
     tick = schedule.tick(starter_of_sources(queue), job_cap=5, queue_cap=1000, faster=1, slower=1)
-    assert [source.id for source, _ in tick.produced] == ["board"]
+    assert [reserved.source.id for reserved in tick.produced] == ["board"]
     schedule.pause("board")  # while its second job runs
     finish_all(queue)
     Producer(client, keys).reserve([])
@@ -232,4 +232,4 @@ def test_a_source_put_on_the_schedule_while_its_job_ran_is_not_forgotten(
 
 def starter_of_sources(queue: PriorityQueue) -> Any:
     start = starter(queue)
-    return lambda source, job_id: start(source.id, job_id)
+    return lambda reserved: start(reserved.source.id, reserved.job_id)

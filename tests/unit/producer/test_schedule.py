@@ -12,7 +12,7 @@ import redis
 
 from celery_crawl.core.errors import BadInput
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.producer.schedule import Schedule, Source, splay_seconds
+from celery_crawl.producer.schedule import Reserved, Schedule, Source, splay_seconds
 from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from tests.support.round_trips import RoundTrips
@@ -28,7 +28,8 @@ def schedule(client: redis.Redis, keys: SpiderKeys) -> Schedule:
 def starter(queue: PriorityQueue, started: list[tuple[str, str]]) -> Any:
     """Start a real job of one seed request per source, as the producer task does."""
 
-    def start(source: Source, job_id: str) -> None:
+    def start(reserved: Reserved) -> None:
+        source, job_id = reserved.source, reserved.job_id
         queue.start_job(job_id, [Entry(source.id.encode(), job=job_id)], {"spider": "forum"})
         started.append((source.id, job_id))
 
@@ -88,6 +89,25 @@ def test_an_ended_job_makes_its_source_due_its_interval_after_it_started(
     assert [source for source, _ in started] == ["a", "b", "b"]
 
 
+def test_a_reservation_says_when_its_source_was_due_and_the_next_due_counts_from_it(
+    schedule: Schedule, queue: PriorityQueue
+) -> None:
+    schedule.put(Source("a", seeds=["a"], interval=60))
+    before = schedule.get("a")
+    assert before is not None and before.due_at is not None
+    time.sleep(0.05)
+    (reserved,) = schedule.tick(starter(queue, []), **FAST).produced
+    assert reserved.job_id and reserved.source.id == "a"
+    assert reserved.due_at == pytest.approx(before.due_at, abs=0.001)  # what the due set held
+    assert reserved.due_at + 0.05 <= reserved.reserved_at <= time.time() + 1  # the tick's time
+    finish_all(queue)
+    assert schedule.tick(starter(queue, []), **FAST).produced == []  # its end found
+    after = schedule.get("a")
+    assert after is not None and after.due_at is not None
+    # start to start, from the reservation's whole second (the running hash keeps seconds)
+    assert after.due_at == pytest.approx(int(reserved.reserved_at) + 60, abs=0.001)
+
+
 def test_a_paused_source_gets_no_job_and_a_resumed_one_is_due_at_once(
     schedule: Schedule, queue: PriorityQueue
 ) -> None:
@@ -115,7 +135,7 @@ def test_a_source_paused_while_its_job_runs_is_not_due_after_it(
     finish_all(queue)
     assert schedule.tick(starter(queue, started), **FAST).produced == []
     schedule.resume("a")
-    assert [s.id for s, _ in schedule.tick(starter(queue, started), **FAST).produced] == ["a"]
+    assert [r.source.id for r in schedule.tick(starter(queue, started), **FAST).produced] == ["a"]
 
 
 def test_removed_sources_are_gone_and_a_changed_one_keeps_its_place(
@@ -131,7 +151,7 @@ def test_removed_sources_are_gone_and_a_changed_one_keeps_its_place(
     assert [source.id for source in schedule.sources()] == ["a"]
     started: list[tuple[str, str]] = []
     tick = schedule.tick(starter(queue, started), **FAST)
-    assert [(source.id, source.seeds) for source, _ in tick.produced] == [("a", ["a", "a2"])]
+    assert [(source.id, source.seeds) for source, *_ in tick.produced] == [("a", ["a", "a2"])]
 
 
 def test_the_queue_cap_holds_every_source_back(schedule: Schedule, queue: PriorityQueue) -> None:
@@ -173,9 +193,9 @@ def test_two_producers_at_once_start_each_due_source_once(
     started: list[tuple[str, str]] = []
     lock = threading.Lock()
 
-    def start(source: Source, job_id: str) -> None:
+    def start(reserved: Reserved) -> None:
         with lock:
-            started.append((source.id, job_id))
+            started.append((reserved.source.id, reserved.job_id))
 
     def run() -> None:
         for _ in range(10):
@@ -194,7 +214,7 @@ def test_a_job_that_could_not_start_gives_its_source_back(
 ) -> None:
     schedule.put(Source("a", seeds=["a"], interval=60))
 
-    def refuse(source: Source, job_id: str) -> None:
+    def refuse(reserved: Reserved) -> None:
         raise RuntimeError("broker away")
 
     schedule.tick(refuse, **FAST)
@@ -280,7 +300,7 @@ def test_a_source_the_spider_refuses_is_paused_not_tried_every_tick(
 ) -> None:
     schedule.put(Source("a", seeds=["a"], interval=60))
 
-    def refuse(source: Source, job_id: str) -> None:
+    def refuse(reserved: Reserved) -> None:
         raise BadInput("seed 'a': the spider takes a forum id")
 
     schedule.tick(refuse, **FAST)
@@ -384,7 +404,7 @@ def test_a_damaged_due_set_is_repaired_and_every_source_is_due_again(
     client.set(keys.schedule_due, "garbage")
     started: list[tuple[str, str]] = []
     tick = schedule.tick(starter(queue, started), **FAST)  # refused, repaired, reconciled
-    assert sorted(source.id for source, _ in tick.produced) == ["a", "b"]
+    assert sorted(source.id for source, *_ in tick.produced) == ["a", "b"]
     assert client.exists(keys.schedule_due + "~damaged")  # moved aside, kept to look at
     client.hset(keys.schedule_intervals, "gone", 60)  # an entry of a source that is gone
     assert schedule.reconcile() == (0, 1)  # a and b run, quiet is paused: none made due
