@@ -22,6 +22,9 @@ more posts as time passes: from ``growth_from`` on, forum ``i`` gains a post eve
 ``published_at`` says so too), so busy and quiet forums run side by side. Their
 pages are functions of the config, the ids and the time.
 
+Script-built pages (``celery_crawl.demo.pages``): ``/js/list/...`` and ``/js/post/...``
+serve the data of ``/list/...`` and ``/post/...`` as HTML that only a browser shows.
+
 A rolling listing (``listed``: K above 0) lists only each forum's newest K posts,
 oldest first, as a busy board or a news front page does: older posts are still
 served at ``/post/<id>``, but no list page links to them any more.
@@ -67,6 +70,8 @@ from typing import Any
 
 import typer
 
+from celery_crawl.demo import pages
+
 POST_ID_STRIDE = 100_000
 MAX_PLAIN_COMMENTS = 45
 EPOCH = datetime(2026, 11, 1, tzinfo=UTC)
@@ -77,6 +82,7 @@ MAX_ARRIVALS = 200_000  # the arrival log keeps the latest this many requests
 RATE_WINDOW = 1.0  # seconds over which ``rate_limit`` counts accepted requests
 
 Json = dict[str, Any]
+JSON_TYPE = "application/json; charset=utf-8"
 
 NOT_FOUND_BODY = b'{"error": "not found"}'
 REASONS = {
@@ -405,11 +411,15 @@ def _render_fixed(config: SiteConfig, path: str) -> tuple[int, bytes]:
 
 
 def _render(config: SiteConfig, path: str, now: float | None) -> tuple[int, bytes]:
-    parts = path.split("?", 1)[0].split("/")
+    path = path.split("?", 1)[0]
+    shown = pages.api_path(path)  # a script-built page: the API's data, as HTML
+    parts = (shown or path).split("/")
     handler = ROUTES.get((parts[1], len(parts))) if len(parts) > 1 else None
     payload = handler(config, parts[2:], now) if handler is not None else None
     if payload is None:
         return 404, NOT_FOUND_BODY
+    if shown is not None:
+        return 200, pages.page(path, payload)
     return 200, json.dumps(payload).encode()
 
 
@@ -446,7 +456,11 @@ def parse_request(head: bytes) -> Request | None:
 
 
 def response_bytes(
-    status: int, body: bytes, keep_alive: bool, headers: Mapping[str, str] | None = None
+    status: int,
+    body: bytes,
+    keep_alive: bool,
+    headers: Mapping[str, str] | None = None,
+    content_type: str = JSON_TYPE,
 ) -> bytes:
     """A whole response; ``headers`` are added after the usual ones."""
     allow = "Allow: GET\r\n" if status == 405 else ""
@@ -454,7 +468,7 @@ def response_bytes(
     head = (
         f"HTTP/1.1 {status} {REASONS[status]}\r\n"
         "Server: celery-crawl-demo\r\n"
-        "Content-Type: application/json; charset=utf-8\r\n"
+        f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
         f"Connection: {'keep-alive' if keep_alive else 'close'}\r\n"
         f"{allow}{extra}\r\n"
@@ -706,7 +720,9 @@ class DemoSite:
             keep_alive = await skip_body(reader, request)
             if self.config.latency > 0:
                 await asyncio.sleep(self.config.latency)
-            writer.write(response_bytes(status, body, keep_alive, headers))
+            html = status == 200 and pages.api_path(request.path.split("?", 1)[0])
+            kind = pages.CONTENT_TYPE if html else JSON_TYPE
+            writer.write(response_bytes(status, body, keep_alive, headers, kind))
             await writer.drain()
         finally:
             self.log.leave(Arrival(request.path, started, time.time(), status))

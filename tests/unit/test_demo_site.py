@@ -103,6 +103,32 @@ def test_responses_are_utf8_json(small_site: SiteThread) -> None:
     assert set(json.loads(body.decode("utf-8"))) == POST_KEYS
 
 
+def test_script_built_pages_hold_the_apis_data_and_show_it_only_to_a_script(
+    small_site: SiteThread,
+) -> None:
+    with OPENER.open(f"{small_site.url}/js/list/00001/1", timeout=5) as response:
+        assert response.headers["Content-Type"] == "text/html; charset=utf-8"
+        page = response.read().decode()
+    _, listing = fetch_json(f"{small_site.url}/list/00001/1")
+    data = page.split('<script id="data" type="application/json">', 1)[1].split("</script>")[0]
+    assert json.loads(data) == listing  # the API's payload, for the script to write
+    assert '<main id="content"></main>' in page  # nothing to see without it
+    assert "li" not in page.split("<script", 1)[0] and "/js/post/" in page
+    status, body = fetch(f"{small_site.url}/js/post/100000")
+    assert status == 200 and b'"title": "Post number 1 (100000)"' in body
+    assert fetch(f"{small_site.url}/js/post/100016") == (404, b'{"error": "not found"}')
+    assert fetch(f"{small_site.url}/js/nothing/1")[0] == 404
+
+
+def test_a_script_built_page_never_closes_its_data_early() -> None:
+    from celery_crawl.demo import pages
+
+    page = pages.page("/js/post/1", {"title": "</script><b>x</b>", "post_id": "1"}).decode()
+    data = page.split('type="application/json">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(data)["title"] == "</script><b>x</b>"
+    assert "<title>&lt;/script&gt;&lt;b&gt;x&lt;/b&gt;</title>" in page
+
+
 @pytest.mark.parametrize(
     "path",
     [

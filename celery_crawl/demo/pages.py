@@ -1,0 +1,83 @@
+"""Script-built HTML pages of the demo forum: what a browser must render.
+
+``/js/list/<forum>/<page>`` and ``/js/post/<post>`` serve the data of
+``/list/...`` and ``/post/...`` (the forum API) as an HTML page whose body is
+empty until its script runs: the script reads the page's data from a JSON
+``<script>`` element and writes the list of posts (``li.post a``, with
+``a#next`` to the next page) or the post (``h1.title``, ``.author``,
+``.content``). A plain HTTP fetch sees no post and no link; a browser sees the
+page as a reader would. Text is set with ``textContent``, so the page writes
+no markup it was not meant to.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from typing import Any
+
+PREFIX = "/js"
+CONTENT_TYPE = "text/html; charset=utf-8"
+
+# what each kind of page writes, from ``data`` (the forum API's payload)
+BUILDERS = {
+    "list": """
+const list = document.createElement("ul");
+list.id = "posts";
+for (const post of data.posts) {
+  const item = document.createElement("li");
+  item.className = "post";
+  const link = document.createElement("a");
+  link.href = "/js/post/" + post.post_id;
+  link.textContent = post.title;
+  item.appendChild(link);
+  list.appendChild(item);
+}
+main.appendChild(list);
+if (data.next_page) {
+  const next = document.createElement("a");
+  next.id = "next";
+  next.href = "/js/list/" + data.forum_id + "/" + data.next_page;
+  next.textContent = "next";
+  main.appendChild(next);
+}
+""",
+    "post": """
+for (const [tag, name, text] of [
+  ["h1", "title", data.title], ["span", "author", data.author], ["div", "content", data.content],
+]) {
+  const node = document.createElement(tag);
+  node.className = name;
+  node.textContent = text;
+  main.appendChild(node);
+}
+""",
+}
+
+PAGE = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title></head>
+<body><main id="content"></main>
+<script id="data" type="application/json">{data}</script>
+<script>
+const data = JSON.parse(document.getElementById("data").textContent);
+const main = document.getElementById("content");
+{builder}
+</script></body></html>
+"""
+
+
+def api_path(path: str) -> str | None:
+    """The forum API path that ``path``, a script-built page's, shows; None for others."""
+    if not path.startswith(PREFIX + "/"):
+        return None
+    rest = path[len(PREFIX) :]
+    kind = rest.split("/", 2)[1]
+    return rest if kind in BUILDERS else None
+
+
+def page(path: str, payload: dict[str, Any]) -> bytes:
+    """The HTML page of ``path`` (a script-built page's) for the API's ``payload``."""
+    kind = path[len(PREFIX) :].split("/", 2)[1]
+    data = json.dumps(payload).replace("</", "<\\/")  # never ends its <script> early
+    title = html.escape(str(payload.get("title") or payload.get("forum_id") or kind))
+    return PAGE.format(title=title, data=data, builder=BUILDERS[kind]).encode()

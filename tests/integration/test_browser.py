@@ -1,0 +1,157 @@
+"""Pages that need a browser: scrapy-playwright in hosted workers, with Debian's chromium.
+
+The demo site's script-built pages (``celery_crawl.demo.pages``) show no post and no
+link to a plain fetch. Two hosted workers crawl them through scrapy-playwright and
+must find every item that plain scrapy-playwright finds in one ``scrapy runspider``
+process; with one worker killed (``kill -9``) mid-render, nothing is lost and no
+Chromium process outlives the workers.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from celery_crawl import crawl, create_app
+from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
+from tests.support import ROOT
+from tests.support.debian_tools import debian_tool
+from tests.support.workers import Worker
+
+BROWSER_APP = "tests.support.browser_app"
+SPIDER = ROOT / "tests" / "support" / "browser_spider.py"
+SITE = SiteConfig(forums=4, posts_per_forum=50, posts_per_page=25, seed=11)
+FORUMS = SITE.forum_ids()
+MARK = "CELERY_CRAWL_TEST_BROWSER_MARK"  # in the workers' environment, so their browsers'
+
+
+@pytest.fixture(autouse=True)
+def chromium() -> None:
+    debian_tool("chromium", "chromium")
+
+
+@pytest.fixture
+def js_site() -> Iterator[SiteThread]:
+    with run_in_thread(SITE) as site:
+        yield site
+
+
+@pytest.fixture
+def browser_env(
+    env: dict[str, str], js_site: SiteThread, monkeypatch: pytest.MonkeyPatch
+) -> dict[str, str]:
+    """The workers' environment, and this process's (which makes the seed requests):
+    the script-built site."""
+    monkeypatch.setenv("FORUM_BASE_URL", js_site.url)
+    return {**env, "FORUM_BASE_URL": js_site.url}
+
+
+@pytest.fixture
+def browser_app(browser_env: dict[str, str]) -> Celery:
+    return create_app("browser_app", "tests.support.browser_settings")
+
+
+def items_of(folder: Path, pattern: str) -> list[dict[str, Any]]:
+    """Every item of the JSON-lines files in ``folder`` matching ``pattern``."""
+    found = []
+    for path in sorted(folder.glob(pattern)):
+        found += [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return found
+
+
+def reference_crawl(site_url: str, folder: Path) -> list[dict[str, Any]]:
+    """Plain scrapy-playwright in one process: ``scrapy runspider``, its items to a file."""
+    out = folder / "reference.jsonl"
+    command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER)]
+    command += ["-a", f"forums={','.join(FORUMS)}", "-s", f"FORUM_BASE_URL={site_url}"]
+    command += ["-s", "LOG_LEVEL=INFO", "-O", f"{out}:jsonlines"]
+    done = subprocess.run(
+        command, cwd=folder, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return items_of(folder, "reference.jsonl")
+
+
+def browsers_of(mark: str) -> list[int]:
+    """Live processes whose environment holds ``mark``: the workers and what they started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+        if f"{MARK}={mark}".encode() in environ.split(b"\0") and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def chromium_of(mark: str) -> list[int]:
+    """The marked processes that are Chromium's."""
+    names = []
+    for pid in browsers_of(mark):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            continue
+        if b"chrom" in command:
+            names.append(pid)
+    return names
+
+
+def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not within {timeout} s: {what}")
+
+
+def by_post(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {item["post_id"]: item for item in items}
+
+
+@pytest.mark.alone  # browsers: the whole machine
+def test_two_hosted_workers_render_every_page_as_one_scrapy_playwright_process_does(
+    browser_app: Celery,
+    browser_env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    js_site: SiteThread,
+    tmp_path: Path,
+) -> None:
+    """Every item of the reference crawl, none other; a worker killed mid-render loses
+    nothing and leaves no Chromium behind; a warm shutdown closes the other's browser."""
+    reference = reference_crawl(js_site.url, tmp_path)
+    assert len(reference) == SITE.expected().posts  # every post not deleted, rendered
+    assert all(item["title"] and item["author"] for item in reference)
+    marks = {name: uuid.uuid4().hex for name in ("w1", "w2")}  # each worker's processes'
+    workers = {
+        name: start_worker(name, pool=pool, concurrency=1, app=BROWSER_APP,
+                           extra_env={**browser_env, MARK: marks[name]})
+        for name, pool in (("w1", "prefork"), ("w2", "solo"))
+    }  # fmt: skip
+    job = crawl("forum_js", [{"forum_id": forum} for forum in FORUMS], app=browser_app)
+    wait_until(lambda: job.status().pages >= 40, 180, "40 pages rendered")
+    assert chromium_of(marks["w1"]) and chromium_of(marks["w2"])  # both render
+    workers["w1"].signal(signal.SIGKILL)  # the worker and its pool process, mid-render
+    result = job.wait(timeout=300)
+    assert result["state"] == "done", result
+    hosted = items_of(tmp_path, "forum_js-*.jsonl")
+    assert by_post(hosted) == by_post(reference)  # every item, as one process renders it
+    wait_until(lambda: not chromium_of(marks["w1"]), 30, "no chromium of the killed worker")
+    assert workers["w2"].stop() == 0
+    wait_until(lambda: not browsers_of(marks["w2"]), 30, "no process of the stopped worker")
+    print(f"{len(hosted)} items written for {len(reference)} posts; {result['pages']} pages")

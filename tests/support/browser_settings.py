@@ -1,0 +1,10 @@
+"""Settings of a worker that hosts the browser spider (tests/support/browser_spider.py) only:
+no other test's worker starts a Playwright driver."""
+
+from tests.support.worker_settings import *  # noqa: F403
+
+SPIDER_MODULES = ["tests.support.browser_spider"]
+CELERY_CRAWL_SPIDERS = ["forum_js"]
+CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
+CELERY_CRAWL_QUEUES: dict[str, str] = {}
+PRODUCER_SPIDERS: list[str] = []

@@ -1,0 +1,68 @@
+"""A spider whose pages need a browser: the demo forum's script-built pages
+(``celery_crawl.demo.pages``), rendered by scrapy-playwright with Debian's chromium.
+
+A seed is ``{"forum_id": "00001"}``: its list pages, then each post, each one
+rendered (``meta={"playwright": True}``). An item is a post as the browser shows it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any, ClassVar
+
+from scrapy import Request, Spider
+from scrapy.http import Response
+
+HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+CHROMIUM = "/usr/bin/chromium"  # Debian's package: no browser download
+
+
+class ForumJsSpider(Spider):
+    name = "forum_js"
+    seed_key = "forum_id"
+    custom_settings: ClassVar[dict[str, Any]] = {
+        "DOWNLOAD_HANDLERS": {"http": HANDLER, "https": HANDLER},
+        "PLAYWRIGHT_BROWSER_TYPE": "chromium",
+        "PLAYWRIGHT_LAUNCH_OPTIONS": {"executable_path": CHROMIUM, "headless": True},
+    }
+
+    @classmethod
+    def update_settings(cls, settings: Any) -> None:
+        super().update_settings(settings)
+        feed = settings.get("FORUM_FEED")  # items: JSON lines, per spider and process
+        if feed and not settings.getdict("FEEDS"):
+            settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
+
+    @property
+    def base_url(self) -> str:
+        return str(self.settings.get("FORUM_BASE_URL")).rstrip("/")
+
+    def requests_from_seed(self, seed: Any) -> list[Request]:
+        forum_id = seed.get("forum_id") if isinstance(seed, dict) else seed
+        if not isinstance(forum_id, str) or not forum_id.isdigit():
+            raise ValueError(f"a forum seed is {{'forum_id': '<digits>'}}, not {seed!r}")
+        return [self.rendered(f"{self.base_url}/js/list/{forum_id}/1", self.parse_list)]
+
+    async def start(self) -> AsyncIterator[Request]:
+        """``scrapy crawl forum_js -a forums=00001,00002``: the plain, one-process crawl."""
+        for forum_id in str(getattr(self, "forums", "")).split(","):
+            if forum_id:
+                for request in self.requests_from_seed({"forum_id": forum_id}):
+                    yield request
+
+    def rendered(self, url: str, callback: Any) -> Request:
+        return Request(url, callback=callback, meta={"playwright": True})
+
+    def parse_list(self, response: Response) -> Iterator[Request]:
+        for href in response.css("li.post a::attr(href)").getall():
+            yield self.rendered(response.urljoin(href), self.parse_post)
+        following = response.css("a#next::attr(href)").get()
+        if following:
+            yield self.rendered(response.urljoin(following), self.parse_list)
+
+    def parse_post(self, response: Response) -> Iterator[dict[str, Any]]:
+        yield {
+            "post_id": response.url.rstrip("/").rsplit("/", 1)[-1],
+            "title": response.css("h1.title::text").get(),
+            "author": response.css("span.author::text").get(),
+        }
