@@ -43,6 +43,7 @@ PRODUCER = "Producer"
 SPIDERS = "Start URLs and items (scrapy-redis spiders and pipeline)"
 COOKIES = "Shared cookies"
 POLITENESS = "Per-site politeness (shared by every worker)"
+BROWSER = "Browsers (scrapy-playwright, docs/browsers.md)"
 ENVIRONMENT = "Environment variables"
 SECTIONS = (
     REDIS,
@@ -55,6 +56,7 @@ SECTIONS = (
     SPIDERS,
     COOKIES,
     POLITENESS,
+    BROWSER,
     ENVIRONMENT,
 )
 
@@ -745,6 +747,14 @@ _ENTRIES = (
         POLITENESS,
     ),
     # -- Environment variables -----------------------------------------------
+    Setting(
+        "BROWSER_RENDER_TIMEOUT",
+        120.0,
+        'seconds one rendered request (`meta={"playwright": True}`) may take with'
+        " `celery_crawl.browser.handler.BrowserDownloadHandler`, page methods included; past"
+        " it the render fails as a download timeout, and is retried",
+        BROWSER,
+    ),
     Setting(
         "CELERY_BROKER_URL",
         None,

@@ -10,6 +10,7 @@ Chromium process outlives the workers.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -155,3 +156,48 @@ def test_two_hosted_workers_render_every_page_as_one_scrapy_playwright_process_d
     assert workers["w2"].stop() == 0
     wait_until(lambda: not browsers_of(marks["w2"]), 30, "no process of the stopped worker")
     print(f"{len(hosted)} items written for {len(reference)} posts; {result['pages']} pages")
+
+
+def browser_main(mark: str) -> list[int]:
+    """The marked browsers' main processes: those Playwright talks to over a pipe."""
+    found = []
+    for pid in chromium_of(mark):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--remote-debugging-pipe" in command:
+            found.append(pid)
+    return found
+
+
+@pytest.mark.alone  # browsers: the whole machine
+def test_a_browser_that_crashes_mid_render_is_started_again_and_loses_no_page(
+    browser_app: Celery,
+    browser_env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    js_site: SiteThread,
+    tmp_path: Path,
+) -> None:
+    """kill -9 of the browser (not the worker): the pages it was rendering fail at their
+    deadline and are rendered again by a new browser of the same process; every item is
+    there. Without the deadline they waited for good, and the job never ended."""
+    mark = uuid.uuid4().hex
+    worker = start_worker(
+        "w1", concurrency=1, app=BROWSER_APP, extra_env={**browser_env, MARK: mark}
+    )
+    job = crawl("forum_js", [{"forum_id": forum} for forum in FORUMS], app=browser_app)
+    wait_until(lambda: job.status().pages >= 30, 180, "30 pages rendered")
+    crashed = browser_main(mark)
+    assert len(crashed) == 1, crashed
+    os.kill(crashed[0], signal.SIGKILL)
+    result = job.wait(timeout=300)
+    assert result["state"] == "done", result
+    # the renders the crash left waiting failed at BROWSER_RENDER_TIMEOUT, and were retried
+    assert result["retries"] >= 1, result
+    posts = {item["post_id"] for item in items_of(tmp_path, "forum_js-*.jsonl")}
+    assert len(posts) == SITE.expected().posts, result
+    restarted = browser_main(mark)
+    assert restarted and crashed[0] not in restarted  # a new browser, in the same worker
+    assert worker.stop() == 0
+    wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")

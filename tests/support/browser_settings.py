@@ -8,3 +8,4 @@ CELERY_CRAWL_SPIDERS = ["forum_js"]
 CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}
 PRODUCER_SPIDERS: list[str] = []
+BROWSER_RENDER_TIMEOUT = 20.0  # a render that a crashed browser left waiting: retried soon

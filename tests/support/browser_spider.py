@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from scrapy import Request, Spider
 from scrapy.http import Response
 
-HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+HANDLER = "celery_crawl.browser.handler.BrowserDownloadHandler"
 CHROMIUM = "/usr/bin/chromium"  # Debian's package: no browser download
 
 

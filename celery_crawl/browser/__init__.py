@@ -1,0 +1,1 @@
+"""Pages that need a browser: scrapy-playwright in hosted workers (docs/browsers.md)."""
