@@ -201,3 +201,23 @@ def test_a_browser_that_crashes_mid_render_is_started_again_and_loses_no_page(
     assert restarted and crashed[0] not in restarted  # a new browser, in the same worker
     assert worker.stop() == 0
     wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
+
+
+@pytest.mark.alone  # browsers: the whole machine
+def test_a_killed_celery_parent_leaves_no_browser_behind(
+    browser_app: Celery,
+    browser_env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    js_site: SiteThread,
+) -> None:
+    """kill -9 of the worker's main process only: its pool process, and the browser that
+    process started, do not outlive it."""
+    mark = uuid.uuid4().hex
+    worker = start_worker(
+        "w1", concurrency=1, app=BROWSER_APP, extra_env={**browser_env, MARK: mark}
+    )
+    job = crawl("forum_js", [{"forum_id": FORUMS[0]}], app=browser_app)
+    wait_until(lambda: job.status().pages >= 10, 180, "10 pages rendered")
+    assert browser_main(mark)
+    os.kill(worker.proc.pid, signal.SIGKILL)  # the parent; its pool process lives on
+    wait_until(lambda: not browsers_of(mark), 60, "no process of the killed worker left")
