@@ -30,7 +30,7 @@ from tests.support.debian_tools import debian_tool
 from tests.support.workers import Worker
 
 BROWSER_APP = "tests.support.browser_app"
-SPIDER = ROOT / "tests" / "support" / "browser_spider.py"
+SPIDER = ROOT / "celery_crawl" / "demo" / "browser_spiders.py"
 SITE = SiteConfig(forums=4, posts_per_forum=50, posts_per_page=25, seed=11)
 FORUMS = SITE.forum_ids()
 MARK = "CELERY_CRAWL_TEST_BROWSER_MARK"  # in the workers' environment, so their browsers'

@@ -1,9 +1,9 @@
-"""Settings of a worker that hosts the browser spider (tests/support/browser_spider.py) only:
+"""Settings of a worker that hosts the browser spider (celery_crawl/demo/browser_spiders.py) only:
 no other test's worker starts a Playwright driver."""
 
 from tests.support.worker_settings import *  # noqa: F403
 
-SPIDER_MODULES = ["tests.support.browser_spider"]
+SPIDER_MODULES = ["celery_crawl.demo.browser_spiders"]
 CELERY_CRAWL_SPIDERS = ["forum_js"]
 CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}

@@ -1,5 +1,9 @@
 """A spider whose pages need a browser: the demo forum's script-built pages
-(``celery_crawl.demo.pages``), rendered by scrapy-playwright with Debian's chromium.
+(``celery_crawl.demo.pages``), rendered by scrapy-playwright with Debian's chromium
+(``pip install "celery-crawl[browser]"``, ``apt-get install chromium``; docs/browsers.md).
+
+Not among the demo app's ``SPIDER_MODULES``, so that the demo runs without the extra:
+a project that wants it adds ``"celery_crawl.demo.browser_spiders"``.
 
 A seed is ``{"forum_id": "00001"}``: its list pages, then each post, each one
 rendered (``meta={"playwright": True}``). An item is a post as the browser shows it.
@@ -8,7 +12,7 @@ rendered (``meta={"playwright": True}``). An item is a post as the browser shows
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any, ClassVar
+from typing import Any
 
 from scrapy import Request, Spider
 from scrapy.http import Response
@@ -20,10 +24,13 @@ CHROMIUM = "/usr/bin/chromium"  # Debian's package: no browser download
 class ForumJsSpider(Spider):
     name = "forum_js"
     seed_key = "forum_id"
-    custom_settings: ClassVar[dict[str, Any]] = {
+    custom_settings = {  # noqa: RUF012 (Scrapy reads it as a class attribute)
         "DOWNLOAD_HANDLERS": {"http": HANDLER, "https": HANDLER},
         "PLAYWRIGHT_BROWSER_TYPE": "chromium",
         "PLAYWRIGHT_LAUNCH_OPTIONS": {"executable_path": CHROMIUM, "headless": True},
+        # pages a process renders at once: Scrapy's default, in a worker as in `scrapy crawl`
+        "CONCURRENT_REQUESTS": 16,
+        "CONCURRENT_REQUESTS_PER_DOMAIN": 16,
     }
 
     @classmethod
