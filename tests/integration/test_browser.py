@@ -221,3 +221,26 @@ def test_a_killed_celery_parent_leaves_no_browser_behind(
     assert browser_main(mark)
     os.kill(worker.proc.pid, signal.SIGKILL)  # the parent; its pool process lives on
     wait_until(lambda: not browsers_of(mark), 60, "no process of the killed worker left")
+
+
+@pytest.mark.alone  # browsers: the whole machine
+def test_a_render_slower_than_a_lease_keeps_it_and_site_limits_count_renders(
+    env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each page takes 5 s to answer, more than a lease (4 s in the test settings): no
+    render loses its lease, so no page is fetched twice; and the site's shared limit of 2
+    at once holds for the browser's requests, as for plain ones."""
+    slow = SiteConfig(forums=1, posts_per_forum=6, posts_per_page=25, latency=5.0)
+    with run_in_thread(slow) as site:
+        monkeypatch.setenv("FORUM_BASE_URL", site.url)  # the seeds' site, read by the app
+        browser_app = create_app("browser_app", "tests.support.browser_settings")
+        limits = {"FORUM_BASE_URL": site.url, "SITE_CONCURRENCY": "2", "SITE_RATE": "0"}
+        start_worker("w1", concurrency=1, app=BROWSER_APP, extra_env={**env, **limits})
+        result = crawl("forum_js", [{"forum_id": "00001"}], app=browser_app).wait(timeout=180)
+        assert result["state"] == "done" and result["items"] == slow.expected().posts, result
+        rendered = {p: n for p, n in site.site.requests_by_path.items() if p.startswith("/js/")}
+        assert len(rendered) == 1 + 6 and set(rendered.values()) == {1}, rendered  # each once
+        assert result["retries"] == 0, result
+        assert site.max_in_flight == 2, site.site.requests_by_path  # the limit, and used
