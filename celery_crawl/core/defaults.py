@@ -748,6 +748,15 @@ _ENTRIES = (
     ),
     # -- Environment variables -----------------------------------------------
     Setting(
+        "BROWSER_RENDER_IF_MISSING",
+        {},
+        "callback name → CSS selector: with `celery_crawl.browser.middleware.RenderWhenNeeded`"
+        " enabled, a plain 200 response for that callback in which the selector matches nothing"
+        " is fetched again through the browser (a spider's `needs_browser(response)` decides"
+        " instead when it has one)",
+        BROWSER,
+    ),
+    Setting(
         "BROWSER_RENDER_TIMEOUT",
         120.0,
         'seconds one rendered request (`meta={"playwright": True}`) may take with'

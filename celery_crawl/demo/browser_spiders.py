@@ -11,6 +11,7 @@ rendered (``meta={"playwright": True}``). An item is a post as the browser shows
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -73,3 +74,32 @@ class ForumJsSpider(Spider):
             "title": response.css("h1.title::text").get(),
             "author": response.css("span.author::text").get(),
         }
+
+
+class ForumMixedSpider(ForumJsSpider):
+    """A mixed site: the forum API's list pages, and posts of which half are served
+    whole (``/html/post/<id>``) and half built by a script (``/js/post/<id>``). Nothing
+    asks for the browser: ``RenderWhenNeeded`` renders the posts whose plain response has
+    no ``h1.title`` (docs/browsers.md)."""
+
+    name = "forum_mixed"
+    custom_settings = {  # noqa: RUF012 (Scrapy reads it as a class attribute)
+        **ForumJsSpider.custom_settings,
+        "DOWNLOADER_MIDDLEWARES": {"celery_crawl.browser.middleware.RenderWhenNeeded": 590},
+        "BROWSER_RENDER_IF_MISSING": {"parse_post": "h1.title"},
+    }
+
+    def requests_from_seed(self, seed: Any) -> list[Request]:
+        forum_id = seed.get("forum_id") if isinstance(seed, dict) else seed
+        if not isinstance(forum_id, str) or not forum_id.isdigit():
+            raise ValueError(f"a forum seed is {{'forum_id': '<digits>'}}, not {seed!r}")
+        return [Request(f"{self.base_url}/list/{forum_id}/1", callback=self.parse_api_list)]
+
+    def parse_api_list(self, response: Response) -> Iterator[Request]:
+        listing = json.loads(response.text)
+        for post in listing["posts"]:
+            kind = "html" if int(post["post_id"]) % 2 == 0 else "js"
+            yield Request(f"{self.base_url}/{kind}/post/{post['post_id']}", self.parse_post)
+        if listing.get("next_page"):
+            following = f"{self.base_url}/list/{listing['forum_id']}/{listing['next_page']}"
+            yield Request(following, callback=self.parse_api_list)

@@ -7,7 +7,8 @@ empty until its script runs: the script reads the page's data from a JSON
 ``a#next`` to the next page) or the post (``h1.title``, ``.author``,
 ``.content``). A plain HTTP fetch sees no post and no link; a browser sees the
 page as a reader would. Text is set with ``textContent``, so the page writes
-no markup it was not meant to.
+no markup it was not meant to. ``/html/post/<post>`` is the same post rendered by the
+server, as a mixed site serves some pages: a plain fetch sees it whole.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 from typing import Any
 
 PREFIX = "/js"
+SERVED_PREFIX = "/html"  # the same post, as the server would render it: no script needed
 CONTENT_TYPE = "text/html; charset=utf-8"
 
 # what each kind of page writes, from ``data`` (the forum API's payload)
@@ -66,17 +68,29 @@ const main = document.getElementById("content");
 """
 
 
+SERVED = """<!doctype html>
+<html><head><meta charset="utf-8"><title>{title}</title></head>
+<body><main id="content"><h1 class="title">{title}</h1><span class="author">{author}</span>
+<div class="content">{content}</div></main></body></html>
+"""
+
+
 def api_path(path: str) -> str | None:
-    """The forum API path that ``path``, a script-built page's, shows; None for others."""
-    if not path.startswith(PREFIX + "/"):
-        return None
-    rest = path[len(PREFIX) :]
-    kind = rest.split("/", 2)[1]
-    return rest if kind in BUILDERS else None
+    """The forum API path that ``path``, an HTML page's, shows; None for other paths."""
+    for prefix in (PREFIX, SERVED_PREFIX):
+        if path.startswith(prefix + "/"):
+            rest = path[len(prefix) :]
+            kinds = BUILDERS if prefix == PREFIX else ("post",)
+            return rest if rest.split("/", 2)[1] in kinds else None
+    return None
 
 
 def page(path: str, payload: dict[str, Any]) -> bytes:
-    """The HTML page of ``path`` (a script-built page's) for the API's ``payload``."""
+    """The HTML page of ``path`` for the API's ``payload``: written by a script, or, under
+    ``/html``, by the server (what a browser would show, with no script to run)."""
+    if path.startswith(SERVED_PREFIX + "/"):
+        fields = {name: html.escape(str(payload[name])) for name in ("title", "author", "content")}
+        return SERVED.format(**fields).encode()
     kind = path[len(PREFIX) :].split("/", 2)[1]
     data = json.dumps(payload).replace("</", "<\\/")  # never ends its <script> early
     title = html.escape(str(payload.get("title") or payload.get("forum_id") or kind))

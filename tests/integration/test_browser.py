@@ -244,3 +244,28 @@ def test_a_render_slower_than_a_lease_keeps_it_and_site_limits_count_renders(
         assert len(rendered) == 1 + 6 and set(rendered.values()) == {1}, rendered  # each once
         assert result["retries"] == 0, result
         assert site.max_in_flight == 2, site.site.requests_by_path  # the limit, and used
+
+
+@pytest.mark.alone  # browsers: the whole machine
+def test_only_the_pages_that_lack_what_their_callback_needs_are_rendered(
+    browser_app: Celery,
+    browser_env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    js_site: SiteThread,
+) -> None:
+    """forum_mixed asks for no browser: of a forum's posts, those served whole are kept as
+    fetched; those built by a script lack ``h1.title`` and are rendered (RenderWhenNeeded)."""
+    start_worker("w1", concurrency=1, app=BROWSER_APP, extra_env=browser_env)
+    job = crawl("forum_mixed", [{"forum_id": FORUMS[0]}], app=browser_app)
+    result = job.wait(timeout=300)
+    assert result["state"] == "done", result
+    hits = js_site.site.requests_by_path
+    served = {p: n for p, n in hits.items() if p.startswith("/html/post/")}
+    scripted = {p: n for p, n in hits.items() if p.startswith("/js/post/")}
+    readable = [p for p in SITE.post_ids() if p.startswith("1") and SITE.locate(p)]
+    readable = [p for p in readable if not SITE.is_deleted(SITE.locate(p)[1])]  # type: ignore[index]
+    assert served and set(served.values()) == {1}, served  # plain was enough: once
+    # a script-built post: its plain fetch, then its render; a deleted one (404) only once
+    rendered = {p for p, n in scripted.items() if n == 2}
+    assert rendered == {f"/js/post/{p}" for p in readable if int(p) % 2}, scripted
+    assert result["items"] == len(readable), result  # every post, from either kind

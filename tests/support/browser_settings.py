@@ -4,7 +4,7 @@ no other test's worker starts a Playwright driver."""
 from tests.support.worker_settings import *  # noqa: F403
 
 SPIDER_MODULES = ["celery_crawl.demo.browser_spiders"]
-CELERY_CRAWL_SPIDERS = ["forum_js"]
+CELERY_CRAWL_SPIDERS = ["forum_js", "forum_mixed"]
 CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}
 PRODUCER_SPIDERS: list[str] = []
