@@ -20,6 +20,13 @@ that hosted crawlers need, because their process outlives any one render:
   the retry middleware retries (``RETRY_TIMES``), as it does a connection lost by plain
   HTTP: the page goes back to the queue, and is not counted as done unrendered.
 
+- **The browser is recycled** after ``BROWSER_RECYCLE_PAGES`` renders, or once the
+  process's browser (its Playwright driver and Chromium processes) holds more than
+  ``BROWSER_RECYCLE_MEMORY_MB`` (read every :data:`MEMORY_CHECK_EVERY` renders): new
+  renders wait, the ones under way finish, the browser is closed, and the next render
+  starts a new one. Pages a callback kept open (``playwright_include_page``) close with
+  it. Counted as ``browser/recycled/pages`` and ``browser/recycled/memory``.
+
 Requests without ``meta={"playwright": True}`` are plain HTTP, as with scrapy-playwright.
 """
 
@@ -27,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from playwright.async_api import Error as PlaywrightError
@@ -42,20 +51,101 @@ if TYPE_CHECKING:
     from scrapy.http import Response
 
 logger = logging.getLogger(__name__)
+MEMORY_CHECK_EVERY = 20  # renders between two reads of the browser's memory
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def descendants_rss_mb(root: int) -> float:
+    """MiB resident in the processes descended from ``root`` (``root`` itself left out)."""
+    parents: dict[int, int] = {}
+    pages: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            pages[int(entry.name)] = int((entry / "statm").read_text().split()[1])
+            parents[int(entry.name)] = int(stat[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    found: set[int] = set()
+    frontier = {root}
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return sum(pages.get(pid, 0) for pid in found) * PAGE_SIZE / 2**20
 
 
 class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[misc]
     """scrapy-playwright's handler; a render is bounded in time, and retried when it fails."""
 
     def __init__(self, crawler: Crawler) -> None:
+        settings = crawler.settings
+        self.render_timeout = float(setting(settings, "BROWSER_RENDER_TIMEOUT"))
+        self.recycle_pages = int(setting(settings, "BROWSER_RECYCLE_PAGES"))
+        self.recycle_mb = float(setting(settings, "BROWSER_RECYCLE_MEMORY_MB"))
+        if not self.render_timeout > 0:  # checked before a browser is prepared
+            raise ConfigError(f"BROWSER_RENDER_TIMEOUT is {self.render_timeout}: must be above 0")
+        if self.recycle_pages < 0 or not self.recycle_mb >= 0:
+            raise ConfigError("BROWSER_RECYCLE_PAGES, BROWSER_RECYCLE_MEMORY_MB: 0 (off) or more")
         super().__init__(crawler)
-        self.render_timeout = float(setting(crawler.settings, "BROWSER_RENDER_TIMEOUT"))
-        if not self.render_timeout > 0:
-            raise ConfigError(
-                f"BROWSER_RENDER_TIMEOUT is {self.render_timeout}: it must be above 0"
-            )
+        self._gate = asyncio.Condition()
+        self._rendering = 0  # renders under way
+        self._rendered = 0  # renders since the browser was started
+        self._draining = False
 
     async def _download_request(self, request: Request, spider: Spider | None = None) -> Response:
+        await self._admit()
+        try:
+            return await self._render(request, spider)
+        finally:
+            async with self._gate:
+                self._rendering -= 1
+                self._gate.notify_all()
+
+    async def _admit(self) -> None:
+        """Wait while the browser is recycled; recycle it first when it is due."""
+        async with self._gate:
+            await self._gate.wait_for(lambda: not self._draining)
+            reason = self._recycle_reason()
+            if reason:
+                self._draining = True
+                try:
+                    await self._gate.wait_for(lambda: self._rendering == 0)
+                    await self._recycle(reason)
+                finally:
+                    self._draining = False
+                    self._gate.notify_all()
+            self._rendering += 1
+            self._rendered += 1
+
+    def _recycle_reason(self) -> str:
+        """``pages`` or ``memory`` when the browser is due for recycling, else ``""``."""
+        if not hasattr(self, "browser") or not self._rendered:
+            return ""
+        if self.recycle_pages and self._rendered >= self.recycle_pages:
+            return "pages"
+        checked = self.recycle_mb and self._rendered % MEMORY_CHECK_EVERY == 0
+        if checked and descendants_rss_mb(os.getpid()) > self.recycle_mb:
+            return "memory"
+        return ""
+
+    async def _recycle(self, reason: str) -> None:
+        """Close the browser (no render is under way); the next render starts a new one."""
+        logger.info("browser: recycled after %d renders (%s)", self._rendered, reason)
+        self.stats.inc_value(f"browser/recycled/{reason}")
+        browser = self.browser
+        del self.browser  # the next render starts a new one
+        # closed on purpose: scrapy-playwright's disconnect handler, which would run later
+        # and could drop the new browser, is not called for this one
+        browser.remove_listener("disconnected", self._browser_disconnected_callback)
+        contexts = [wrapper.context.close() for wrapper in self.context_wrappers.values()]
+        self.context_wrappers.clear()
+        await asyncio.gather(*contexts, return_exceptions=True)
+        await browser.close()
+        self._rendered = 0
+
+    async def _render(self, request: Request, spider: Spider | None) -> Response:
         render = super()._download_request(request, spider)
         try:
             response: Response = await asyncio.wait_for(render, timeout=self.render_timeout)

@@ -757,6 +757,21 @@ _ENTRIES = (
         BROWSER,
     ),
     Setting(
+        "BROWSER_RECYCLE_PAGES",
+        1000,
+        "renders after which `BrowserDownloadHandler` closes its browser (once the renders under"
+        " way end) and starts a new one, so that a long-lived worker's browser does not grow"
+        " for good; 0: never",
+        BROWSER,
+    ),
+    Setting(
+        "BROWSER_RECYCLE_MEMORY_MB",
+        0.0,
+        "MiB that a worker process's browser (its Playwright driver and Chromium processes) may"
+        " hold before it is recycled the same way, read every 20 renders; 0: no ceiling",
+        BROWSER,
+    ),
+    Setting(
         "BROWSER_RENDER_TIMEOUT",
         120.0,
         'seconds one rendered request (`meta={"playwright": True}`) may take with'

@@ -269,3 +269,42 @@ def test_only_the_pages_that_lack_what_their_callback_needs_are_rendered(
     rendered = {p for p, n in scripted.items() if n == 2}
     assert rendered == {f"/js/post/{p}" for p in readable if int(p) % 2}, scripted
     assert result["items"] == len(readable), result  # every post, from either kind
+
+
+@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.parametrize(
+    ("reason", "setting"),
+    [("pages", {"BROWSER_RECYCLE_PAGES": "50"}), ("memory", {"BROWSER_RECYCLE_MEMORY_MB": "1"})],
+)
+def test_the_browser_is_recycled_and_no_page_is_lost(
+    browser_app: Celery,
+    browser_env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    reason: str,
+    setting: dict[str, str],
+) -> None:
+    """After 50 renders, or above a memory ceiling (1 MiB: every check), the browser is
+    closed between renders and a new one started: every item is there, no render failed,
+    and the old browsers are gone."""
+    mark = uuid.uuid4().hex
+    worker = start_worker(
+        "w1", concurrency=1, app=BROWSER_APP, extra_env={**browser_env, MARK: mark, **setting}
+    )
+    job = crawl("forum_js", [{"forum_id": forum} for forum in FORUMS], app=browser_app)
+    seen: set[int] = set()
+
+    def finished() -> bool:
+        seen.update(browser_main(mark))
+        return job.status().finished
+
+    wait_until(finished, 300, "the job to end")
+    result = job.status().as_dict()
+    assert result["state"] == "done" and result["items"] == SITE.expected().posts, result
+    assert result["retries"] == 0, result  # a recycle waits for the renders under way
+    log = worker.output()
+    recycled = log.count("browser: recycled after")
+    assert recycled >= 3 and f"({reason})" in log, log[-3000:]
+    assert len(seen) >= 2  # browsers one after another...
+    assert len(browser_main(mark)) == 1  # ...and one at a time
+    assert worker.stop() == 0
+    wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")

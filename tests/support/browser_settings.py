@@ -9,3 +9,5 @@ CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}
 PRODUCER_SPIDERS: list[str] = []
 BROWSER_RENDER_TIMEOUT = 20.0  # a render that a crashed browser left waiting: retried soon
+# the recycling test sets them per worker
+CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, "BROWSER_RECYCLE_PAGES", "BROWSER_RECYCLE_MEMORY_MB"]  # noqa: F405
