@@ -93,6 +93,7 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         self._rendering = 0  # renders under way
         self._rendered = 0  # renders since the browser was started
         self._draining = False
+        self._pages: dict[int, Any] = {}  # id of a request being rendered -> its page
 
     async def _download_request(self, request: Request, spider: Spider | None = None) -> Response:
         await self._admit()
@@ -145,12 +146,19 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         await browser.close()
         self._rendered = 0
 
+    async def _create_page(self, request: Request, spider: Spider) -> Any:
+        """scrapy-playwright's new page for ``request``, remembered for its deadline."""
+        page = await super()._create_page(request=request, spider=spider)
+        self._pages[id(request)] = page
+        return page
+
     async def _render(self, request: Request, spider: Spider | None) -> Response:
         render = super()._download_request(request, spider)
         try:
             response: Response = await asyncio.wait_for(render, timeout=self.render_timeout)
         except TimeoutError:
             self.stats.inc_value("browser/render_timeout")
+            await self._close_page(request)  # a cancelled render leaves its page, and its slot
             raise DownloadTimeoutError(
                 f"rendering {request.url} took more than {self.render_timeout:g} s"
                 " (BROWSER_RENDER_TIMEOUT)"
@@ -158,7 +166,22 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         except PlaywrightError as exc:
             self.stats.inc_value("browser/render_failed")
             raise DownloadFailedError(f"rendering {request.url} failed: {exc}") from exc
+        finally:
+            self._pages.pop(id(request), None)
         return response
+
+    async def _close_page(self, request: Request) -> None:
+        """Close the page of a render that was cancelled: scrapy-playwright closes a page,
+        which frees its place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT``, only when the
+        render ends or fails, never when it is cancelled."""
+        page = self._pages.get(id(request))
+        if page is None or page.is_closed():
+            return
+        try:
+            await page.close()
+        except PlaywrightError:  # its browser is gone: so is the page
+            return
+        self.stats.inc_value("playwright/page_count/closed")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Any:

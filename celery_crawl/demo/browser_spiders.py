@@ -12,6 +12,7 @@ rendered (``meta={"playwright": True}``). An item is a post as the browser shows
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -19,7 +20,8 @@ from scrapy import Request, Spider
 from scrapy.http import Response
 
 HANDLER = "celery_crawl.browser.handler.BrowserDownloadHandler"
-CHROMIUM = "/usr/bin/chromium"  # Debian's package: no browser download
+# Debian's package: no browser download
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 
 
 class ForumJsSpider(Spider):

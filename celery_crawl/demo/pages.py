@@ -92,6 +92,8 @@ def page(path: str, payload: dict[str, Any]) -> bytes:
         fields = {name: html.escape(str(payload[name])) for name in ("title", "author", "content")}
         return SERVED.format(**fields).encode()
     kind = path[len(PREFIX) :].split("/", 2)[1]
-    data = json.dumps(payload).replace("</", "<\\/")  # never ends its <script> early
+    # no <, > or & in the data: nothing in it can end or reshape its <script> element
+    data = json.dumps(payload).replace("<", "\\u003c").replace(">", "\\u003e")
+    data = data.replace("&", "\\u0026")
     title = html.escape(str(payload.get("title") or payload.get("forum_id") or kind))
     return PAGE.format(title=title, data=data, builder=BUILDERS[kind]).encode()

@@ -9,8 +9,10 @@ Chromium process outlives the workers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -200,6 +202,8 @@ def test_a_browser_that_crashes_mid_render_is_started_again_and_loses_no_page(
     restarted = browser_main(mark)
     assert restarted and crashed[0] not in restarted  # a new browser, in the same worker
     assert worker.stop() == 0
+    # the crawl's stats, logged as the crawler closes: renders ended by their deadline
+    assert re.search(r"'browser/render_timeout': [1-9]", worker.output()), worker.output()[-3000:]
     wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
 
 
@@ -308,3 +312,31 @@ def test_the_browser_is_recycled_and_no_page_is_lost(
     assert len(browser_main(mark)) == 1  # ...and one at a time
     assert worker.stop() == 0
     wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
+
+
+@pytest.mark.alone  # browsers: the whole machine
+def test_renders_past_their_deadline_free_their_pages_for_the_next_ones(
+    env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pages answer in 10 s, renders may take 4 s, 2 pages at once: the first renders fail at
+    their deadline and are retried. Once the site is fast again, every page renders: the
+    pages of the renders that timed out were closed, not left holding both places."""
+    slow = SiteConfig(forums=1, posts_per_forum=12, posts_per_page=25, latency=10.0)
+    with run_in_thread(slow) as site:
+        monkeypatch.setenv("FORUM_BASE_URL", site.url)  # the seeds' site, read by the app
+        browser_app = create_app("browser_app", "tests.support.browser_settings")
+        tight = {
+            "FORUM_BASE_URL": site.url,
+            "BROWSER_RENDER_TIMEOUT": "4",
+            "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT": "2",
+            "RETRY_TIMES": "30",
+        }
+        start_worker("w1", concurrency=1, app=BROWSER_APP, extra_env={**env, **tight})
+        job = crawl("forum_js", [{"forum_id": "00001"}], app=browser_app)
+        wait_until(lambda: site.requests_served >= 4, 90, "4 renders past their deadline")
+        site.site.config = dataclasses.replace(slow, latency=0.0)  # the site is fast again
+        result = job.wait(timeout=120)
+        assert result["state"] == "done", result
+        assert result["items"] == slow.expected().posts and result["retries"] >= 4, result

@@ -9,5 +9,13 @@ CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}
 PRODUCER_SPIDERS: list[str] = []
 BROWSER_RENDER_TIMEOUT = 20.0  # a render that a crashed browser left waiting: retried soon
-# the recycling test sets them per worker
-CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, "BROWSER_RECYCLE_PAGES", "BROWSER_RECYCLE_MEMORY_MB"]  # noqa: F405
+# the recycling and deadline tests set these per worker
+CELERY_CRAWL_ENV = [
+    *CELERY_CRAWL_ENV,  # noqa: F405
+    "BROWSER_RECYCLE_PAGES",
+    "BROWSER_RECYCLE_MEMORY_MB",
+    # the test of renders past their deadline
+    "BROWSER_RENDER_TIMEOUT",
+    "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT",
+    "RETRY_TIMES",
+]

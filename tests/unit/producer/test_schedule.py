@@ -287,7 +287,7 @@ def test_a_reservation_whose_job_never_started_is_due_again_with_its_interval(
     schedule: Schedule, queue: PriorityQueue, client: redis.Redis, keys: SpiderKeys
 ) -> None:
     schedule.put(Source("a", seeds=["a"], interval=100, adaptive=True, min_interval=10))
-    schedule.tick(lambda source, job_id: None, **FAST)  # reserved; its job never created
+    schedule.tick(lambda reserved: None, **FAST)  # reserved; its job never created
     backdate(client, keys, 200)  # past the grace a reservation has to become a job
     started: list[tuple[str, str]] = []
     schedule.tick(starter(queue, started), **FAST)
