@@ -19,6 +19,8 @@ from typing import Any
 from scrapy import Request, Spider
 from scrapy.http import Response
 
+from celery_crawl.demo.spiders import forum_id_of, set_forum_feed
+
 HANDLER = "celery_crawl.browser.handler.BrowserDownloadHandler"
 # Debian's package: no browser download
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -39,19 +41,14 @@ class ForumJsSpider(Spider):
     @classmethod
     def update_settings(cls, settings: Any) -> None:
         super().update_settings(settings)
-        feed = settings.get("FORUM_FEED")  # items: JSON lines, per spider and process
-        if feed and not settings.getdict("FEEDS"):
-            settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
+        set_forum_feed(settings)  # items: JSON lines, per spider and process
 
     @property
     def base_url(self) -> str:
         return str(self.settings.get("FORUM_BASE_URL")).rstrip("/")
 
     def requests_from_seed(self, seed: Any) -> list[Request]:
-        forum_id = seed.get("forum_id") if isinstance(seed, dict) else seed
-        if not isinstance(forum_id, str) or not forum_id.isdigit():
-            raise ValueError(f"a forum seed is {{'forum_id': '<digits>'}}, not {seed!r}")
-        return [self.rendered(f"{self.base_url}/js/list/{forum_id}/1", self.parse_list)]
+        return [self.rendered(f"{self.base_url}/js/list/{forum_id_of(seed)}/1", self.parse_list)]
 
     async def start(self) -> AsyncIterator[Request]:
         """``scrapy crawl forum_js -a forums=00001,00002``: the plain, one-process crawl."""
@@ -92,10 +89,8 @@ class ForumMixedSpider(ForumJsSpider):
     }
 
     def requests_from_seed(self, seed: Any) -> list[Request]:
-        forum_id = seed.get("forum_id") if isinstance(seed, dict) else seed
-        if not isinstance(forum_id, str) or not forum_id.isdigit():
-            raise ValueError(f"a forum seed is {{'forum_id': '<digits>'}}, not {seed!r}")
-        return [Request(f"{self.base_url}/list/{forum_id}/1", callback=self.parse_api_list)]
+        url = f"{self.base_url}/list/{forum_id_of(seed)}/1"
+        return [Request(url, callback=self.parse_api_list)]
 
     def parse_api_list(self, response: Response) -> Iterator[Request]:
         listing = json.loads(response.text)

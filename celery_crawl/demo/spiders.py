@@ -46,6 +46,22 @@ class Malformed(Exception):
         self.kind = kind
 
 
+def forum_id_of(seed: Any) -> str:
+    """The forum id of a seed, ``{"forum_id": "00001"}`` or the id itself; raises
+    ``ValueError`` for anything else."""
+    forum_id = seed.get("forum_id") if isinstance(seed, dict) else seed
+    if not isinstance(forum_id, str) or not forum_id.isdigit():
+        raise ValueError(f"a forum seed is {{'forum_id': '<digits>'}}, not {seed!r}")
+    return forum_id
+
+
+def set_forum_feed(settings: Any) -> None:
+    """``FORUM_FEED``, when set and ``FEEDS`` is not: the items as JSON lines there."""
+    feed = settings.get("FORUM_FEED")
+    if feed and not settings.getdict("FEEDS"):
+        settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
+
+
 class ForumSpider(Spider):
     name = "forum"
     seed_key = "forum_id"  # `celery-crawl crawl forum 00001` means {"forum_id": "00001"}
@@ -56,19 +72,14 @@ class ForumSpider(Spider):
         # incremental: a post crawled by one job is not crawled again by the next one,
         # unless its version changed (celery_crawl.codec.fingerprint)
         settings.set("DUPEFILTER_SCOPE", "spider", priority="spider")
-        feed = settings.get("FORUM_FEED")
-        if feed and not settings.getdict("FEEDS"):  # items: JSON lines, per job and process
-            settings.set("FEEDS", {feed: {"format": "jsonlines"}}, priority="spider")
+        set_forum_feed(settings)  # items: JSON lines, per job and process
 
     @property
     def base_url(self) -> str:
         return str(self.settings.get("FORUM_BASE_URL")).rstrip("/")
 
     def requests_from_seed(self, seed: Any) -> list[Request]:
-        forum_id = seed.get("forum_id") if isinstance(seed, dict) else seed
-        if not isinstance(forum_id, str) or not forum_id.isdigit():
-            raise ValueError(f"a forum seed is {{'forum_id': '<digits>'}}, not {seed!r}")
-        url = f"{self.base_url}/list/{forum_id}/1"
+        url = f"{self.base_url}/list/{forum_id_of(seed)}/1"
         return [Request(url, callback=self.parse_list, priority=LIST_PRIORITY, dont_filter=True)]
 
     async def start(self) -> AsyncIterator[Request]:

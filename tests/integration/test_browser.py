@@ -9,6 +9,7 @@ Chromium process outlives the workers.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -121,6 +122,17 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError(f"not within {timeout} s: {what}")
+
+
+@contextlib.contextmanager
+def site_of_its_own(
+    config: SiteConfig, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[SiteThread, Celery]]:
+    """A site for one test, and an app built once it is the seeds' site (``FORUM_BASE_URL``,
+    which the app reads as it is created); the workers are given the URL too."""
+    with run_in_thread(config) as site:
+        monkeypatch.setenv("FORUM_BASE_URL", site.url)
+        yield site, create_app("browser_app", "tests.support.browser_settings")
 
 
 def by_post(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -237,9 +249,7 @@ def test_a_render_slower_than_a_lease_keeps_it_and_site_limits_count_renders(
     render loses its lease, so no page is fetched twice; and the site's shared limit of 2
     at once holds for the browser's requests, as for plain ones."""
     slow = SiteConfig(forums=1, posts_per_forum=6, posts_per_page=25, latency=5.0)
-    with run_in_thread(slow) as site:
-        monkeypatch.setenv("FORUM_BASE_URL", site.url)  # the seeds' site, read by the app
-        browser_app = create_app("browser_app", "tests.support.browser_settings")
+    with site_of_its_own(slow, monkeypatch) as (site, browser_app):
         limits = {"FORUM_BASE_URL": site.url, "SITE_CONCURRENCY": "2", "SITE_RATE": "0"}
         start_worker("w1", concurrency=1, app=BROWSER_APP, extra_env={**env, **limits})
         result = crawl("forum_js", [{"forum_id": "00001"}], app=browser_app).wait(timeout=180)
@@ -324,9 +334,7 @@ def test_renders_past_their_deadline_free_their_pages_for_the_next_ones(
     their deadline and are retried. Once the site is fast again, every page renders: the
     pages of the renders that timed out were closed, not left holding both places."""
     slow = SiteConfig(forums=1, posts_per_forum=12, posts_per_page=25, latency=10.0)
-    with run_in_thread(slow) as site:
-        monkeypatch.setenv("FORUM_BASE_URL", site.url)  # the seeds' site, read by the app
-        browser_app = create_app("browser_app", "tests.support.browser_settings")
+    with site_of_its_own(slow, monkeypatch) as (site, browser_app):
         tight = {
             "FORUM_BASE_URL": site.url,
             "BROWSER_RENDER_TIMEOUT": "4",
