@@ -12,7 +12,8 @@ at 590) and say what a callback needs, in either way:
 
 A rendered request goes back to the scheduler as a new request of the same job
 (``dont_filter``: the plain fetch of the same URL is not a duplicate of it). Counts, in
-the crawl's stats: ``browser/render_needed`` and ``browser/plain_enough``.
+the crawl's stats and in the job's (``browser`` of ``Job.wait()``'s dict):
+``browser/render_needed`` and ``browser/plain_enough``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,13 @@ from scrapy.http import TextResponse
 
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
+from celery_crawl.jobs.signals import job_stat
 
 if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
+    from scrapy.signalmanager import SignalManager
     from scrapy.statscollectors import StatsCollector
 
 
@@ -37,15 +40,18 @@ class RenderWhenNeeded:
     """A downloader middleware: plain responses that lack what their callback needs are
     rendered; ``rules`` maps callback names to the CSS selector each needs."""
 
-    def __init__(self, rules: Mapping[str, str], stats: StatsCollector) -> None:
+    def __init__(
+        self, rules: Mapping[str, str], stats: StatsCollector, signals: SignalManager | None = None
+    ) -> None:
         self.rules = dict(rules)
         self.stats = stats
+        self.signals = signals  # the job's stats, through job_stat; None: the crawl's only
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RenderWhenNeeded:
         rules = setting(crawler.settings, "BROWSER_RENDER_IF_MISSING")
         if not isinstance(rules, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str) and v for k, v in rules.items()
+            isinstance(k, str) and k and isinstance(v, str) and v for k, v in rules.items()
         ):
             raise ConfigError(
                 f"BROWSER_RENDER_IF_MISSING {rules!r}: a mapping of callback names to CSS selectors"
@@ -54,7 +60,7 @@ class RenderWhenNeeded:
         if not rules and not callable(getattr(spidercls, "needs_browser", None)):
             raise NotConfigured("no BROWSER_RENDER_IF_MISSING and no needs_browser()")
         assert crawler.stats is not None
-        return cls(rules, crawler.stats)
+        return cls(rules, crawler.stats, crawler.signals)
 
     def process_response(self, request: Request, response: Response, spider: Spider) -> Any:
         if request.meta.get("playwright") or response.status != 200:
@@ -64,10 +70,15 @@ class RenderWhenNeeded:
         needs = self._rule(request, spider)
         if needs is None or not needs(response):
             if needs is not None:
-                self.stats.inc_value("browser/plain_enough")
+                self._count(request, "browser/plain_enough")
             return response
-        self.stats.inc_value("browser/render_needed")
+        self._count(request, "browser/render_needed")
         return request.replace(meta={**request.meta, "playwright": True}, dont_filter=True)
+
+    def _count(self, request: Request, field: str) -> None:
+        self.stats.inc_value(field)
+        if self.signals is not None:
+            self.signals.send_catch_log(job_stat, request=request, field=field)
 
     def _rule(self, request: Request, spider: Spider) -> Callable[[TextResponse], bool] | None:
         """How to tell that ``request``'s response lacks what its callback needs; None: no rule."""

@@ -91,6 +91,8 @@ class JobStatus:
     # when the schedule made the source due, and when its tick reserved it (unix s); 0 none
     due_at: float = 0.0
     reserved_at: float = 0.0
+    # browser counts (docs/browsers.md): rendered, render_needed, plain_enough
+    browser: dict[str, int] | None = None
 
     @property
     def finished(self) -> bool:
@@ -125,6 +127,7 @@ class JobStatus:
             "source": self.source,
             "due_at": self.due_at,
             "reserved_at": self.reserved_at,
+            "browser": self.browser or {},
         }
 
 
@@ -151,7 +154,7 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes], read_at: flo
     prefixed = {
         name: _count(value)
         for name, value in fields.items()
-        if name.startswith(("errors/", "status/"))
+        if name.startswith(("errors/", "status/", "browser/"))
     }
     return JobStatus(
         job_id=job_id,
@@ -181,6 +184,7 @@ def parse_status(job_id: str, spider: str, raw: dict[bytes, bytes], read_at: flo
         source=fields.get("source", ""),
         due_at=_time(fields.get("due_at", "0")),
         reserved_at=_time(fields.get("reserved_at", "0")),
+        browser={k[8:]: v for k, v in prefixed.items() if k.startswith("browser/")},
     )
 
 

@@ -20,6 +20,10 @@ job_error = object()
 # sent by the spider middleware once per callback: how many items it yielded
 job_items = object()
 
+# sent by any component with (request, field): one more of ``field`` in the stats of
+# the request's job (``celery_crawl.browser.middleware``: browser/render_needed ...)
+job_stat = object()
+
 # sent by the spider middleware: a callback of a job's response raised CloseSpider
 job_end_asked = object()
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
-from celery_crawl.jobs.signals import job_error, job_items, job_of
+from celery_crawl.jobs.signals import job_error, job_items, job_of, job_stat
 
 
 class JobStats:
@@ -36,11 +36,14 @@ class JobStats:
         signals_manager.connect(self.on_item_error, signal=signals.item_error)
         signals_manager.connect(self.on_spider_error, signal=signals.spider_error)
         signals_manager.connect(self.on_job_error, signal=job_error)
+        signals_manager.connect(self.on_job_stat, signal=job_stat)
 
     def on_response(self, response: Any, request: Any, spider: Any) -> None:
         job = job_of(request)
         self.add(job, "pages")
         self.add(job, f"status/{response.status}")
+        if request.meta.get("playwright"):  # scrapy-playwright's: rendered by a browser
+            self.add(job, "browser/rendered")
 
     def on_items(self, response: Any, count: int) -> None:
         # counted once per callback, not per item: a signal per item costs a task each
@@ -60,3 +63,6 @@ class JobStats:
 
     def on_job_error(self, request: Any, kind: str) -> None:
         self.add(job_of(request), f"errors/{kind}")
+
+    def on_job_stat(self, request: Any, field: str) -> None:
+        self.add(job_of(request), field)

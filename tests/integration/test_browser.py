@@ -281,8 +281,16 @@ def test_only_the_pages_that_lack_what_their_callback_needs_are_rendered(
     assert served and set(served.values()) == {1}, served  # plain was enough: once
     # a script-built post: its plain fetch, then its render; a deleted one (404) only once
     rendered = {p for p, n in scripted.items() if n == 2}
-    assert rendered == {f"/js/post/{p}" for p in readable if int(p) % 2}, scripted
+    odd = [p for p in readable if int(p) % 2]
+    assert rendered == {f"/js/post/{p}" for p in odd}, scripted
     assert result["items"] == len(readable), result  # every post, from either kind
+    # the job's own counts: each rendered post rendered once, each served one kept
+    counts = {
+        "rendered": len(odd),
+        "render_needed": len(odd),
+        "plain_enough": len(readable) - len(odd),
+    }
+    assert result["browser"] == counts, result
 
 
 @pytest.mark.alone  # browsers: the whole machine

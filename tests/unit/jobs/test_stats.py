@@ -1,0 +1,58 @@
+"""A job's stats from Scrapy's signals: what a crawler's signal manager delivers to JobStats."""
+
+from __future__ import annotations
+
+from scrapy import Request, Spider, signals
+from scrapy.http import HtmlResponse
+from scrapy.utils.test import get_crawler
+
+from celery_crawl.jobs.handle import parse_status
+from celery_crawl.jobs.signals import JOB_META, job_stat
+from celery_crawl.jobs.stats import JobStats
+
+
+def connected() -> tuple[JobStats, object]:
+    stats = JobStats()
+    crawler = get_crawler(Spider)
+    stats.connect(crawler.signals)
+    return stats, crawler.signals
+
+
+def test_a_rendered_response_counts_as_a_page_and_a_render_of_its_job() -> None:
+    stats, manager = connected()
+    rendered = Request("http://x/js/post/1", meta={JOB_META: "j1", "playwright": True})
+    plain = Request("http://x/html/post/2", meta={JOB_META: "j1"})
+    for request in (rendered, plain):
+        response = HtmlResponse(request.url, body=b"<html></html>", request=request)
+        manager.send_catch_log(  # type: ignore[attr-defined]
+            signals.response_received, response=response, request=request, spider=None
+        )
+    assert sorted(stats.drain()) == [
+        ("j1", "browser/rendered", 1),
+        ("j1", "pages", 2),
+        ("j1", "status/200", 2),
+    ]
+
+
+def test_job_stat_adds_one_to_the_field_of_the_requests_job_only() -> None:
+    stats, manager = connected()
+    for job in ("j1", "j1", "j2", ""):  # "": a request of no job counts nowhere
+        request = Request("http://x/", meta={JOB_META: job} if job else {})
+        manager.send_catch_log(job_stat, request=request, field="browser/plain_enough")  # type: ignore[attr-defined]
+    assert sorted(stats.drain()) == [
+        ("j1", "browser/plain_enough", 2),
+        ("j2", "browser/plain_enough", 1),
+    ]
+
+
+def test_a_jobs_browser_counts_are_read_back_under_browser() -> None:
+    raw = {
+        b"state": b"done",
+        b"pages": b"7",
+        b"browser/rendered": b"5",
+        b"browser/render_needed": b"2",
+    }
+    status = parse_status("j", "forum_mixed", raw, 0.0)
+    assert status.browser == {"rendered": 5, "render_needed": 2}
+    assert status.as_dict()["browser"] == {"rendered": 5, "render_needed": 2}
+    assert parse_status("j", "forum", {b"state": b"done"}, 0.0).as_dict()["browser"] == {}
