@@ -7,9 +7,14 @@ Set it where scrapy-playwright's own handler would go::
         "https": "celery_crawl.browser.handler.BrowserDownloadHandler",
     }
 
-It is scrapy-playwright's ``ScrapyPlaywrightDownloadHandler``, changed in two ways
-that hosted crawlers need, because their process outlives any one render:
+It is scrapy-playwright's ``ScrapyPlaywrightDownloadHandler``, changed in the ways
+that hosted crawlers need, because their process outlives any one render and hosts
+several spiders:
 
+- **One browser per process** (:mod:`celery_crawl.browser.shared`): every handler of
+  the process with the same launch settings renders in the same Playwright driver and
+  browser, each in contexts of its own. At most ``BROWSER_MAX_PAGES`` renders are under
+  way in it at once, for all of them together; the others wait their turn.
 - **A render has a deadline** (``BROWSER_RENDER_TIMEOUT``). A browser killed mid-render
   (out of memory, a crash) is started again by scrapy-playwright, but the pages it was
   rendering could wait forever: in a hosted worker, whose leases are renewed while it
@@ -19,13 +24,13 @@ that hosted crawlers need, because their process outlives any one render:
   a navigation that failed or timed out) become Scrapy's ``DownloadFailedError``, which
   the retry middleware retries (``RETRY_TIMES``), as it does a connection lost by plain
   HTTP: the page goes back to the queue, and is not counted as done unrendered.
-
-- **The browser is recycled** after ``BROWSER_RECYCLE_PAGES`` renders, or once the
-  process's browser (its Playwright driver and Chromium processes) holds more than
-  ``BROWSER_RECYCLE_MEMORY_MB`` (read every :data:`MEMORY_CHECK_EVERY` renders): new
-  renders wait, the ones under way finish, the browser is closed, and the next render
-  starts a new one. Pages a callback kept open (``playwright_include_page``) close with
-  it. Counted as ``browser/recycled/pages`` and ``browser/recycled/memory``.
+- **The browser is recycled** after ``BROWSER_RECYCLE_PAGES`` renders (by every handler
+  that shares it), or once the process's browser (its Playwright driver and Chromium
+  processes) holds more than ``BROWSER_RECYCLE_MEMORY_MB`` (read every
+  :data:`MEMORY_CHECK_EVERY` renders): new renders wait, the ones under way finish,
+  every handler's contexts and the browser are closed, and the next render starts a new
+  one. Pages a callback kept open (``playwright_include_page``) close with it. Counted
+  as ``browser/recycled/pages`` and ``browser/recycled/memory``.
 
 Requests without ``meta={"playwright": True}`` are plain HTTP, as with scrapy-playwright.
 """
@@ -42,10 +47,13 @@ from playwright.async_api import Error as PlaywrightError
 from scrapy.exceptions import DownloadFailedError, DownloadTimeoutError
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
+from celery_crawl.browser.shared import SharedProvider, shared_browser
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
@@ -77,22 +85,29 @@ def descendants_rss_mb(root: int) -> float:
 
 
 class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[misc]
-    """scrapy-playwright's handler; a render is bounded in time, and retried when it fails."""
+    """scrapy-playwright's handler, on its process's shared browser: a render is bounded in
+    time and retried when it fails, renders are capped per process, and the browser is
+    recycled by renders or by memory."""
+
+    browser_provider_cls: Any  # scrapy-playwright's, set by its __init__; then ours
 
     def __init__(self, crawler: Crawler) -> None:
         settings = crawler.settings
         self.render_timeout = float(setting(settings, "BROWSER_RENDER_TIMEOUT"))
         self.recycle_pages = int(setting(settings, "BROWSER_RECYCLE_PAGES"))
         self.recycle_mb = float(setting(settings, "BROWSER_RECYCLE_MEMORY_MB"))
+        self.max_pages = int(setting(settings, "BROWSER_MAX_PAGES"))
         if not self.render_timeout > 0:  # checked before a browser is prepared
             raise ConfigError(f"BROWSER_RENDER_TIMEOUT is {self.render_timeout}: must be above 0")
         if self.recycle_pages < 0 or not self.recycle_mb >= 0:
             raise ConfigError("BROWSER_RECYCLE_PAGES, BROWSER_RECYCLE_MEMORY_MB: 0 (off) or more")
+        if self.max_pages < 1:
+            raise ConfigError(f"BROWSER_MAX_PAGES is {self.max_pages}: must be 1 or more")
         super().__init__(crawler)
-        self._gate = asyncio.Condition()
-        self._rendering = 0  # renders under way
-        self._rendered = 0  # renders since the browser was started
-        self._draining = False
+        self.shared = shared_browser(self.config, self.browser_provider_cls)
+        self.shared.forget[id(self)] = self._forget_browser
+        # scrapy-playwright makes its provider from this at engine start: the shared one
+        self.browser_provider_cls = lambda _config: SharedProvider(self.shared)
         self._pages: dict[int, Any] = {}  # id of a request being rendered -> its page
 
     async def _download_request(self, request: Request, spider: Spider | None = None) -> Response:
@@ -100,51 +115,64 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         try:
             return await self._render(request, spider)
         finally:
-            async with self._gate:
-                self._rendering -= 1
-                self._gate.notify_all()
+            async with self.shared.gate:
+                self.shared.rendering -= 1
+                self.shared.gate.notify_all()
 
     async def _admit(self) -> None:
-        """Wait while the browser is recycled; recycle it first when it is due."""
-        async with self._gate:
-            await self._gate.wait_for(lambda: not self._draining)
+        """Wait for a place among BROWSER_MAX_PAGES and while the browser is recycled;
+        recycle it first when it is due."""
+        shared = self.shared
+        async with shared.gate:
+            await shared.gate.wait_for(
+                lambda: not shared.draining and shared.rendering < self.max_pages
+            )
             reason = self._recycle_reason()
             if reason:
-                self._draining = True
+                shared.draining = True
                 try:
-                    await self._gate.wait_for(lambda: self._rendering == 0)
-                    await self._recycle(reason)
+                    await shared.gate.wait_for(lambda: shared.rendering == 0)
+                    logger.info("browser: recycled after %d renders (%s)", shared.rendered, reason)
+                    self.stats.inc_value(f"browser/recycled/{reason}")
+                    await shared.recycle()
                 finally:
-                    self._draining = False
-                    self._gate.notify_all()
-            self._rendering += 1
-            self._rendered += 1
+                    shared.draining = False
+                    shared.gate.notify_all()
+            shared.rendering += 1
+            shared.rendered += 1
 
     def _recycle_reason(self) -> str:
         """``pages`` or ``memory`` when the browser is due for recycling, else ``""``."""
-        if not hasattr(self, "browser") or not self._rendered:
+        shared = self.shared
+        if shared.browser is None or not shared.rendered:
             return ""
-        if self.recycle_pages and self._rendered >= self.recycle_pages:
+        if self.recycle_pages and shared.rendered >= self.recycle_pages:
             return "pages"
-        checked = self.recycle_mb and self._rendered % MEMORY_CHECK_EVERY == 0
+        checked = self.recycle_mb and shared.rendered % MEMORY_CHECK_EVERY == 0
         if checked and descendants_rss_mb(os.getpid()) > self.recycle_mb:
             return "memory"
         return ""
 
-    async def _recycle(self, reason: str) -> None:
-        """Close the browser (no render is under way); the next render starts a new one."""
-        logger.info("browser: recycled after %d renders (%s)", self._rendered, reason)
-        self.stats.inc_value(f"browser/recycled/{reason}")
-        browser = self.browser
-        del self.browser  # the next render starts a new one
-        # closed on purpose: scrapy-playwright's disconnect handler, which would run later
-        # and could drop the new browser, is not called for this one
-        browser.remove_listener("disconnected", self._browser_disconnected_callback)
-        contexts = [wrapper.context.close() for wrapper in self.context_wrappers.values()]
+    def _forget_browser(self, browser: Any) -> list[Awaitable[Any]]:
+        """Drop ``browser`` (closed on purpose, by a recycle or the last handler's close) and
+        this handler's contexts; the closes of its contexts, to await."""
+        if browser is not None and getattr(self, "browser", None) is browser:
+            # scrapy-playwright's disconnect handler, which would run later and could drop
+            # the next browser, is not called for this one
+            self.browser.remove_listener("disconnected", self._browser_disconnected_callback)
+            del self.browser  # the next render asks the shared browser again
+        closing = [wrapper.context.close() for wrapper in self.context_wrappers.values()]
         self.context_wrappers.clear()
-        await asyncio.gather(*contexts, return_exceptions=True)
-        await browser.close()
-        self._rendered = 0
+        return closing
+
+    async def _close(self) -> None:
+        """As the crawler closes: this handler's contexts; the process's browser and
+        driver close with the last handler that uses them."""
+        self.shared.forget.pop(id(self), None)
+        closing = self._forget_browser(getattr(self, "browser", None))
+        await asyncio.gather(*closing, return_exceptions=True)
+        if getattr(self, "browser_provider", None):
+            await self.browser_provider.close()
 
     async def _create_page(self, request: Request, spider: Spider) -> Any:
         """scrapy-playwright's new page for ``request``, remembered for its deadline."""
@@ -165,15 +193,19 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
             ) from None
         except PlaywrightError as exc:
             self.stats.inc_value("browser/render_failed")
+            # scrapy-playwright leaves it open for a callback (playwright_include_page),
+            # but the render is retried, in a page of its own
+            await self._close_page(request)
             raise DownloadFailedError(f"rendering {request.url} failed: {exc}") from exc
         finally:
             self._pages.pop(id(request), None)
         return response
 
     async def _close_page(self, request: Request) -> None:
-        """Close the page of a render that was cancelled: scrapy-playwright closes a page,
-        which frees its place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT``, only when the
-        render ends or fails, never when it is cancelled."""
+        """Close the page of a render that was cancelled or failed: scrapy-playwright
+        closes a page, which frees its place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT``,
+        only when the render ends or fails without ``playwright_include_page``, never
+        when it is cancelled."""
         page = self._pages.get(id(request))
         if page is None or page.is_closed():
             return

@@ -204,6 +204,18 @@ def _class_attribute(mro: tuple[type, ...], name: str) -> object | None:
     return None
 
 
+# meta that belongs to the process that set it, never to the queue: scrapy-playwright's
+# live page (``playwright_include_page``), which a retry of the request carries. Left
+# out, the process that renders the request next opens a page of its own.
+LOCAL_META = "playwright_page"
+
+
+def _queued_meta(meta: dict[str, Any]) -> dict[str, Any]:
+    if LOCAL_META not in meta:
+        return meta
+    return {key: value for key, value in meta.items() if key != LOCAL_META}
+
+
 def to_record(request: Request, spider: Spider) -> list[Any]:
     cls_name = type(request).__name__
     if REQUEST_CLASSES.get(cls_name) is not type(request):
@@ -215,7 +227,7 @@ def to_record(request: Request, spider: Spider) -> list[Any]:
         {k: list(v) for k, v in request.headers.items()},
         request.body,
         request.cookies,
-        request.meta,
+        _queued_meta(request.meta),
         request.cb_kwargs,
         request.priority,
         request.flags,

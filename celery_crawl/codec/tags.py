@@ -20,6 +20,7 @@ values, encoded in turn::
     scrapy.Item [module, qualname, {field: value}]   12            {"$item": [...]}
     dataclass   [module, qualname, {field: value}]   13            {"$dataclass": [...]}
     attrs class [module, qualname, {field: value}]   14            {"$attrs": [...]}
+    PageMethod  [method name, [args], {kwargs}]      15            {"$page_method": [...]}
 
 A time zone ``tz`` is None, an offset in microseconds (``datetime.timezone``;
 ``[offset, name]`` when it has a name) or a ``zoneinfo`` key. JSON also tags
@@ -37,6 +38,11 @@ calling the class: ``object.__new__`` and the fields set one by one (an Item
 through Scrapy's own ``Item.__setitem__``, which refuses unknown fields).
 Anything else read back raises :class:`DecodeError`; values that cannot be
 written raise :class:`EncodeError` saying where they are and what to do.
+
+scrapy-playwright's ``PageMethod`` (``meta["playwright_page_methods"]``) travels as
+its method's name and arguments: a method given as a callable cannot, and its
+``result``, set once the page is rendered, is not carried. It is rebuilt only in a
+process that has imported ``scrapy_playwright.page`` (any that renders has).
 """
 
 from __future__ import annotations
@@ -374,6 +380,28 @@ def _bytes(state: Any, _: Classes) -> bytes:
     return base64.b64decode(_str(state), validate=True)
 
 
+PAGE_METHOD = ("scrapy_playwright.page", "PageMethod")  # its module and name
+
+
+def _page_method_state(value: Any) -> list[Any]:
+    if not isinstance(value.method, str):
+        raise EncodeError(
+            f"a PageMethod of {value.method!r}: give the page's method by name, or use"
+            " SCHEDULER_SERIALIZER = 'signed_pickle'"
+        )
+    return [value.method, list(value.args), dict(value.kwargs)]
+
+
+def _page_method(state: Any, _: Classes) -> Any:
+    module = sys.modules.get(PAGE_METHOD[0])
+    if module is None:
+        raise DecodeError(
+            "unknown_class", "a PageMethod, and scrapy_playwright is not imported here"
+        )
+    method, args, kwargs = _list(state, 3)
+    return getattr(module, PAGE_METHOD[1])(_str(method), *_list(args), **_str_dict(kwargs))
+
+
 def _json_only(value: Any) -> Any:
     raise AssertionError("JSON dumps this kind itself")  # pragma: no cover
 
@@ -393,6 +421,7 @@ TAGS = (
     _class_tag(12, "item", ITEM),
     _class_tag(13, "dataclass", DATACLASS),
     _class_tag(14, "attrs", ATTRS),
+    Tag(15, "page_method", _page_method_state, _page_method),
 )
 JSON_TAGS = (
     Tag(0, "dict", _json_only, _pairs),
@@ -439,6 +468,9 @@ def reduce(value: Any, classes: Classes) -> tuple[Tag | None, Any]:
     if kind is not None:
         classes.check(cls)
         tag = _CLASS_TAGS[kind]
+        return tag, tag.state(value)
+    if (cls.__module__, cls.__qualname__) == PAGE_METHOD:
+        tag = BY_NAME["page_method"]
         return tag, tag.state(value)
     for base in cls.__mro__:
         if base in _BASES:

@@ -748,6 +748,14 @@ _ENTRIES = (
     ),
     # -- Environment variables -----------------------------------------------
     Setting(
+        "BROWSER_MAX_PAGES",
+        16,
+        "pages a worker process's browser renders at once, for every spider it hosts together"
+        " (more wait their turn); scrapy-playwright's `PLAYWRIGHT_MAX_PAGES_PER_CONTEXT` still"
+        " caps each context",
+        BROWSER,
+    ),
+    Setting(
         "BROWSER_RENDER_IF_MISSING",
         {},
         "callback name → CSS selector: with `celery_crawl.browser.middleware.RenderWhenNeeded`"
@@ -759,9 +767,9 @@ _ENTRIES = (
     Setting(
         "BROWSER_RECYCLE_PAGES",
         1000,
-        "renders after which `BrowserDownloadHandler` closes its browser (once the renders under"
-        " way end) and starts a new one, so that a long-lived worker's browser does not grow"
-        " for good; 0: never",
+        "renders after which `BrowserDownloadHandler` closes its process's browser (once the"
+        " renders under way end) and starts a new one, so that a long-lived worker's browser"
+        " does not grow for good; 0: never",
         BROWSER,
     ),
     Setting(

@@ -172,6 +172,47 @@ def test_two_hosted_workers_render_every_page_as_one_scrapy_playwright_process_d
     print(f"{len(hosted)} items written for {len(reference)} posts; {result['pages']} pages")
 
 
+@pytest.mark.alone  # browsers: the whole machine
+def test_two_scrapy_crawl_processes_on_the_shared_queue_render_every_page_once(
+    redis_url: str, prefix: str, js_site: SiteThread, tmp_path: Path
+) -> None:
+    """The same spider in two plain ``scrapy runspider`` processes at once, with
+    celery_crawl's scheduler (no Celery): they share the queue and the dedup set, both
+    render, and together give every post once, as the browser shows it."""
+    shared = {
+        "SCHEDULER": "celery_crawl.scheduler.Scheduler",
+        "REDIS_URL": redis_url,
+        "CELERY_CRAWL_KEY_PREFIX": prefix,
+        "FORUM_BASE_URL": js_site.url,
+        "LOG_LEVEL": "INFO",
+        "TELNETCONSOLE_ENABLED": "False",
+    }
+    command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER)]
+    command += ["-a", f"forums={','.join(FORUMS)}"]
+    command += [part for name, value in shared.items() for part in ("-s", f"{name}={value}")]
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        for n in range(2):
+            with (tmp_path / f"shared{n}.log").open("wb") as log:
+                out = ["-O", f"{tmp_path / f'shared{n}.jsonl'}:jsonlines"]
+                procs.append(
+                    subprocess.Popen([*command, *out], cwd=tmp_path, stdout=log, stderr=log)
+                )
+        codes = [proc.wait(timeout=300) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+    logs = [(tmp_path / f"shared{n}.log").read_text()[-3000:] for n in range(2)]
+    assert codes == [0, 0], logs
+    parts = [items_of(tmp_path, f"shared{n}.jsonl") for n in range(2)]
+    assert all(parts), ([len(part) for part in parts], logs)  # both rendered pages
+    posts = [item["post_id"] for part in parts for item in part]
+    assert len(posts) == len(set(posts)) == SITE.expected().posts  # each once, every one
+    assert all(item["title"] and item["author"] for part in parts for item in part)
+
+
 def browser_main(mark: str) -> list[int]:
     """The marked browsers' main processes: those Playwright talks to over a pipe."""
     found = []
@@ -217,6 +258,49 @@ def test_a_browser_that_crashes_mid_render_is_started_again_and_loses_no_page(
     # the crawl's stats, logged as the crawler closes: renders ended by their deadline
     assert re.search(r"'browser/render_timeout': [1-9]", worker.output()), worker.output()[-3000:]
     wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
+
+
+@pytest.mark.alone  # browsers: the whole machine
+def test_spiders_hosted_together_share_one_browser_and_its_page_cap(
+    env: dict[str, str],
+    start_worker: Callable[..., Worker],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    """Two spiders that render, hosted by one worker process, a job of each at once: one
+    Chromium serves both, never two; and ``BROWSER_MAX_PAGES`` (3) holds for both together:
+    the site, whose every request is a render, never answers more than 3 at once. The
+    second spider uses page methods and ``playwright_include_page``: they work hosted."""
+    slow = SiteConfig(forums=2, posts_per_forum=30, posts_per_page=25, latency=0.5, seed=11)
+    with site_of_its_own(slow, monkeypatch) as (site, browser_app):
+        mark = uuid.uuid4().hex
+        limits = {"SITE_CONCURRENCY": "0", "SITE_RATE": "0", "BROWSER_MAX_PAGES": "3"}
+        worker_env = {**env, "FORUM_BASE_URL": site.url, MARK: mark, **limits}
+        worker = start_worker("w1", concurrency=1, app=BROWSER_APP, extra_env=worker_env)
+        spiders = ("forum_js", "forum_js_twin")
+        jobs = [
+            crawl(spider, [{"forum_id": forum}], app=browser_app)
+            for spider, forum in zip(spiders, slow.forum_ids(), strict=True)
+        ]
+        seen: set[int] = set()
+
+        def finished() -> bool:
+            seen.update(browser_main(mark))
+            return all(job.status().finished for job in jobs)
+
+        wait_until(finished, 240, "both jobs to end")
+        results = [job.status().as_dict() for job in jobs]
+        for result in results:
+            assert result["state"] == "done" and result["items"] > 0, result
+            assert result["browser"] == {"rendered": result["pages"]}, result  # each page
+        assert sum(result["items"] for result in results) == slow.expected().posts, results
+        twins = items_of(tmp_path, "forum_js_twin-*.jsonl")  # read from its page, and method
+        assert len(twins) == results[1]["items"], results
+        assert all(item["heading"] == item["title"] and item["elements"] >= 3 for item in twins)
+        assert len(seen) == 1, seen  # one browser for both spiders, all along
+        assert site.max_in_flight == 3, site.site.requests_by_path  # the cap, and used
+        assert worker.stop() == 0
+        wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
 
 
 @pytest.mark.alone  # browsers: the whole machine

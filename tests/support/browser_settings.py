@@ -3,8 +3,8 @@ no other test's worker starts a Playwright driver."""
 
 from tests.support.worker_settings import *  # noqa: F403
 
-SPIDER_MODULES = ["celery_crawl.demo.browser_spiders"]
-CELERY_CRAWL_SPIDERS = ["forum_js", "forum_mixed"]
+SPIDER_MODULES = ["celery_crawl.demo.browser_spiders", "tests.support.browser_spiders"]
+CELERY_CRAWL_SPIDERS = ["forum_js", "forum_mixed", "forum_js_twin"]
 CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}
 PRODUCER_SPIDERS: list[str] = []
@@ -14,6 +14,7 @@ CELERY_CRAWL_ENV = [
     *CELERY_CRAWL_ENV,  # noqa: F405
     "BROWSER_RECYCLE_PAGES",
     "BROWSER_RECYCLE_MEMORY_MB",
+    "BROWSER_MAX_PAGES",
     # the test of renders past their deadline
     "BROWSER_RENDER_TIMEOUT",
     "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT",
