@@ -104,7 +104,12 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         if self.max_pages < 1:
             raise ConfigError(f"BROWSER_MAX_PAGES is {self.max_pages}: must be 1 or more")
         super().__init__(crawler)
-        self.shared = shared_browser(self.config, self.browser_provider_cls)
+        limits = {  # a spider with other bounds gets a browser of its own
+            "BROWSER_MAX_PAGES": self.max_pages,
+            "BROWSER_RECYCLE_PAGES": self.recycle_pages,
+            "BROWSER_RECYCLE_MEMORY_MB": self.recycle_mb,
+        }
+        self.shared = shared_browser(self.config, self.browser_provider_cls, limits)
         self.shared.forget[id(self)] = self._forget_browser
         # scrapy-playwright makes its provider from this at engine start: the shared one
         self.browser_provider_cls = lambda _config: SharedProvider(self.shared)
@@ -115,9 +120,12 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         try:
             return await self._render(request, spider)
         finally:
-            async with self.shared.gate:
-                self.shared.rendering -= 1
-                self.shared.gate.notify_all()
+            self.shared.rendering -= 1  # at once: a cancel while waiting cannot lose it
+            await asyncio.shield(self._notify())
+
+    async def _notify(self) -> None:
+        async with self.shared.gate:
+            self.shared.gate.notify_all()
 
     async def _admit(self) -> None:
         """Wait for a place among BROWSER_MAX_PAGES and while the browser is recycled;
@@ -134,7 +142,7 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
                     await shared.gate.wait_for(lambda: shared.rendering == 0)
                     logger.info("browser: recycled after %d renders (%s)", shared.rendered, reason)
                     self.stats.inc_value(f"browser/recycled/{reason}")
-                    await shared.recycle()
+                    await shared.recycle()  # a browser that fails to close is logged
                 finally:
                     shared.draining = False
                     shared.gate.notify_all()

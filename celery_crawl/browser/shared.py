@@ -20,14 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from playwright.async_api import Error as PlaywrightError
+
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Mapping
 
     from playwright.async_api import Browser, BrowserContext
     from scrapy_playwright.handler import Config
+
+logger = logging.getLogger(__name__)
+CLOSE_TIMEOUT = 30.0  # seconds a browser may take to close
 
 
 class SharedBrowser:
@@ -58,7 +64,6 @@ class SharedBrowser:
         async with self.lock:
             if self.browser is None or not self.browser.is_connected():
                 self.browser = await self.provider.launch_browser()
-                self.rendered = 0
             return self.browser
 
     async def launch_persistent_context(self, context_kwargs: dict[str, Any]) -> BrowserContext:
@@ -73,33 +78,51 @@ class SharedBrowser:
             if self.users > 0:
                 return
             browser, self.browser = self.browser, None
-            if browser is not None and browser.is_connected():
-                await browser.close()
-            await self.provider.close()
+            try:
+                await _close_browser(browser)
+            finally:
+                await self.provider.close()
 
     async def recycle(self) -> None:
         """Close the browser, with no render under way: every handler forgets it and
         closes its contexts; the next render launches a new one."""
         async with self.lock:
             browser, self.browser = self.browser, None
+            self.rendered = 0
             closing: list[Awaitable[Any]] = []
             for forget in list(self.forget.values()):
                 closing += forget(browser)
-            await asyncio.gather(*closing, return_exceptions=True)
-            if browser is not None and browser.is_connected():
-                await browser.close()
-            self.rendered = 0
+            try:
+                await asyncio.gather(*closing, return_exceptions=True)
+            finally:  # cancelled or not: the old browser does not stay behind
+                await asyncio.shield(_close_browser(browser))
+
+
+async def _close_browser(browser: Browser | None) -> None:
+    """Close ``browser`` if it is still there, within :data:`CLOSE_TIMEOUT`; a browser
+    that does not close in time, or fails to, is logged: its process dies with the
+    driver's, or with the worker's."""
+    if browser is None or not browser.is_connected():
+        return
+    try:
+        await asyncio.wait_for(browser.close(), timeout=CLOSE_TIMEOUT)
+    except (TimeoutError, PlaywrightError) as exc:
+        logger.warning("browser: closing it failed: %s", exc or type(exc).__name__)
 
 
 # this process's shared browsers, by launch settings; a forked child starts afresh. An
 # entry stays once its last handler closed: a handler made later starts it again
 _processes: dict[str, SharedBrowser] = {}
+os.register_at_fork(after_in_child=_processes.clear)
 
 
-def launch_key(config: Config, provider_cls: type) -> str:
-    """The launch settings that make two handlers' browsers the same one, with the process."""
+def launch_key(config: Config, provider_cls: type, limits: Mapping[str, Any]) -> str:
+    """The settings that make two handlers' browsers the same one, with the process:
+    how it is launched, and ``limits``, the BROWSER_* settings that bound it (a spider
+    with other bounds gets a browser of its own, never a share of a tighter one)."""
     settings = {
         "pid": os.getpid(),
+        "limits": dict(limits),
         "provider": f"{provider_cls.__module__}.{provider_cls.__qualname__}",
         "type": config.browser_type_name,
         "launch": config.launch_options,
@@ -109,9 +132,12 @@ def launch_key(config: Config, provider_cls: type) -> str:
     return json.dumps(settings, sort_keys=True, default=repr)
 
 
-def shared_browser(config: Config, provider_cls: type) -> SharedBrowser:
-    """This process's shared browser for ``config``'s launch settings, made if it is new."""
-    key = launch_key(config, provider_cls)
+def shared_browser(
+    config: Config, provider_cls: type, limits: Mapping[str, Any] | None = None
+) -> SharedBrowser:
+    """This process's shared browser for ``config``'s launch settings and ``limits``, made
+    if it is new."""
+    key = launch_key(config, provider_cls, limits or {})
     shared = _processes.get(key)
     if shared is None:
         shared = _processes[key] = SharedBrowser(key, provider_cls(config))

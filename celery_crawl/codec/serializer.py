@@ -85,9 +85,53 @@ FIELDS: tuple[tuple[str, Any], ...] = (
 )
 
 
+# scrapy-playwright's browser context options that a request read back may ask for
+# (``meta["playwright_context_kwargs"]``): how pages look and behave. Left out: what
+# reaches the worker's files or programs (``user_data_dir``, which launches a browser
+# with options of its own, ``record_har_path``, ``record_video_dir``,
+# ``client_certificates``), and ``storage_state`` as a path.
+BROWSER_CONTEXT_OPTIONS = frozenset(
+    """accept_downloads base_url bypass_csp color_scheme contrast device_scale_factor
+    extra_http_headers forced_colors geolocation has_touch http_credentials
+    ignore_https_errors is_mobile java_script_enabled locale no_viewport offline
+    permissions proxy reduced_motion screen service_workers storage_state
+    strict_selectors timezone_id user_agent viewport""".split()  # noqa: SIM905
+)
+
+
+def check_browser_meta(meta: dict[str, Any]) -> None:
+    """:class:`DecodeError` ``refused_meta`` when a request read back carries
+    scrapy-playwright meta that would make its renderer import by name, start a
+    program or touch the worker's files."""
+    if "playwright_page_init_callback" in meta:
+        raise DecodeError(
+            "refused_meta",
+            "meta['playwright_page_init_callback']: a callback named in queued data would be"
+            " imported by name; use page methods instead (docs/requests.md)",
+        )
+    options = meta.get("playwright_context_kwargs")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        refused = "not a dict of options"
+    elif set(options) - BROWSER_CONTEXT_OPTIONS:
+        refused = f"{sorted(set(options) - BROWSER_CONTEXT_OPTIONS)} may not come from the queue"
+    elif isinstance(options.get("storage_state"), str):
+        refused = "storage_state as a path may not come from the queue"
+    else:
+        return
+    raise DecodeError(
+        "refused_meta",
+        f"meta['playwright_context_kwargs']: {refused}; options that reach the worker's files"
+        " or programs go in PLAYWRIGHT_CONTEXTS, a named context that the request names"
+        " (playwright_context; docs/requests.md)",
+    )
+
+
 @dataclass(frozen=True)
 class RequestPolicy:
-    """The URL schemes (lower case) and methods (upper case) a request read back may use."""
+    """The URL schemes (lower case) and methods (upper case) a request read back may use,
+    and no scrapy-playwright meta that reaches beyond the page (:func:`check_browser_meta`)."""
 
     schemes: frozenset[str] = frozenset(SETTINGS["SCHEDULER_ALLOWED_SCHEMES"].default)
     methods: frozenset[str] = frozenset(SETTINGS["SCHEDULER_ALLOWED_METHODS"].default)
@@ -111,6 +155,10 @@ class RequestPolicy:
             raise DecodeError(
                 "refused_method", f"method {request.method!r} is not allowed (allowed: {allowed})"
             )
+        if "playwright_page_init_callback" in request.meta or (
+            "playwright_context_kwargs" in request.meta
+        ):
+            check_browser_meta(request.meta)
         return request
 
 

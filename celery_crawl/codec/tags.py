@@ -40,9 +40,11 @@ Anything else read back raises :class:`DecodeError`; values that cannot be
 written raise :class:`EncodeError` saying where they are and what to do.
 
 scrapy-playwright's ``PageMethod`` (``meta["playwright_page_methods"]``) travels as
-its method's name and arguments: a method given as a callable cannot, and its
-``result``, set once the page is rendered, is not carried. It is rebuilt only in a
-process that has imported ``scrapy_playwright.page`` (any that renders has).
+its method's name and arguments, for the methods of :data:`PAGE_METHODS` only and
+without a ``path`` argument: a payload names a method that the renderer calls. A
+method given as a callable cannot travel, and its ``result``, set once the page is
+rendered, is not carried. It is rebuilt only in a process that has imported
+``scrapy_playwright.page`` (any that renders has).
 """
 
 from __future__ import annotations
@@ -381,13 +383,79 @@ def _bytes(state: Any, _: Classes) -> bytes:
 
 
 PAGE_METHOD = ("scrapy_playwright.page", "PageMethod")  # its module and name
+# The page methods a queued request may name: they wait, read or act inside the page.
+# None of them touches the worker's files (a "path" argument is refused too: screenshot
+# and pdf write there) or the process: a payload names a method, which the renderer
+# calls, so the list is closed. Others travel with SCHEDULER_SERIALIZER = 'signed_pickle'.
+PAGE_METHODS = frozenset(
+    [
+        "check",
+        "click",
+        "content",
+        "dblclick",
+        "dispatch_event",
+        "drag_and_drop",
+        "emulate_media",
+        "eval_on_selector",
+        "eval_on_selector_all",
+        "evaluate",
+        "fill",
+        "focus",
+        "get_attribute",
+        "go_back",
+        "go_forward",
+        "hover",
+        "inner_html",
+        "inner_text",
+        "input_value",
+        "is_checked",
+        "is_disabled",
+        "is_editable",
+        "is_enabled",
+        "is_hidden",
+        "is_visible",
+        "pdf",
+        "press",
+        "reload",
+        "screenshot",
+        "select_option",
+        "set_checked",
+        "set_default_navigation_timeout",
+        "set_default_timeout",
+        "set_extra_http_headers",
+        "set_viewport_size",
+        "tap",
+        "text_content",
+        "title",
+        "type",
+        "uncheck",
+        "wait_for_event",
+        "wait_for_function",
+        "wait_for_load_state",
+        "wait_for_selector",
+        "wait_for_timeout",
+        "wait_for_url",
+    ]
+)
+
+
+def _page_method_refused(method: Any, kwargs: Any) -> str:
+    """Why a page method may not travel; ``""`` if it may."""
+    if not isinstance(method, str):
+        return "give the page's method by name"
+    if method not in PAGE_METHODS:
+        return f"{method!r} is not among the page methods a queued request may name"
+    if "path" in kwargs:
+        return "a path on the worker's disk may not travel (take the result instead)"
+    return ""
 
 
 def _page_method_state(value: Any) -> list[Any]:
-    if not isinstance(value.method, str):
+    refused = _page_method_refused(value.method, value.kwargs)
+    if refused:
         raise EncodeError(
-            f"a PageMethod of {value.method!r}: give the page's method by name, or use"
-            " SCHEDULER_SERIALIZER = 'signed_pickle'"
+            f"a PageMethod of {value.method!r}: {refused}, or use"
+            " SCHEDULER_SERIALIZER = 'signed_pickle' (docs/requests.md)"
         )
     return [value.method, list(value.args), dict(value.kwargs)]
 
@@ -399,7 +467,11 @@ def _page_method(state: Any, _: Classes) -> Any:
             "unknown_class", "a PageMethod, and scrapy_playwright is not imported here"
         )
     method, args, kwargs = _list(state, 3)
-    return getattr(module, PAGE_METHOD[1])(_str(method), *_list(args), **_str_dict(kwargs))
+    method, args, kwargs = _str(method), _list(args), _str_dict(kwargs)
+    refused = _page_method_refused(method, kwargs)
+    if refused:
+        raise DecodeError("forbidden_class", f"a PageMethod: {refused}")
+    return getattr(module, PAGE_METHOD[1])(method, *args, **kwargs)
 
 
 def _json_only(value: Any) -> Any:

@@ -3,7 +3,9 @@
 (``pip install "celery-crawl[browser]"``, ``apt-get install chromium``; docs/browsers.md).
 
 Not among the demo app's ``SPIDER_MODULES``, so that the demo runs without the extra:
-a project that wants it adds ``"celery_crawl.demo.browser_spiders"``.
+a project that wants it adds ``"celery_crawl.demo.browser_spiders"``. It is this
+module's only spider, so that ``scrapy runspider`` of it runs ``forum_js``; the mixed
+site's spider is in :mod:`celery_crawl.demo.mixed_spiders`.
 
 A seed is ``{"forum_id": "00001"}``: its list pages, then each post, each one
 rendered (``meta={"playwright": True}``). An item is a post as the browser shows it.
@@ -11,7 +13,6 @@ rendered (``meta={"playwright": True}``). An item is a post as the browser shows
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -73,30 +74,3 @@ class ForumJsSpider(Spider):
             "title": response.css("h1.title::text").get(),
             "author": response.css("span.author::text").get(),
         }
-
-
-class ForumMixedSpider(ForumJsSpider):
-    """A mixed site: the forum API's list pages, and posts of which half are served
-    whole (``/html/post/<id>``) and half built by a script (``/js/post/<id>``). Nothing
-    asks for the browser: ``RenderWhenNeeded`` renders the posts whose plain response has
-    no ``h1.title`` (docs/browsers.md)."""
-
-    name = "forum_mixed"
-    custom_settings = {  # noqa: RUF012 (Scrapy reads it as a class attribute)
-        **ForumJsSpider.custom_settings,
-        "DOWNLOADER_MIDDLEWARES": {"celery_crawl.browser.middleware.RenderWhenNeeded": 590},
-        "BROWSER_RENDER_IF_MISSING": {"parse_post": "h1.title"},
-    }
-
-    def requests_from_seed(self, seed: Any) -> list[Request]:
-        url = f"{self.base_url}/list/{forum_id_of(seed)}/1"
-        return [Request(url, callback=self.parse_api_list)]
-
-    def parse_api_list(self, response: Response) -> Iterator[Request]:
-        listing = json.loads(response.text)
-        for post in listing["posts"]:
-            kind = "html" if int(post["post_id"]) % 2 == 0 else "js"
-            yield Request(f"{self.base_url}/{kind}/post/{post['post_id']}", self.parse_post)
-        if listing.get("next_page"):
-            following = f"{self.base_url}/list/{listing['forum_id']}/{listing['next_page']}"
-            yield Request(following, callback=self.parse_api_list)

@@ -298,6 +298,10 @@ def test_spiders_hosted_together_share_one_browser_and_its_page_cap(
         assert len(twins) == results[1]["items"], results
         assert all(item["heading"] == item["title"] and item["elements"] >= 3 for item in twins)
         assert len(seen) == 1, seen  # one browser for both spiders, all along
+        # the two spiders rendered at the same time: the cap held for both together
+        times = site.site.last_request_at
+        spans = [[t for p, t in times.items() if p.startswith(f"/js/post/{n}")] for n in (1, 2)]
+        assert max(min(span) for span in spans) < min(max(span) for span in spans), spans
         assert site.max_in_flight == 3, site.site.requests_by_path  # the cap, and used
         assert worker.stop() == 0
         wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")

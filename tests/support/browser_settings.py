@@ -1,9 +1,13 @@
-"""Settings of a worker that hosts the browser spider (celery_crawl/demo/browser_spiders.py) only:
+"""Settings of a worker that hosts the browser spiders (celery_crawl/demo/browser_spiders.py) only:
 no other test's worker starts a Playwright driver."""
 
 from tests.support.worker_settings import *  # noqa: F403
 
-SPIDER_MODULES = ["celery_crawl.demo.browser_spiders", "tests.support.browser_spiders"]
+SPIDER_MODULES = [
+    "celery_crawl.demo.browser_spiders",
+    "celery_crawl.demo.mixed_spiders",
+    "tests.support.browser_spiders",
+]
 CELERY_CRAWL_SPIDERS = ["forum_js", "forum_mixed", "forum_js_twin"]
 CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}

@@ -105,16 +105,26 @@ def test_a_browser_that_is_gone_or_recycled_is_launched_again_and_its_users_forg
     asyncio.run(scenario())
 
 
-def test_other_launch_settings_or_another_provider_get_a_browser_of_their_own() -> None:
+def test_other_launch_settings_or_bounds_or_another_provider_get_a_browser_of_their_own() -> None:
     base = config(PLAYWRIGHT_LAUNCH_OPTIONS={"headless": True})
-    keys = {
-        launch_key(base, RecordingProvider),
-        launch_key(config(PLAYWRIGHT_LAUNCH_OPTIONS={"headless": False}), RecordingProvider),
-        launch_key(
+    bounds = {"BROWSER_MAX_PAGES": 16, "BROWSER_RECYCLE_PAGES": 1000}
+    others = [
+        (config(PLAYWRIGHT_LAUNCH_OPTIONS={"headless": False}), RecordingProvider, bounds),
+        (
             config(PLAYWRIGHT_BROWSER_TYPE="firefox", PLAYWRIGHT_LAUNCH_OPTIONS={"headless": True}),
             RecordingProvider,
+            bounds,
         ),
-        launch_key(base, SharedProvider),
-        launch_key(config(PLAYWRIGHT_CDP_URL="http://127.0.0.1:9222"), RecordingProvider),
-    }
-    assert len(keys) == 5
+        (base, SharedProvider, bounds),
+        (config(PLAYWRIGHT_CDP_URL="http://127.0.0.1:9222"), RecordingProvider, bounds),
+        (base, RecordingProvider, {**bounds, "BROWSER_MAX_PAGES": 2}),
+    ]
+    same = launch_key(base, RecordingProvider, bounds)
+    assert (
+        launch_key(
+            config(PLAYWRIGHT_LAUNCH_OPTIONS={"headless": True}), RecordingProvider, dict(bounds)
+        )
+        == same
+    )
+    keys = {launch_key(*other) for other in others}
+    assert len(keys) == len(others) and same not in keys

@@ -3,6 +3,7 @@ page of ``playwright_include_page`` stays in the process that opened it."""
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -21,7 +22,7 @@ def rendered(**meta: Any) -> Request:
     methods = [
         PageMethod("wait_for_selector", "h1.title", timeout=5000),
         PageMethod("evaluate", "window.scrollBy(0, 100)"),
-        PageMethod("screenshot", path="shot.png", full_page=True),
+        PageMethod("screenshot", full_page=True, type="png"),
     ]
     return Request(
         "http://x/js/post/1", meta={"playwright": True, "playwright_page_methods": methods, **meta}
@@ -38,14 +39,25 @@ def test_page_methods_travel_by_name_with_their_arguments(codec: Any, spider: Sp
     assert [(m.method, m.args, m.kwargs, m.result) for m in methods] == [
         ("wait_for_selector", ("h1.title",), {"timeout": 5000}, None),  # no result carried
         ("evaluate", ("window.scrollBy(0, 100)",), {}, None),
-        ("screenshot", (), {"path": "shot.png", "full_page": True}, None),
+        ("screenshot", (), {"full_page": True, "type": "png"}, None),
     ]
 
 
+REFUSED = [
+    (PageMethod(print), "give the page's method by name"),
+    (PageMethod("set_input_files", "input", "/etc/passwd"), "not among the page methods"),
+    (PageMethod("expose_function", "f", print), "not among the page methods"),
+    (PageMethod("screenshot", path="/tmp/x.png"), "a path on the worker's disk"),
+]
+
+
 @pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
-def test_a_page_method_given_as_a_callable_is_an_encode_error(codec: Any, spider: Spider) -> None:
-    request = Request("http://x/", meta={"playwright_page_methods": [PageMethod(print)]})
-    with pytest.raises(EncodeError, match="give the page's method by name"):
+@pytest.mark.parametrize(("method", "why"), REFUSED, ids=lambda v: str(v)[:30])
+def test_page_methods_that_could_reach_beyond_the_page_are_refused(
+    codec: Any, method: PageMethod, why: str, spider: Spider
+) -> None:
+    request = Request("http://x/", meta={"playwright_page_methods": [method]})
+    with pytest.raises(EncodeError, match=re.escape(why)):
         codec.encode(request, spider)
 
 
@@ -91,3 +103,60 @@ def test_a_page_method_made_by_hand_decodes(spider: Spider) -> None:
 def test_a_malformed_page_method_is_a_decode_error(state: list[Any], spider: Spider) -> None:
     with pytest.raises(DecodeError, match=r"malformed|expected"):
         MsgpackCodec().decode(record_with(state), spider)
+
+
+@pytest.mark.parametrize(
+    "state",
+    [["set_input_files", ["input", "/etc/passwd"], {}], ["screenshot", [], {"path": "/tmp/x"}]],
+)
+def test_a_payload_naming_a_refused_page_method_is_not_rebuilt(
+    state: list[Any], spider: Spider
+) -> None:
+    with pytest.raises(DecodeError, match="a PageMethod: ") as raised:
+        MsgpackCodec().decode(record_with(state), spider)
+    assert raised.value.kind == "forbidden_class"
+
+
+@pytest.mark.parametrize(
+    ("meta", "why"),
+    [
+        ({"playwright_page_init_callback": "os.system"}, "imported by name"),
+        (
+            {
+                "playwright_context_kwargs": {
+                    "user_data_dir": "/tmp/p",
+                    "executable_path": "/bin/sh",
+                }
+            },
+            "['executable_path', 'user_data_dir']",
+        ),
+        ({"playwright_context_kwargs": {"record_har_path": "/tmp/x.har"}}, "['record_har_path']"),
+        (
+            {"playwright_context_kwargs": {"storage_state": "/etc/shadow"}},
+            "storage_state as a path",
+        ),
+        ({"playwright_context_kwargs": ["locale"]}, "not a dict of options"),
+    ],
+)
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_browser_meta_that_reaches_beyond_the_page_is_refused_when_read_back(
+    codec: Any, meta: dict[str, Any], why: str, spider: Spider
+) -> None:
+    data = codec.encode(Request("http://x/", meta={"playwright": True, **meta}), spider)
+    with pytest.raises(DecodeError, match=re.escape(why)) as raised:
+        codec.decode(data, spider)
+    assert raised.value.kind == "refused_meta"
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_context_options_about_the_page_are_read_back(codec: Any, spider: Spider) -> None:
+    options = {
+        "locale": "fr-FR",
+        "viewport": {"width": 800, "height": 600},
+        "storage_state": {"cookies": []},
+    }
+    request = Request("http://x/", meta={"playwright": True, "playwright_context_kwargs": options})
+    assert (
+        codec.decode(codec.encode(request, spider), spider).meta["playwright_context_kwargs"]
+        == options
+    )
