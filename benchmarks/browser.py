@@ -5,7 +5,8 @@ Debian's chromium, through the same spider (``celery_crawl.demo.browser_spiders`
 
 - **celery_crawl**: one ``celery worker --pool solo`` hosting the spider, one job of
   every forum, on a real Redis (``REDIS_URL`` or an embedded Valkey);
-- **plain scrapy-playwright**: one ``scrapy runspider`` process of the same spider.
+- **plain scrapy-playwright**: one ``scrapy runspider`` process of the same spider, with
+  scrapy-playwright's own download handler.
 
 Each run gets a fresh site. Rendered pages per second from the site's first request
 to its last; the memory of each system's processes (the crawler process, its
@@ -19,6 +20,7 @@ memory over the run is drawn to ``--plot`` (matplotlib, the ``bench`` extra).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -32,6 +34,7 @@ from typing import Any
 
 from benchmarks.common import redis_url, table
 from benchmarks.e2e import LOGS, Processes, wait_for
+from celery_crawl.demo.browser_spiders import PLAIN_HANDLERS
 from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -157,6 +160,7 @@ def run_plain(config: SiteConfig) -> Run:
         command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER)]
         command += ["-a", f"forums={','.join(config.forum_ids())}"]
         command += ["-s", f"FORUM_BASE_URL={site.url}", "-s", "LOG_LEVEL=INFO"]
+        command += ["-s", f"DOWNLOAD_HANDLERS={json.dumps(PLAIN_HANDLERS)}"]  # its own handler
         procs.start(command, env, "browser-plain")
         expected = config.expected()
         run = measure(site, expected.list_pages + expected.posts + expected.not_found, mark, procs)

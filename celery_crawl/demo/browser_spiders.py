@@ -23,6 +23,10 @@ from scrapy.http import Response
 from celery_crawl.demo.spiders import forum_id_of, set_forum_feed
 
 HANDLER = "celery_crawl.browser.handler.BrowserDownloadHandler"
+# scrapy-playwright's own handler: a one-process reference crawl of plain scrapy-playwright,
+# ``scrapy runspider browser_spiders.py -s DOWNLOAD_HANDLERS='<this, as JSON>'``
+PLAIN_HANDLER = "scrapy_playwright.handler.ScrapyPlaywrightDownloadHandler"
+PLAIN_HANDLERS = {"http": PLAIN_HANDLER, "https": PLAIN_HANDLER}
 # Debian's package: no browser download
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 

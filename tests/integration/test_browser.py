@@ -27,6 +27,7 @@ import pytest
 from celery import Celery
 
 from celery_crawl import crawl, create_app
+from celery_crawl.demo.browser_spiders import PLAIN_HANDLERS
 from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
@@ -74,10 +75,12 @@ def items_of(folder: Path, pattern: str) -> list[dict[str, Any]]:
 
 
 def reference_crawl(site_url: str, folder: Path) -> list[dict[str, Any]]:
-    """Plain scrapy-playwright in one process: ``scrapy runspider``, its items to a file."""
+    """Plain scrapy-playwright in one process: ``scrapy runspider`` with scrapy-playwright's
+    own download handler, its items to a file."""
     out = folder / "reference.jsonl"
     command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER)]
     command += ["-a", f"forums={','.join(FORUMS)}", "-s", f"FORUM_BASE_URL={site_url}"]
+    command += ["-s", f"DOWNLOAD_HANDLERS={json.dumps(PLAIN_HANDLERS)}"]
     command += ["-s", "LOG_LEVEL=INFO", "-O", f"{out}:jsonlines"]
     done = subprocess.run(
         command, cwd=folder, capture_output=True, text=True, timeout=300, check=False
