@@ -41,11 +41,16 @@ class RenderWhenNeeded:
     rendered; ``rules`` maps callback names to the CSS selector each needs."""
 
     def __init__(
-        self, rules: Mapping[str, str], stats: StatsCollector, signals: SignalManager | None = None
+        self,
+        rules: Mapping[str, str],
+        stats: StatsCollector,
+        signals: SignalManager | None = None,
+        crawler: Crawler | None = None,
     ) -> None:
         self.rules = dict(rules)
         self.stats = stats
         self.signals = signals  # the job's stats, through job_stat; None: the crawl's only
+        self.crawler = crawler  # its spider's needs_browser, if it has one
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RenderWhenNeeded:
@@ -60,14 +65,14 @@ class RenderWhenNeeded:
         if not rules and not callable(getattr(spidercls, "needs_browser", None)):
             raise NotConfigured("no BROWSER_RENDER_IF_MISSING and no needs_browser()")
         assert crawler.stats is not None
-        return cls(rules, crawler.stats, crawler.signals)
+        return cls(rules, crawler.stats, crawler.signals, crawler)
 
-    def process_response(self, request: Request, response: Response, spider: Spider) -> Any:
+    def process_response(self, request: Request, response: Response) -> Any:
         if request.meta.get("playwright") or response.status != 200:
             return response
         if not isinstance(response, TextResponse):
             return response
-        needs = self._rule(request, spider)
+        needs = self._rule(request, getattr(self.crawler, "spider", None))
         if needs is None or not needs(response):
             if needs is not None:
                 self._count(request, "browser/plain_enough")
@@ -80,7 +85,9 @@ class RenderWhenNeeded:
         if self.signals is not None:
             self.signals.send_catch_log(job_stat, request=request, field=field)
 
-    def _rule(self, request: Request, spider: Spider) -> Callable[[TextResponse], bool] | None:
+    def _rule(
+        self, request: Request, spider: Spider | None
+    ) -> Callable[[TextResponse], bool] | None:
         """How to tell that ``request``'s response lacks what its callback needs; None: no rule."""
         method = getattr(spider, "needs_browser", None)
         if callable(method):
