@@ -4,11 +4,13 @@ scrapy-playwright starts a Playwright driver and a browser per download handler,
 a handler is per crawler: a worker process hosting three spiders that render would
 run three browsers. :class:`SharedBrowser` is the process's one driver and browser
 for every :class:`~celery_crawl.browser.handler.BrowserDownloadHandler` with the same
-launch settings (browser type, launch options, remote endpoint, provider); each
-handler keeps its own contexts, which are cheap. It also holds what must be counted
-for the whole browser, not per spider: the renders under way (``BROWSER_MAX_PAGES``),
-those since it started (``BROWSER_RECYCLE_PAGES``), and the gate that makes new
-renders wait while it is recycled.
+launch settings (browser type, launch options, remote endpoint, provider) and the
+same bounds (``BROWSER_MAX_PAGES``, ``BROWSER_RECYCLE_PAGES``,
+``BROWSER_RECYCLE_MEMORY_MB``); each handler keeps its own contexts, which are cheap.
+It also holds what must be counted for the whole browser, not per spider: the
+renders under way (``BROWSER_MAX_PAGES``), those since it started
+(``BROWSER_RECYCLE_PAGES``), and the gate that makes new renders wait while it is
+recycled.
 
 It starts with the first handler's crawler and closes with the last one's: the
 browser itself only once a first page is rendered. It is scrapy-playwright's
@@ -37,7 +39,7 @@ CLOSE_TIMEOUT = 30.0  # seconds a browser may take to close
 
 
 class SharedBrowser:
-    """The process's Playwright driver and browser for one set of launch settings."""
+    """The process's Playwright driver and browser for one set of launch settings and bounds."""
 
     def __init__(self, key: str, provider: Any) -> None:
         self.key = key
