@@ -32,7 +32,6 @@ if TYPE_CHECKING:
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
     from scrapy.http import Response
-    from scrapy.signalmanager import SignalManager
     from scrapy.statscollectors import StatsCollector
 
 
@@ -44,13 +43,12 @@ class RenderWhenNeeded:
         self,
         rules: Mapping[str, str],
         stats: StatsCollector,
-        signals: SignalManager | None = None,
         crawler: Crawler | None = None,
     ) -> None:
         self.rules = dict(rules)
         self.stats = stats
-        self.signals = signals  # the job's stats, through job_stat; None: the crawl's only
-        self.crawler = crawler  # its spider's needs_browser, if it has one
+        # its spider's needs_browser, and the job's stats through job_stat; None: neither
+        self.crawler = crawler
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> RenderWhenNeeded:
@@ -65,7 +63,7 @@ class RenderWhenNeeded:
         if not rules and not callable(getattr(spidercls, "needs_browser", None)):
             raise NotConfigured("no BROWSER_RENDER_IF_MISSING and no needs_browser()")
         assert crawler.stats is not None
-        return cls(rules, crawler.stats, crawler.signals, crawler)
+        return cls(rules, crawler.stats, crawler)
 
     def process_response(self, request: Request, response: Response) -> Any:
         if request.meta.get("playwright") or response.status != 200:
@@ -82,8 +80,8 @@ class RenderWhenNeeded:
 
     def _count(self, request: Request, field: str) -> None:
         self.stats.inc_value(field)
-        if self.signals is not None:
-            self.signals.send_catch_log(job_stat, request=request, field=field)
+        if self.crawler is not None:
+            self.crawler.signals.send_catch_log(job_stat, request=request, field=field)
 
     def _rule(
         self, request: Request, spider: Spider | None

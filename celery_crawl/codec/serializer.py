@@ -112,10 +112,11 @@ def check_browser_meta(meta: dict[str, Any]) -> None:
     options = meta.get("playwright_context_kwargs")
     if options is None:
         return
+    unknown = sorted(set(options) - BROWSER_CONTEXT_OPTIONS) if isinstance(options, dict) else []
     if not isinstance(options, dict):
         refused = "not a dict of options"
-    elif set(options) - BROWSER_CONTEXT_OPTIONS:
-        refused = f"{sorted(set(options) - BROWSER_CONTEXT_OPTIONS)} may not come from the queue"
+    elif unknown:
+        refused = f"{unknown} may not come from the queue"
     elif isinstance(options.get("storage_state"), str):
         refused = "storage_state as a path may not come from the queue"
     else:
@@ -155,10 +156,7 @@ class RequestPolicy:
             raise DecodeError(
                 "refused_method", f"method {request.method!r} is not allowed (allowed: {allowed})"
             )
-        if "playwright_page_init_callback" in request.meta or (
-            "playwright_context_kwargs" in request.meta
-        ):
-            check_browser_meta(request.meta)
+        check_browser_meta(request.meta)
         return request
 
 

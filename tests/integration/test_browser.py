@@ -31,7 +31,7 @@ from celery_crawl.demo.browser_spiders import PLAIN_HANDLERS
 from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
-from tests.support.workers import Worker
+from tests.support.workers import Worker, killed_at_end
 
 BROWSER_APP = "tests.support.browser_app"
 SPIDER = ROOT / "celery_crawl" / "demo" / "browser_spiders.py"
@@ -193,8 +193,7 @@ def test_two_scrapy_crawl_processes_on_the_shared_queue_render_every_page_once(
     command = [sys.executable, "-m", "scrapy", "runspider", str(SPIDER)]
     command += ["-a", f"forums={','.join(FORUMS)}"]
     command += [part for name, value in shared.items() for part in ("-s", f"{name}={value}")]
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
+    with killed_at_end() as procs:
         for n in range(2):
             with (tmp_path / f"shared{n}.log").open("wb") as log:
                 out = ["-O", f"{tmp_path / f'shared{n}.jsonl'}:jsonlines"]
@@ -202,11 +201,6 @@ def test_two_scrapy_crawl_processes_on_the_shared_queue_render_every_page_once(
                     subprocess.Popen([*command, *out], cwd=tmp_path, stdout=log, stderr=log)
                 )
         codes = [proc.wait(timeout=300) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
     logs = [(tmp_path / f"shared{n}.log").read_text()[-3000:] for n in range(2)]
     assert codes == [0, 0], logs
     parts = [items_of(tmp_path, f"shared{n}.jsonl") for n in range(2)]

@@ -22,7 +22,7 @@ from celery_crawl.core.keys import SpiderKeys
 from tests.support import ROOT, one_crawl
 from tests.support.feeds import read_items
 from tests.support.static_site import StaticSite, serve
-from tests.support.workers import Process
+from tests.support.workers import Process, killed_at_end
 
 
 @contextmanager
@@ -30,17 +30,11 @@ def processes(
     count: int, spider: str, url: str, redis_url: str, prefix: str, tmp_path: Path, **overrides: Any
 ) -> Iterator[list[Process]]:
     """``count`` processes of ``spider``; each killed at the end if still running."""
-    procs: list[Process] = []
-    try:
+    with killed_at_end() as procs:
         for n in range(count):
             args = [redis_url, prefix, spider, str(tmp_path / f"items{n}.jsonl"), url]
             procs.append(one_crawl.start(args, tmp_path / f"crawl{n}.log", overrides))
         yield procs
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
 
 
 def crawl_together(

@@ -19,7 +19,7 @@ from celery_crawl.core.keys import SpiderKeys
 from tests.support import kinds_crawl
 from tests.support.feeds import read_items
 from tests.support.static_site import StaticSite, serve
-from tests.support.workers import Process, Worker
+from tests.support.workers import Worker, killed_at_end
 
 ENTRY = {
     "kind_crawl": "/",
@@ -37,18 +37,12 @@ def crawl_in_two_processes(
     feeds = [tmp_path / "consumer.jsonl", tmp_path / "seeder.jsonl"]
     logs = [tmp_path / "consumer.log", tmp_path / "seeder.log"]
     common = [redis_url, prefix, spider]
-    procs: list[Process] = []
-    try:
+    with killed_at_end() as procs:
         procs.append(kinds_crawl.start([*common, str(feeds[0])], logs[0]))
         kinds_crawl.wait_until_open(procs[0], logs[0])
         seeder = [*common, str(feeds[1]), site.url + ENTRY[spider]]
         procs.append(kinds_crawl.start(seeder, logs[1]))
         codes = [proc.wait(timeout=180) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
     assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
     return feeds
 

@@ -150,6 +150,20 @@ def worker_env(redis_url: str, prefix: str, site_url: str, feed_dir: Path) -> di
 
 
 @contextlib.contextmanager
+def killed_at_end() -> Iterator[list[Any]]:
+    """A list for the processes a test starts; each still running at the end (the test
+    failed midway, or timed out) is killed."""
+    procs: list[Any] = []
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+
+
+@contextlib.contextmanager
 def started_workers(env: dict[str, str], folder: Path) -> Iterator[Callable[..., Worker]]:
     """``start(name, pool, concurrency, queues, app, extra_env)`` starts a ready worker, with
     ``extra_env`` over ``env``; all stop on exit."""
