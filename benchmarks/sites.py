@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import redis
 
 from benchmarks.common import redis_url, table
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.politeness.sites import Limits, SitePolicy
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 
 PAYLOAD = b"x" * 120  # about an encoded forum request

@@ -1,9 +1,9 @@
 """Settings path ``celery_crawl.logcontext.*``, the log context components.
 
-The code lives in :mod:`celery_crawl.hosting.logcontext`.
+The code lives in :mod:`celery_crawl.jobs.logcontext`.
 """
 
-from celery_crawl.hosting.logcontext import (
+from celery_crawl.jobs.logcontext import (
     CrawlFormatter,
     LogContextDownloaderMiddleware,
     LogContextExtension,

@@ -37,9 +37,9 @@ from celery_crawl.core import connection
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import RedisUnavailable
 from celery_crawl.core.keys import stopping_worker
-from celery_crawl.hosting import logcontext
 from celery_crawl.hosting.host import CrawlerHost
 from celery_crawl.hosting.project import Project, project_of
+from celery_crawl.jobs import logcontext
 
 logger = logging.getLogger(__name__)
 # the waits between tries to reach Redis before the crawlers open: doubling from the first

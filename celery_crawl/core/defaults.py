@@ -270,8 +270,9 @@ _ENTRIES = (
         "SCHEDULER_START_REQUESTS",
         "once",
         "`once`: the processes open together make one crawl, and only one of them runs the"
-        " spider's start requests while the others wait until they are queued (a RedisSpider"
-        " reads its start key in every process); `every`: each process runs them, as before."
+        " spider's start requests while the others wait until they are queued (a spider class"
+        " that sets `start_in_every_process`, as RedisSpider does to read its start key, runs"
+        " them in every process); `every`: each process runs them, as before."
         " Hosted crawlers set `every` (their start requests run as jobs)",
         SCHEDULER,
     ),

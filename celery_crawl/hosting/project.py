@@ -25,6 +25,7 @@ from scrapy.utils.misc import build_from_crawler, load_object
 from celery_crawl.codec.serializer import codec_from_settings
 from celery_crawl.core import connection
 from celery_crawl.core.defaults import SETTINGS, setting
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import BadSeed, ConfigError, EncodeError, UnknownSpider, cut, quote
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import RFPDupeFilter
@@ -33,7 +34,6 @@ from celery_crawl.jobs.limits import from_settings as limits_from_settings
 from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META
 from celery_crawl.politeness.sites import SitePolicy
 from celery_crawl.producer.schedule import Schedule
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.components import Components
 
@@ -56,7 +56,7 @@ HOSTED_SETTINGS: dict[str, Any] = {
 HOSTED_MIDDLEWARES: dict[str, dict[str, int | None]] = {
     "SPIDER_MIDDLEWARES_BASE": {
         "celery_crawl.middleware.JobSpiderMiddleware": 1,
-        # log lines name their spider and job (celery_crawl.hosting.logcontext)
+        # log lines name their spider and job (celery_crawl.jobs.logcontext)
         "celery_crawl.logcontext.LogContextSpiderMiddleware": 0,
         "celery_crawl.middleware.HostedStartMiddleware": 2,
         # DEPTH_LIMIT is the default of each job's own depth limit

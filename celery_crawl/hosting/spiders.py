@@ -106,6 +106,9 @@ class RedisMixin:
     crawler: Crawler
     logger: Any  # Spider's
 
+    # the scheduler's SCHEDULER_START_REQUESTS = "once" leaves this spider's start() to run
+    # in every process: it pops the start key for as long as it runs (Scheduler.starts_once)
+    start_in_every_process: ClassVar[bool] = True
     redis_key: str | None = None
     redis_batch_size: int | None = None
     redis_encoding: str | None = None

@@ -32,9 +32,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from celery_crawl.core.entries import MAX_JOB_ID
 from celery_crawl.core.errors import BadInput, quote
 from celery_crawl.jobs.limits import check_limits
-from celery_crawl.queue.entries import MAX_JOB_ID
 
 JOB_ID = re.compile(f"[A-Za-z0-9][A-Za-z0-9_.-]{{0,{MAX_JOB_ID - 1}}}")
 MAX_SPIDER_NAME = 200

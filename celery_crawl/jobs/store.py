@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from celery_crawl.core import scripts
+from celery_crawl.core.entries import ENTRY_ARGV
 from celery_crawl.core.errors import UnknownJob
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import REFUSAL, Repairer, retried
 from celery_crawl.core.scripts import DUPEFILTER_PARAMETERS, Argv
 from celery_crawl.jobs import limits
-from celery_crawl.queue.entries import ENTRY_ARGV
 
 if TYPE_CHECKING:
+    from celery_crawl.core.entries import Entry
     from celery_crawl.dupefilter.filters import DedupScript
-    from celery_crawl.queue.entries import Entry
 
 RUNNING = "running"
 # incomplete: pages were fetched, but requests of the job could not be queued (dropped)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from celery_crawl.core.exports import lazy
 
 if TYPE_CHECKING:
-    from celery_crawl.queue.entries import Entry
+    from celery_crawl.core.entries import Entry
     from celery_crawl.queue.queues import (
         Base,
         FifoQueue,
@@ -22,11 +22,11 @@ __all__ = ["Base", "Entry", "FifoQueue", "LifoPriorityQueue", "LifoQueue", "Prio
 __getattr__ = lazy(
     __name__,
     {
-        "Entry": "celery_crawl.queue.entries",
+        "Entry": "celery_crawl.core.entries",
         **dict.fromkeys(
             ("Base", "FifoQueue", "LifoPriorityQueue", "LifoQueue", "PriorityQueue"),
             "celery_crawl.queue.queues",
         ),
     },
-    fallbacks=["celery_crawl.queue.queues", "celery_crawl.queue.entries"],
+    fallbacks=["celery_crawl.queue.queues", "celery_crawl.core.entries"],
 )

@@ -46,13 +46,13 @@ from redis.exceptions import NoScriptError
 
 from celery_crawl.core import connection, scripts
 from celery_crawl.core.defaults import SETTINGS
+from celery_crawl.core.entries import ENTRY_ARGV, Entry, Lease
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import WRITTEN_KEPT_MS, SpiderKeys
 from celery_crawl.core.scripts import DUPEFILTER_PARAMETERS, Argv
 from celery_crawl.dupefilter.filters import EXACT_DEDUP, DedupScript
 from celery_crawl.jobs.store import JobStore
 from celery_crawl.politeness.sites import SITE_LEASE_ARGV, SitePolicy
-from celery_crawl.queue.entries import ENTRY_ARGV, Entry, Lease
 
 logger = logging.getLogger(__name__)
 

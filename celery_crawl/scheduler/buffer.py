@@ -35,8 +35,8 @@ from typing import Any, NamedTuple, Protocol
 from scrapy import Request
 
 from celery_crawl.core import connection
+from celery_crawl.core.entries import Entry
 from celery_crawl.jobs.stats import JobStats
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.routing import Router
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from scrapy import Request
     from scrapy.statscollectors import StatsCollector
 
-    from celery_crawl.queue.entries import Lease
+    from celery_crawl.core.entries import Lease
     from celery_crawl.queue.queues import Base
     from celery_crawl.scheduler.buffer import WriteBehind
 

@@ -45,7 +45,7 @@ from scrapy.utils.defer import deferred_from_coro, ensure_awaitable, maybe_defer
 
 from celery_crawl.core import connection
 from celery_crawl.core.notices import notices_of
-from celery_crawl.hosting import logcontext
+from celery_crawl.jobs import logcontext
 from celery_crawl.jobs.handle import Job
 from celery_crawl.jobs.signals import job_finished, job_opened
 from celery_crawl.jobs.stats import JobStats

@@ -19,8 +19,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from celery_crawl.core.entries import Lease
 from celery_crawl.jobs.signals import job_of
-from celery_crawl.queue.entries import Lease
 
 
 class Prefetch:

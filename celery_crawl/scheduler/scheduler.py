@@ -54,17 +54,16 @@ from twisted.python.failure import Failure
 from celery_crawl.codec.serializer import Codec, codec_from_settings
 from celery_crawl.cookies.middleware import check_installed
 from celery_crawl.core import compat, connection
+from celery_crawl.core.entries import Entry, Lease
 from celery_crawl.core.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.core.heartbeat import Heartbeat
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
 from celery_crawl.dupefilter.filters import RFPDupeFilter
-from celery_crawl.hosting.spiders import RedisMixin
 from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, acks_due, job_end_asked, job_of
 from celery_crawl.jobs.store import end_lost_jobs
 from celery_crawl.politeness import middleware as politeness
 from celery_crawl.politeness.sites import SiteState
-from celery_crawl.queue.entries import Entry, Lease
 from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.buffer import Pending, WriteBehind, reactor_call_later
 from celery_crawl.scheduler.components import Components
@@ -200,10 +199,12 @@ class Scheduler(BaseScheduler):
     def starts_once(self) -> bool:
         """Whether one process of the crawl runs the start requests (``SCHEDULER_START_REQUESTS``).
 
-        Not a :class:`~celery_crawl.spiders.RedisSpider`: its ``start()`` pops the
-        start key, in every process, for as long as it runs.
+        Not for a spider whose class sets ``start_in_every_process``, as
+        :class:`~celery_crawl.spiders.RedisSpider` does: its ``start()`` pops the start key,
+        in every process, for as long as it runs.
         """
-        return self.config.start_requests == "once" and not isinstance(self.spider, RedisMixin)
+        every = getattr(self.spider, "start_in_every_process", False)
+        return self.config.start_requests == "once" and not every
 
     def _share_start(self) -> None:
         """Run the spider's start output here only if this process claims it; else wait on it."""

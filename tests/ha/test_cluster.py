@@ -12,12 +12,12 @@ from redis.cluster import RedisCluster
 
 from celery_crawl import crawl, create_app
 from celery_crawl.core import connection
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import RFPDupeFilter
 from celery_crawl.jobs.handle import Job
 from celery_crawl.producer.producer import Producer
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.tools.exporter import read
 from tests.support.failover import assert_nothing_lost, ha_app

@@ -14,10 +14,10 @@ import redis
 from celery_crawl import crawl
 from celery_crawl.app.factory import transport_conf
 from celery_crawl.core import connection, scripts
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.jobs.handle import Job
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from tests.support.failover import assert_nothing_lost, ha_app
 from tests.support.forum import FORUM

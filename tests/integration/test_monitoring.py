@@ -19,11 +19,11 @@ import yaml
 from celery import Celery
 
 from celery_crawl import crawl
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys, workers_key
 from celery_crawl.hosting.project import project_of
 from celery_crawl.hosting.registry import Registry
 from celery_crawl.producer.schedule import Schedule, Source
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.tools.exporter import CrawlCollector, serve
 from tests.support import ROOT

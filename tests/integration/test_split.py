@@ -13,10 +13,10 @@ from celery import Celery
 from scrapy.settings import Settings
 
 from celery_crawl import crawl
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys, group_members
 from celery_crawl.hosting.project import project_of
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.scheduler.components import Components
 from celery_crawl.scheduler.routing import Router

@@ -64,15 +64,15 @@ PATHS = {
         "celery_crawl.hosting.middleware.HostedStartMiddleware"
     ),
     "celery_crawl.logcontext.LogContextExtension": (
-        "celery_crawl.hosting.logcontext.LogContextExtension"
+        "celery_crawl.jobs.logcontext.LogContextExtension"
     ),
     "celery_crawl.logcontext.LogContextSpiderMiddleware": (
-        "celery_crawl.hosting.logcontext.LogContextSpiderMiddleware"
+        "celery_crawl.jobs.logcontext.LogContextSpiderMiddleware"
     ),
     "celery_crawl.logcontext.LogContextDownloaderMiddleware": (
-        "celery_crawl.hosting.logcontext.LogContextDownloaderMiddleware"
+        "celery_crawl.jobs.logcontext.LogContextDownloaderMiddleware"
     ),
-    "celery_crawl.logcontext.CrawlFormatter": "celery_crawl.hosting.logcontext.CrawlFormatter",
+    "celery_crawl.logcontext.CrawlFormatter": "celery_crawl.jobs.logcontext.CrawlFormatter",
     "celery_crawl.feeds.JobFeedExporter": "celery_crawl.hosting.feeds.JobFeedExporter",
     "celery_crawl.fingerprint.VersionedRequestFingerprinter": (
         "celery_crawl.codec.fingerprint.VersionedRequestFingerprinter"
@@ -167,7 +167,7 @@ OLD_ATTRIBUTES = {
     "celery_crawl.jobs.LIMITS": "celery_crawl.jobs.limits.LIMITS",
     "celery_crawl.producer.Producer": "celery_crawl.producer.producer.Producer",
     "celery_crawl.hosting.CrawlerHost": "celery_crawl.hosting.host.CrawlerHost",
-    "celery_crawl.queue.Lease": "celery_crawl.queue.entries.Lease",
+    "celery_crawl.queue.Lease": "celery_crawl.core.entries.Lease",
     "celery_crawl.errors.BadInput": "celery_crawl.core.errors.BadInput",
     "celery_crawl.sites.SitePolicy": "celery_crawl.politeness.sites.SitePolicy",
     "celery_crawl.project.project_of": "celery_crawl.hosting.project.project_of",

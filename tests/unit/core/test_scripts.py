@@ -273,7 +273,7 @@ def test_groups_and_a_tail_take_their_columns_by_name() -> None:
 
 
 def test_an_entry_builds_its_arguments_in_the_declared_order() -> None:
-    from celery_crawl.queue.entries import ENTRY_ARGV, Entry
+    from celery_crawl.core.entries import ENTRY_ARGV, Entry
 
     entry = Entry(b"payload", 7, b"fp", "job-1", "example.com")
     expected = {

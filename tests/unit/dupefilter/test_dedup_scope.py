@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import redis
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import (
@@ -14,7 +15,6 @@ from celery_crawl.dupefilter.filters import (
     RFPDupeFilter,
 )
 from celery_crawl.jobs.handle import Job
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base, PriorityQueue
 
 FP = b"f" * 16

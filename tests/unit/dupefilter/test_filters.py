@@ -12,6 +12,7 @@ import pytest
 import redis
 from scrapy import Request
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import (
@@ -23,7 +24,6 @@ from celery_crawl.dupefilter.filters import (
     RFPDupeFilter,
 )
 from celery_crawl.hosting.project import Project, load_settings
-from celery_crawl.queue.entries import Entry
 from celery_crawl.scheduler.scheduler import Scheduler
 from celery_crawl.tools import exporter
 from tests.support.round_trips import RoundTrips

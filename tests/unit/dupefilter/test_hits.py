@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import redis
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import HitExpiringDupeFilter, HitsParams
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base, PriorityQueue
 
 LISTING = b"listing"  # each crawl's seed: not filtered, as Scrapy's start requests

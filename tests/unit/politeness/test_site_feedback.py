@@ -14,10 +14,10 @@ import redis
 from scrapy import Request
 from scrapy.http import Response
 
+from celery_crawl.core.entries import Entry, Lease
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.politeness.middleware import SiteLimitsMiddleware
 from celery_crawl.politeness.sites import Backoff, Limits, Overload, SitePolicy, SiteState
-from celery_crawl.queue.entries import Entry, Lease
 from celery_crawl.queue.queues import PriorityQueue
 
 pytestmark = pytest.mark.alone  # response windows and slowdowns timed by the server's clock

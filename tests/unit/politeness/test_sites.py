@@ -9,6 +9,7 @@ import redis
 from scrapy import Request
 from scrapy.settings import Settings
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.jobs.handle import Job
@@ -21,7 +22,6 @@ from celery_crawl.politeness.sites import (
     read_sites,
     retry_after,
 )
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base, LifoQueue, PriorityQueue
 
 

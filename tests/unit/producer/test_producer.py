@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import redis
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer.producer import Producer
 from celery_crawl.producer.schedule import Schedule, Source
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 
 FORUMS = [f"{i:05d}" for i in range(1, 8)]

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import redis
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import BadInput
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer.schedule import Reserved, Schedule, Source, splay_seconds
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from tests.support.round_trips import RoundTrips
 

@@ -11,9 +11,9 @@ from typing import Any
 import redis
 from scrapy import Request
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.jobs.store import end_lost_jobs
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import PriorityQueue
 from tests.support.schedulers import drain, open_scheduler
 

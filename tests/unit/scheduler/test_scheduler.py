@@ -11,10 +11,10 @@ import pytest
 import redis
 from scrapy import Request
 
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError, RedisUnavailable
 from celery_crawl.jobs.handle import Job
 from celery_crawl.jobs.signals import JOB_META
-from celery_crawl.queue.entries import Entry
 from celery_crawl.queue.queues import FifoQueue, LifoQueue, PriorityQueue
 from celery_crawl.scheduler.routing import to_spider
 from celery_crawl.scheduler.scheduler import Scheduler

@@ -8,8 +8,8 @@ import logging
 from scrapy import Request, Spider
 from scrapy.http import Response
 
-from celery_crawl.hosting import logcontext
-from celery_crawl.hosting.logcontext import CrawlFormatter, crawl_tag
+from celery_crawl.jobs import logcontext
+from celery_crawl.jobs.logcontext import CrawlFormatter, crawl_tag
 from celery_crawl.jobs.signals import JOB_META
 
 

@@ -1,6 +1,9 @@
 """A queue entry as Python builds it (:class:`Entry`) and as a lease returns it (:class:`Lease`).
 
-The byte layout of an entry and of a lease member is described in
+The one wire format of a queued request, shared by the queue (which pushes and
+leases it), the job store (whose ``job_start.lua`` pushes a job's seeds) and the
+scheduler: it lives in the foundation layer so that none of them imports another
+for it. The byte layout of an entry and of a lease member is described in
 :mod:`celery_crawl.queue.queues`; ``queue/lua/include/entries.lua`` reads it in Lua.
 """
 
