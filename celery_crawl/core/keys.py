@@ -56,6 +56,9 @@ SITE_LEASES = ":leases"
 SITE_WAITING = ":waiting"
 SITE_KNOWN = "~known"
 SITE_LIMITS = "~limits"
+# a stats hash H's per-minute counts: H:rate:<minute>, the minute of the server's clock,
+# which only the script knows (``stats/lua/stats_update.lua``, :func:`lua_stats_keys`)
+STATS_RATE = ":rate:"
 
 # the parts of a dedup filter's key names: each key is D:<name> under the spider's
 # dupefilter key D; the names below and the Lua that builds them (:func:`lua_dedup_keys`)
@@ -202,6 +205,17 @@ def lua_queue_keys() -> str:
     }
     return "\n".join(
         f"local function {head}\n    return {body}\nend" for head, body in functions.items()
+    )
+
+
+def lua_stats_keys() -> str:
+    """The Lua name of a stats hash's per-minute counts (``stats/lua/stats_update.lua``)."""
+    return "\n".join(
+        [
+            "local function stats_rate_key(stats, minute)",
+            f"    return stats .. {lua_value(STATS_RATE)} .. minute",
+            "end",
+        ]
     )
 
 
@@ -453,7 +467,7 @@ class SpiderKeys:
 
     def stats_rate(self, minute: int) -> str:
         """Per-minute counts of pages and items (written by ``stats/lua/stats_update.lua``)."""
-        return f"{self.stats}:rate:{minute}"
+        return f"{self.stats}{STATS_RATE}{minute}"
 
     @property
     def job_states(self) -> str:

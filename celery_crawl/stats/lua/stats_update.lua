@@ -15,7 +15,7 @@
 -- ARGV[2]  milliseconds the writer's record is kept
 -- ARGV[3..] groups of four: op, field, value, type tag
 --          op is 'incr' (add), 'set', 'max', 'min', 'setnx' (set if absent),
---          'rate' (add to this minute's hash KEYS[1] .. ':rate:' .. minute, which
+--          'rate' (add to this minute's hash, stats_rate_key(KEYS[1], minute), which
 --          expires after RATE_TTL; rates over the last minute come from it) or
 --          'clear' (delete both hashes; field, value and tag are ignored)
 -- Returns  the number of operations applied (0 for a call applied before)
@@ -25,10 +25,11 @@
 
 --!include counters
 --!include keytypes
+--!generated celery_crawl.core.keys:lua_stats_keys
 
 local stats, types = KEYS[1], KEYS[2]
 local RATE_TTL = 900
-local rates = stats .. ':rate:' .. math.floor(tonumber(redis.call('TIME')[1]) / 60)
+local rates = stats_rate_key(stats, math.floor(tonumber(redis.call('TIME')[1]) / 60))
 
 local function less(a, b)
     local na, nb = tonumber(a), tonumber(b)

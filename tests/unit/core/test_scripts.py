@@ -321,6 +321,7 @@ def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
     copies += [f"'{suffix}'" for suffix in (*job_keys, keys.ACTIVE_JOBS, keys.JOB_ENDED)]
     queue_keys = (keys.PARKED, keys.SIGNAL, keys.SITE_LEASES, keys.SITE_WAITING)
     copies += [f"'{suffix}" for suffix in (*queue_keys, keys.SITE_KNOWN, keys.SITE_LIMITS)]
+    copies += [f"'{keys.STATS_RATE}'"]
     dedup_keys = (keys.DEDUP_KIND_KEY, keys.DEDUP_COUNT, keys.DEDUP_REMOVED, keys.DEDUP_BLOOM)
     copies += [f"':{part}" for part in (*dedup_keys, keys.DEDUP_EXPIRING, keys.DEDUP_TIME)]
     files = [*scripts.files("").values(), *scripts.files("include").values()]
@@ -365,6 +366,19 @@ def test_the_generated_queue_and_site_keys_are_those_python_names(
     expected += [keys.site_parked("s") + ":2", keys.signal, keys.site("s")]
     expected += [keys.site_leases("s"), keys.site_waiting("s"), keys.site_known, keys.site_limits]
     assert [key.decode() for key in found] == expected
+
+
+def test_the_generated_stats_rate_key_is_the_one_python_names(
+    client: redis.Redis, folder: Path
+) -> None:
+    from celery_crawl.core.keys import SpiderKeys
+
+    keys = SpiderKeys.build("spider", prefix="p")
+    (folder / "main.lua").write_text(
+        "--!generated celery_crawl.core.keys:lua_stats_keys\n"
+        "return stats_rate_key(KEYS[1], 29412345)\n"
+    )
+    assert client.eval(scripts.source("main"), 1, keys.stats).decode() == keys.stats_rate(29412345)
 
 
 def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
