@@ -48,7 +48,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from celery_crawl.core import scripts
 from celery_crawl.core.bad_values import BadValues
 from celery_crawl.core.defaults import setting
-from celery_crawl.core.errors import ConfigError
+from celery_crawl.core.errors import ConfigError, ScriptError
 from celery_crawl.core.repair import Repairer, retried
 from celery_crawl.core.scripts import Argv
 
@@ -66,7 +66,33 @@ LIMIT_FIELDS = ("concurrency", "rate", "burst")
 # the lease script's ARGV fields that hold a lease to its site's limits (queue/lua/lease.lua)
 SITE_LEASE_ARGV = ("sites", "default_limits", "overrides")
 FEEDBACK = Argv("site_feedback", ("site", "mode", "recovery_ms"), tail=("mode_arguments",))
+# each mode of site_feedback.lua and the arguments it takes after FEEDBACK's fields, in
+# order: declared once, here; the script reads them by these names, from the table
+# generated from this one (lua_feedback_modes). ``ok`` takes its arguments with
+# AutoThrottle only.
+FEEDBACK_MODES: dict[str, tuple[str, ...]] = {
+    "gate": (),
+    "backoff": ("retry_after_ms", "first_ms", "longest_ms", "pause_after", "pause_ms"),
+    "error": ("share", "window", "least", "longest_ms"),
+    "ok": ("latency_ms", "target", "start_ms", "lowest_ms", "highest_ms", "status"),
+    "robots": ("crawl_delay_ms",),
+}
 PACE = Argv("robots_pace", ())
+
+
+def mode_arguments(mode: str, arguments: dict[str, Any]) -> list[Any]:
+    """The ARGV tail of ``site_feedback.lua``'s ``mode``: ``arguments`` in
+    :data:`FEEDBACK_MODES`' order (none at all for ``ok`` without AutoThrottle)."""
+    names = FEEDBACK_MODES[mode]
+    if arguments.keys() != set(names) and not (mode == "ok" and not arguments):
+        raise ScriptError(f"site_feedback.lua's {mode} takes {', '.join(names) or 'nothing'}")
+    return [arguments[name] for name in names if name in arguments]
+
+
+def lua_feedback_modes() -> str:
+    """The Lua table of :data:`FEEDBACK_MODES` (``politeness/lua/site_feedback.lua``)."""
+    return scripts.lua_constants(MODE_ARGUMENTS=FEEDBACK_MODES)
+
 
 _registered_domain = tldextract.TLDExtract(suffix_list_urls=(), cache_dir=None)
 
@@ -107,11 +133,17 @@ class Backoff:
     pause_after: int = 8
     pause: float = 300.0
 
-    def args(self, retry_after: float | None) -> list[Any]:
-        """The ARGV tail of ``politeness/lua/site_feedback.lua``'s ``backoff``."""
+    def args(self, retry_after: float | None) -> dict[str, Any]:
+        """The arguments of ``politeness/lua/site_feedback.lua``'s ``backoff``."""
         given = -1 if retry_after is None else int(min(retry_after, self.longest) * 1000)
         first, longest, pause = (int(s * 1000) for s in (self.first, self.longest, self.pause))
-        return [given, first, longest, self.pause_after, pause]
+        return {
+            "retry_after_ms": given,
+            "first_ms": first,
+            "longest_ms": longest,
+            "pause_after": self.pause_after,
+            "pause_ms": pause,
+        }
 
 
 @dataclass(frozen=True)
@@ -131,9 +163,14 @@ class Overload:
                 " <= SITE_OVERLOAD_WINDOW"
             )
 
-    def args(self, longest: float) -> list[Any]:
-        """The ARGV tail of ``politeness/lua/site_feedback.lua``'s ``error``."""
-        return [self.share, self.window, self.least, int(longest * 1000)]
+    def args(self, longest: float) -> dict[str, Any]:
+        """The arguments of ``politeness/lua/site_feedback.lua``'s ``error``."""
+        return {
+            "share": self.share,
+            "window": self.window,
+            "least": self.least,
+            "longest_ms": int(longest * 1000),
+        }
 
 
 @dataclass(frozen=True)
@@ -145,9 +182,16 @@ class AutoThrottle:
     low: float = 0.0
     high: float = 60.0
 
-    def args(self, latency: float, status: int) -> list[Any]:
-        delays = (self.start, self.low, self.high)
-        return [int(latency * 1000), self.target, *(int(d * 1000) for d in delays), status]
+    def args(self, latency: float, status: int) -> dict[str, Any]:
+        """The arguments of ``politeness/lua/site_feedback.lua``'s ``ok``."""
+        return {
+            "latency_ms": int(latency * 1000),
+            "target": self.target,
+            "start_ms": int(self.start * 1000),
+            "lowest_ms": int(self.low * 1000),
+            "highest_ms": int(self.high * 1000),
+            "status": status,
+        }
 
 
 @dataclass(frozen=True)
@@ -308,12 +352,12 @@ class SiteState:
 
     def gate(self, site: str) -> tuple[int, int]:
         """(ms the site is still paused, back-offs in a row), in one call."""
-        wait, strikes, _ = self._feedback(site, ["gate"])
+        wait, strikes, _ = self._feedback(site, "gate")
         return wait, strikes
 
     def backoff(self, site: str, seconds: float | None) -> int:
         """A back-off code or error from ``site``: pause it for every process; the pause in ms."""
-        return self._feedback(site, ["backoff", *self.policy.backoff.args(seconds)])[0]
+        return self._feedback(site, "backoff", self.policy.backoff.args(seconds))[0]
 
     def server_error(self, site: str) -> int:
         """A server error without ``Retry-After``: counted in the site's window of responses.
@@ -321,18 +365,20 @@ class SiteState:
         Returns the ms between leases it slowed the site to; 0 while the errors are isolated.
         """
         args = self.policy.overload.args(self.policy.backoff.longest)
-        return self._feedback(site, ["error", *args])[2]
+        return self._feedback(site, "error", args)[2]
 
     def success(self, site: str, latency: float | None, status: int) -> None:
         """A response that is not a back-off: strikes end; the shared AutoThrottle learns."""
         throttle = self.policy.autothrottle
-        extra = throttle.args(latency, status) if throttle and latency is not None else []
-        self._feedback(site, ["ok", *extra])
+        if throttle is None or latency is None:
+            self._feedback(site, "ok")
+        else:
+            self._feedback(site, "ok", throttle.args(latency, status))
 
     def crawl_delay(self, site: str, seconds: float | None) -> None:
         """The site's robots.txt ``Crawl-delay``: the least time between its leases, for
         every process, unless its own limits space them more (None lifts it)."""
-        self._feedback(site, ["robots", int((seconds or 0) * 1000)])
+        self._feedback(site, "robots", {"crawl_delay_ms": int((seconds or 0) * 1000)})
 
     def pace(self, site: str) -> int:
         """The ms to wait before a download from a site with a ``Crawl-delay``, so that
@@ -340,9 +386,11 @@ class SiteState:
         pace = scripts.script(self.client, PACE.script)
         return int(pace(keys=[self.keys.site(site)], args=PACE.build()))
 
-    def _feedback(self, site: str, args: list[Any]) -> tuple[int, int, int]:
+    def _feedback(
+        self, site: str, mode: str, arguments: dict[str, Any] | None = None
+    ) -> tuple[int, int, int]:
         keys = [self.keys.site(site), self.keys.site_known, self.keys.site_leases(site)]
-        mode, *rest = args
+        rest = mode_arguments(mode, arguments or {})
         recovery = int(self.policy.overload.recovery * 1000)
         feedback = scripts.script(self.client, FEEDBACK.script)
         args = FEEDBACK.build(site=site, mode=mode, recovery_ms=recovery)

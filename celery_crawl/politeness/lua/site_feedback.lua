@@ -4,22 +4,23 @@
 -- KEYS[2]  the set of known sites (S:~known)
 -- KEYS[3]  the site's leases held now (S:<site>:leases)
 -- ARGV[1]  the site
--- ARGV[2]  the mode, and its arguments:
+-- ARGV[2]  the mode, and its arguments (named in MODE_ARGUMENTS):
 --          'gate': just before a download; the overload window restarts after an idle spell
---          'backoff': a back-off code; then ARGV[4] Retry-After in ms (-1: none),
---            ARGV[5] first back-off ms, ARGV[6] longest back-off ms, ARGV[7] back-offs in a
---            row that pause the site (0: never), ARGV[8] that pause in ms
---          'error': a server error without Retry-After; then ARGV[4] the share of the
---            window's responses above which the site is overloaded, ARGV[5] the window
---            (responses), ARGV[6] the fewest responses that tell, ARGV[7] the longest interval ms
---          'ok': any other response; strikes end. With AutoThrottle, ARGV[4] the latency ms,
---            ARGV[5] target concurrency, ARGV[6] start, ARGV[7] lowest, ARGV[8] highest
---            delay ms, ARGV[9] the status: the shared estimate moves as Scrapy's AutoThrottle's
---          'robots': the site's robots.txt was read; then ARGV[4] its Crawl-delay in ms
+--          'backoff': a back-off code; retry_after_ms Retry-After (-1: none), first_ms the
+--            first back-off, longest_ms the longest, pause_after back-offs in a row that
+--            pause the site (0: never), pause_ms that pause
+--          'error': a server error without Retry-After; share of the window's responses
+--            above which the site is overloaded, window (responses), least the fewest
+--            responses that tell, longest_ms the longest interval
+--          'ok': any other response; strikes end. With AutoThrottle, latency_ms, target
+--            concurrency, start_ms, lowest_ms and highest_ms delays, and the status: the
+--            shared estimate moves as Scrapy's AutoThrottle's
+--          'robots': the site's robots.txt was read; crawl_delay_ms its Crawl-delay
 --            (0: none), the least time between the site's leases (field robots)
 -- ARGV[3]  every mode: the recovery ms, in which a slowdown's interval halves (it recovers
 --          first, each call)
--- ARGV[4..] the mode's arguments, as ARGV[2] says
+-- ARGV[4..] the mode's arguments, in the order of MODE_ARGUMENTS[mode], a table generated
+--          from celery_crawl.politeness.sites.FEEDBACK_MODES: read here by name
 -- Returns  {ms the site is paused from now (0: not), back-offs in a row,
 --           the interval ms a slowdown set in this call (0: none)}; an error naming the
 --           key, nothing written, when KEYS[1] or KEYS[2] is of another type
@@ -40,6 +41,7 @@
 
 --!include counters
 --!include keytypes
+--!generated celery_crawl.politeness.sites:lua_feedback_modes
 
 local key, mode = KEYS[1], ARGV[2]
 local refused = refuse_damaged({key, 'hash', KEYS[2], 'set'})  -- KEYS[3] is read with pcall
@@ -54,6 +56,8 @@ local values = redis.call('HMGET', key, unpack(FIELDS))
 for i, name in ipairs(FIELDS) do s[name] = tonumber(values[i]) end
 local paused, strikes = s['until'] or 0, s.strikes or 0
 local recovery = tonumber(ARGV[3])
+local a = {}  -- the mode's arguments, by name
+for i, name in ipairs(MODE_ARGUMENTS[mode]) do a[name] = tonumber(ARGV[3 + i]) end
 
 -- The site's leases ever taken, and those that ended: its responses.
 local function counted()
@@ -159,13 +163,11 @@ local slow, slowed = recover(), 0
 if mode == 'gate' then
     gate()
 elseif mode == 'backoff' then
-    backoff(tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
-        tonumber(ARGV[8]))
+    backoff(a.retry_after_ms, a.first_ms, a.longest_ms, a.pause_after, a.pause_ms)
 elseif mode == 'error' then
-    slowed = server_error(tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]),
-        tonumber(ARGV[7]), slow)
+    slowed = server_error(a.share, a.window, a.least, a.longest_ms, slow)
 elseif mode == 'robots' then
-    local delay = math.floor(tonumber(ARGV[4]) or 0)
+    local delay = math.floor(a.crawl_delay_ms or 0)
     if delay > 0 then redis.call('HSET', key, 'robots', delay) else redis.call('HDEL', key, 'robots') end
     redis.call('SADD', KEYS[2], ARGV[1])
 elseif mode == 'ok' then
@@ -173,9 +175,8 @@ elseif mode == 'ok' then
         strikes = 0
         redis.call('HSET', key, 'strikes', 0)
     end
-    if ARGV[4] then
-        throttle(tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]),
-            tonumber(ARGV[8]), tonumber(ARGV[9]))
+    if a.latency_ms then
+        throttle(a.latency_ms, a.target, a.start_ms, a.lowest_ms, a.highest_ms, a.status)
         set_delay(slow)
     end
 end

@@ -558,13 +558,13 @@ def case_dedup_expiring_geometry(client: redis.Redis, prefix: str) -> Any:
 def case_site_feedback_known(client: redis.Redis, prefix: str) -> Any:
     """A back-off wrote the site's hash before it met the set of known sites."""
     from celery_crawl.core import scripts
-    from celery_crawl.politeness.sites import SiteState
+    from celery_crawl.politeness.sites import SiteState, mode_arguments
 
     forum, _ = _forum_group(client, prefix)
     state, keys = SiteState(client, forum.keys), forum.keys
     _wrong_type(client, keys.site_known)
     site_keys = [keys.site("a.test"), keys.site_known, keys.site_leases("a.test")]
-    args = ["a.test", "backoff", 1000, *state.policy.backoff.args(None)]
+    args = ["a.test", "backoff", 1000, *mode_arguments("backoff", state.policy.backoff.args(None))]
     raw = lambda: scripts.script(client, "site_feedback")(keys=site_keys, args=args)  # noqa: E731
     return raw, lambda: state.backoff("a.test", None) > 0, keys.site_known
 

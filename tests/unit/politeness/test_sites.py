@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -368,3 +369,24 @@ def test_a_damaged_parked_list_refuses_the_lease_before_any_pop(
     assert client.llen(queue.keys.level(0)) == 1  # b0 was not popped
     assert parked in repair(client, queue.keys).moved
     assert names(queue.lease(10)) == ["b0"]
+
+
+def test_each_feedback_mode_argument_is_declared_once_and_read_by_name() -> None:
+    """``FEEDBACK_MODES`` is the one layout of site_feedback.lua's modes: the script reads
+    each argument by its name (from the generated table), and a caller's names must match."""
+    from celery_crawl.core import scripts
+    from celery_crawl.core.errors import ScriptError
+    from celery_crawl.politeness.sites import FEEDBACK_MODES, mode_arguments
+
+    code = re.sub(r"--.*", "", scripts.files("")["site_feedback"].read_text())
+    read = set(re.findall(r"\ba\.(\w+)", code))
+    assert read == {name for names in FEEDBACK_MODES.values() for name in names}
+    assert "ARGV[4]" not in code and "MODE_ARGUMENTS[mode]" in code  # no index by hand
+    assert set(re.findall(r"mode == '(\w+)'", code)) == set(FEEDBACK_MODES)
+    backoff = Backoff().args(2.0)
+    assert mode_arguments("backoff", backoff) == [2000, 1000, 60000, 8, 300000]
+    assert mode_arguments("ok", {}) == []  # no AutoThrottle
+    with pytest.raises(ScriptError, match="backoff takes retry_after_ms, first_ms"):
+        mode_arguments("backoff", {**backoff, "extra": 1})
+    with pytest.raises(ScriptError, match="robots takes crawl_delay_ms"):
+        mode_arguments("robots", {})
