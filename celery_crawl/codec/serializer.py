@@ -262,10 +262,37 @@ def _queued_meta(meta: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in meta.items() if key != LOCAL_META}
 
 
+# scrapy-playwright finds a page event handler given as a string with getattr(spider, name)
+EVENT_HANDLERS_META = "playwright_page_event_handlers"
+
+
+def event_handler_names(meta: dict[str, Any], spider: Spider) -> None:
+    """:class:`DecodeError` ``refused_meta`` unless every page event handler in ``meta`` is
+    given as the name of a method of ``spider``, as a callback is: found by name, from the
+    queue, it could otherwise be any attribute of the spider."""
+    handlers = meta.get(EVENT_HANDLERS_META)
+    if handlers is None:
+        return
+    named = isinstance(handlers, dict) and all(
+        isinstance(event, str) and isinstance(name, str) for event, name in handlers.items()
+    )
+    try:
+        if not named:
+            raise DecodeError("refused_meta", "give each handler as the name of a spider method")
+        for name in handlers.values():
+            resolve_method(spider, name)
+    except DecodeError as exc:
+        raise DecodeError("refused_meta", f"meta[{EVENT_HANDLERS_META!r}]: {exc}") from exc
+
+
 def to_record(request: Request, spider: Spider) -> list[Any]:
     cls_name = type(request).__name__
     if REQUEST_CLASSES.get(cls_name) is not type(request):
         raise EncodeError(f"request class {type(request).__qualname__} is not supported")
+    try:  # refused when yielded, as it would be when read back
+        event_handler_names(request.meta, spider)
+    except DecodeError as exc:
+        raise EncodeError(str(exc)) from exc
     values = [
         method_name(request.callback, spider),
         method_name(request.errback, spider),
@@ -332,6 +359,7 @@ def build_request(url: str, fields: dict[str, Any], spider: Spider) -> Request:
     if cls is None:
         raise DecodeError("unknown_class", f"request class {fields['class']!r} is not allowed")
     callback, errback = fields["callback"], fields["errback"]
+    event_handler_names(fields["meta"], spider)
     try:
         return cls(
             url,

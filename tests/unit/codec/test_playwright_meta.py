@@ -3,6 +3,7 @@ page of ``playwright_include_page`` stays in the process that opened it."""
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from typing import Any
@@ -160,3 +161,54 @@ def test_context_options_about_the_page_are_read_back(codec: Any, spider: Spider
         codec.decode(codec.encode(request, spider), spider).meta["playwright_context_kwargs"]
         == options
     )
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_page_event_handlers_named_as_spider_methods_are_read_back(
+    codec: Any, spider: Spider
+) -> None:
+    handlers = {"dialog": "on_error", "response": "parse_post"}
+    request = Request("http://x/", meta={"playwright": True, EVENTS: handlers})
+    assert codec.decode(codec.encode(request, spider), spider).meta[EVENTS] == handlers
+
+
+EVENTS = "playwright_page_event_handlers"
+FOUND_BY_NAME = [  # scrapy-playwright would take getattr(spider, name) of each
+    ({"dialog": "name"}, "is not a method of spider"),  # the spider's name, a string
+    ({"dialog": "__class__"}, "is not a callback name"),
+    ({"dialog": "crawler"}, "is not a method of spider"),
+    ({"dialog": "os.system"}, "is not a callback name"),
+    ({"dialog": 7}, "as the name of a spider method"),
+    (["dialog"], "as the name of a spider method"),
+]
+
+
+@pytest.mark.parametrize(("handlers", "why"), FOUND_BY_NAME, ids=lambda v: str(v)[:30])
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_page_event_handlers_that_are_not_spider_methods_are_refused_both_ways(
+    codec: Any, handlers: Any, why: str, spider: Spider
+) -> None:
+    """Refused when yielded (EncodeError), and when a queue writer puts them in a payload
+    (DecodeError ``refused_meta``): a handler from the queue is a method of the spider."""
+    request = Request("http://x/", meta={"playwright": True, EVENTS: handlers})
+    with pytest.raises(EncodeError, match=re.escape(why)):
+        codec.encode(request, spider)
+    harmless = codec.encode(Request("http://x/", meta={"playwright": True, EVENTS: {}}), spider)
+    forged = forge(codec, harmless, handlers)
+    with pytest.raises(DecodeError, match=re.escape(why)) as raised:
+        codec.decode(forged, spider)
+    assert raised.value.kind == "refused_meta"
+
+
+def forge(codec: Any, payload: bytes, handlers: Any) -> bytes:
+    """``payload`` with its meta's event handlers replaced, as a queue writer could."""
+    if codec.name == "json":
+        record = json.loads(payload)
+        record[record.index({"playwright": True, EVENTS: {}})] = {
+            "playwright": True,
+            EVENTS: handlers,
+        }
+        return json.dumps(record).encode()
+    record = msgpack.unpackb(payload, raw=False)
+    record[record.index({"playwright": True, EVENTS: {}})] = {"playwright": True, EVENTS: handlers}
+    return bytes(msgpack.packb(record, use_bin_type=True))
