@@ -217,6 +217,11 @@ def _is_method_of(spider: Spider, name: str, func: Callable[..., Any]) -> bool:
     return getattr(own, "__func__", None) is getattr(func, "__func__", func)
 
 
+# methods every spider has that Scrapy calls for itself: named by a queued request, as its
+# callback or a page event handler, one would be called with a response or a page event
+SPIDER_LIFECYCLE = frozenset({"start", "start_requests", "_set_crawler", "log"})
+
+
 def resolve_method(spider: Spider, name: str) -> Callable[..., Any]:
     """The method ``name`` of this spider instance, the way Scrapy resolves it, and nothing else.
 
@@ -226,6 +231,8 @@ def resolve_method(spider: Spider, name: str) -> Callable[..., Any]:
     """
     if not name.isidentifier() or (name.startswith("__") and name.endswith("__")):
         raise DecodeError("unknown_callback", f"{name!r} is not a callback name")
+    if name in SPIDER_LIFECYCLE:
+        raise DecodeError("unknown_callback", f"{name!r} is Scrapy's, not a callback")
     on_class = _class_attribute(type(spider).__mro__, name)
     if on_class is _UNSAFE or (on_class is None and name not in vars(spider)):
         raise DecodeError("unknown_callback", f"spider {spider.name!r} has no method {name!r}")
@@ -256,20 +263,35 @@ def _class_attribute(mro: tuple[type, ...], name: str) -> object | None:
 LOCAL_META = "playwright_page"
 
 
-def _queued_meta(meta: dict[str, Any]) -> dict[str, Any]:
-    if LOCAL_META not in meta:
-        return meta
-    return {key: value for key, value in meta.items() if key != LOCAL_META}
-
-
-# scrapy-playwright finds a page event handler given as a string with getattr(spider, name)
+# scrapy-playwright's page event handlers: a function, or a name it finds with
+# getattr(spider, name). A handler that is a method of the spider is queued as its name.
 EVENT_HANDLERS_META = "playwright_page_event_handlers"
+
+
+def _queued_meta(meta: dict[str, Any], spider: Spider) -> dict[str, Any]:
+    handlers = meta.get(EVENT_HANDLERS_META)
+    own = isinstance(handlers, dict) and any(_own_method(h, spider) for h in handlers.values())
+    if LOCAL_META not in meta and not own:
+        return meta
+    queued = {key: value for key, value in meta.items() if key != LOCAL_META}
+    if own and isinstance(handlers, dict):
+        queued[EVENT_HANDLERS_META] = {
+            event: method_name(handler, spider) if _own_method(handler, spider) else handler
+            for event, handler in handlers.items()
+        }
+    return queued
+
+
+def _own_method(handler: Any, spider: Spider) -> bool:
+    return inspect.ismethod(handler) and handler.__self__ is spider
 
 
 def event_handler_names(meta: dict[str, Any], spider: Spider) -> None:
     """:class:`DecodeError` ``refused_meta`` unless every page event handler in ``meta`` is
-    given as the name of a method of ``spider``, as a callback is: found by name, from the
-    queue, it could otherwise be any attribute of the spider."""
+    the name of a method of ``spider``, as a callback is: found by name, a name from the
+    queue could otherwise reach any attribute of the spider. The ``msgpack`` and ``json``
+    codecs check it both ways (``signed_pickle``'s entries are trusted: they carry
+    functions too)."""
     handlers = meta.get(EVENT_HANDLERS_META)
     if handlers is None:
         return
@@ -278,21 +300,27 @@ def event_handler_names(meta: dict[str, Any], spider: Spider) -> None:
     )
     try:
         if not named:
-            raise DecodeError("refused_meta", "give each handler as the name of a spider method")
+            raise DecodeError(
+                "refused_meta", "give each handler as a method of the spider, or its name"
+            )
         for name in handlers.values():
             resolve_method(spider, name)
     except DecodeError as exc:
         raise DecodeError("refused_meta", f"meta[{EVENT_HANDLERS_META!r}]: {exc}") from exc
 
 
-def to_record(request: Request, spider: Spider) -> list[Any]:
+def to_record(request: Request, spider: Spider, *, named: bool = True) -> list[Any]:
+    """The request as a record; ``named``: its page event handlers must be spider methods
+    (:func:`event_handler_names`), refused when yielded as they would be when read back."""
     cls_name = type(request).__name__
     if REQUEST_CLASSES.get(cls_name) is not type(request):
         raise EncodeError(f"request class {type(request).__qualname__} is not supported")
-    try:  # refused when yielded, as it would be when read back
-        event_handler_names(request.meta, spider)
-    except DecodeError as exc:
-        raise EncodeError(str(exc)) from exc
+    meta = _queued_meta(request.meta, spider)
+    if named:
+        try:
+            event_handler_names(meta, spider)
+        except DecodeError as exc:
+            raise EncodeError(str(exc)) from exc
     values = [
         method_name(request.callback, spider),
         method_name(request.errback, spider),
@@ -300,7 +328,7 @@ def to_record(request: Request, spider: Spider) -> list[Any]:
         {k: list(v) for k, v in request.headers.items()},
         request.body,
         request.cookies,
-        _queued_meta(request.meta),
+        meta,
         request.cb_kwargs,
         request.priority,
         request.flags,
@@ -313,7 +341,9 @@ def to_record(request: Request, spider: Spider) -> list[Any]:
     return [VERSION, request.url, *values]
 
 
-def from_record(record: Any, spider: Spider, policy: RequestPolicy = DEFAULT_POLICY) -> Request:
+def from_record(
+    record: Any, spider: Spider, policy: RequestPolicy = DEFAULT_POLICY, *, named: bool = True
+) -> Request:
     if not isinstance(record, list) or len(record) < 2 or record[0] not in VERSIONS:
         raise DecodeError("malformed", "not a request record of version 1 or 2")
     if len(record) > 2 + len(FIELDS):
@@ -321,6 +351,8 @@ def from_record(record: Any, spider: Spider, policy: RequestPolicy = DEFAULT_POL
     fields = {name: default for name, default in FIELDS}
     fields.update(zip((name for name, _ in FIELDS), record[2:], strict=False))
     check_types(record[1], fields)
+    if named:
+        event_handler_names(fields["meta"], spider)
     return policy.check(build_request(record[1], fields, spider))
 
 
@@ -359,7 +391,6 @@ def build_request(url: str, fields: dict[str, Any], spider: Spider) -> Request:
     if cls is None:
         raise DecodeError("unknown_class", f"request class {fields['class']!r} is not allowed")
     callback, errback = fields["callback"], fields["errback"]
-    event_handler_names(fields["meta"], spider)
     try:
         return cls(
             url,
@@ -538,7 +569,7 @@ class SignedPickleCodec:
         return hmac.new(self._key, self.MAGIC + body, hashlib.sha256).digest()
 
     def encode(self, request: Request, spider: Spider) -> bytes:
-        record = to_record(request, spider)
+        record = to_record(request, spider, named=False)
         try:
             body = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
         except Exception as exc:  # PicklingError, TypeError, AttributeError...: one meaning
@@ -559,7 +590,7 @@ class SignedPickleCodec:
             record = pickle.loads(body)
         except Exception as exc:  # signed by us, but made by another version of the code
             raise DecodeError("undecodable", f"signed, but {type(exc).__name__}: {exc}") from exc
-        return from_record(record, spider, self.policy)
+        return from_record(record, spider, self.policy, named=False)
 
 
 # SCHEDULER_SERIALIZER -> the codec, from the allowed classes, the secret and the policy

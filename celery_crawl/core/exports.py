@@ -60,6 +60,9 @@ MOVED = {
     "celery_crawl.exporter": "celery_crawl.tools.exporter",
     "celery_crawl.http_server": "celery_crawl.tools.http_server",
     "celery_crawl.embedded": "celery_crawl.tools.embedded",
+    # moved within the packages, so that no two packages import each other
+    "celery_crawl.queue.entries": "celery_crawl.core.entries",
+    "celery_crawl.hosting.logcontext": "celery_crawl.jobs.logcontext",
 }
 
 

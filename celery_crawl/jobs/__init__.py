@@ -4,7 +4,8 @@
 ``handle`` the :class:`~celery_crawl.jobs.handle.Job` that application code waits on,
 and :class:`~celery_crawl.jobs.handle.JobStatus`; ``limits`` the table of a job's limits
 and their checks; ``stats`` the per-job stats gathered from signals; ``signals`` the meta
-keys, the signals and the item -> job map; ``inputs`` the checks of a job's input.
+keys, the signals and the item -> job map; ``inputs`` the checks of a job's input;
+``logcontext`` the spider and job that each log line of a hosted crawler names.
 """
 
 from celery_crawl.core.exports import lazy

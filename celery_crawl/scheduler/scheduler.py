@@ -203,7 +203,7 @@ class Scheduler(BaseScheduler):
         :class:`~celery_crawl.spiders.RedisSpider` does: its ``start()`` pops the start key,
         in every process, for as long as it runs.
         """
-        every = getattr(self.spider, "start_in_every_process", False)
+        every = getattr(type(self.spider), "start_in_every_process", False) is True
         return self.config.start_requests == "once" and not every
 
     def _share_start(self) -> None:

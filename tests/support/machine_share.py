@@ -57,7 +57,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     others, in theirs."""
     alone = [item for item in items if _alone(item)]
     browser = [item for item in items if _browser(item) and not _alone(item)]
-    items[:] = alone + browser + [item for item in items if item not in alone + browser]
+    first = {id(item) for item in alone + browser}
+    items[:] = alone + browser + [item for item in items if id(item) not in first]
 
 
 def _take(folder: Path, alone: bool) -> IO[str]:
@@ -72,26 +73,40 @@ def _take(folder: Path, alone: bool) -> IO[str]:
     return lock
 
 
+def _take_browser(folder: Path) -> IO[str]:
+    """The browser tests' lock, taken before the machine's: waiting, this worker holds
+    nothing, not even the machine kept from an alone test (given back first)."""
+    while _kept:
+        _give_back(_kept.pop())
+    browser = (folder / "browser.lock").open("a")
+    fcntl.flock(browser, fcntl.LOCK_EX)
+    return browser
+
+
+def _give_back(lock: IO[str] | None) -> None:
+    if lock is not None:
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     folder = _folder(item.config)
     if folder is None:
         yield
         return
-    browser = None
-    if _browser(item) and not _alone(item):
-        browser = (folder / "browser.lock").open("a")
-        fcntl.flock(browser, fcntl.LOCK_EX)  # before the machine's: waiting, it holds nothing
-    # kept from an alone test before: still alone, which serves any test
-    lock = _kept.pop() if _kept else _take(folder, _alone(item))
+    browser = _take_browser(folder) if _browser(item) and not _alone(item) else None
+    try:
+        # kept from an alone test before: still alone, which serves any test
+        lock = _kept.pop() if _kept else _take(folder, _alone(item))
+    except BaseException:
+        _give_back(browser)
+        raise
     try:
         yield  # setup, call and teardown: the test's processes too
     finally:
-        if browser is not None:
-            fcntl.flock(browser, fcntl.LOCK_UN)
-            browser.close()
+        _give_back(browser)
         if _alone(item) and _alone(nextitem):
             _kept.append(lock)  # the next test runs alone too: the machine stays empty
         else:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
+            _give_back(lock)

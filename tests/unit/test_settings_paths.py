@@ -32,7 +32,7 @@ PATHS = {
     "celery_crawl.queue.FifoQueue": "celery_crawl.queue.queues.FifoQueue",
     "celery_crawl.queue.LifoQueue": "celery_crawl.queue.queues.LifoQueue",
     "celery_crawl.queue.LifoPriorityQueue": "celery_crawl.queue.queues.LifoPriorityQueue",
-    "celery_crawl.queue.Entry": "celery_crawl.queue.queues.Entry",
+    "celery_crawl.queue.Entry": "celery_crawl.core.entries.Entry",
     "celery_crawl.dupefilter.RFPDupeFilter": "celery_crawl.dupefilter.filters.RFPDupeFilter",
     "celery_crawl.dupefilter.BloomDupeFilter": "celery_crawl.dupefilter.filters.BloomDupeFilter",
     "celery_crawl.dupefilter.ExpiringDupeFilter": (

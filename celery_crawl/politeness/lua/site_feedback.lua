@@ -28,13 +28,14 @@
 --           count of text starts afresh (include/counters.lua).
 --
 -- Pauses: a back-off pauses the site until now + Retry-After, or else now + first *
--- 2^(strikes-1), at most the longest; never shorter than a pause already set. After ARGV[7]
--- in a row, the pause is ARGV[8]. The lease script leases nothing of a paused site.
+-- 2^(strikes-1), at most the longest; never shorter than a pause already set. After
+-- pause_after in a row, the pause is pause_ms. The lease script leases nothing of a paused
+-- site.
 --
 -- Slowdowns: the site's responses are counted as its leases that ended (leased, less those
--- held now). The window holds the last ARGV[5] of them and their server errors (win_from:
+-- held now). The window holds the last `window` of them and their server errors (win_from:
 -- the count it starts at, win_at: when, win_errors). An error that makes them more
--- than ARGV[4] of at least ARGV[6] responses slows the site to the rate its other responses
+-- than `share` of at least `least` responses slows the site to the rate its other responses
 -- came at, less that share (slow: ms between leases, set at slowed_at); the interval then
 -- halves every ARGV[3] ms. The lease honours delay: the longer of the slowdown and
 -- AutoThrottle's estimate (throttle).
@@ -56,6 +57,7 @@ local values = redis.call('HMGET', key, unpack(FIELDS))
 for i, name in ipairs(FIELDS) do s[name] = tonumber(values[i]) end
 local paused, strikes = s['until'] or 0, s.strikes or 0
 local recovery = tonumber(ARGV[3])
+if not MODE_ARGUMENTS[mode] then return redis.error_reply('site_feedback: no mode ' .. mode) end
 local a = {}  -- the mode's arguments, by name
 for i, name in ipairs(MODE_ARGUMENTS[mode]) do a[name] = tonumber(ARGV[3 + i]) end
 

@@ -13,7 +13,7 @@ import pytest
 from scrapy import Request, Spider
 from scrapy_playwright.page import PageMethod
 
-from celery_crawl.codec.serializer import JsonCodec, MsgpackCodec
+from celery_crawl.codec.serializer import JsonCodec, MsgpackCodec, SignedPickleCodec
 from celery_crawl.core.errors import DecodeError, EncodeError
 
 CODECS = [MsgpackCodec(), JsonCodec()]
@@ -178,8 +178,9 @@ FOUND_BY_NAME = [  # scrapy-playwright would take getattr(spider, name) of each
     ({"dialog": "__class__"}, "is not a callback name"),
     ({"dialog": "crawler"}, "is not a method of spider"),
     ({"dialog": "os.system"}, "is not a callback name"),
-    ({"dialog": 7}, "as the name of a spider method"),
-    (["dialog"], "as the name of a spider method"),
+    ({"dialog": "_set_crawler"}, "is Scrapy's, not a callback"),
+    ({"dialog": 7}, "as a method of the spider, or its name"),
+    (["dialog"], "as a method of the spider, or its name"),
 ]
 
 
@@ -212,3 +213,31 @@ def forge(codec: Any, payload: bytes, handlers: Any) -> bytes:
     record = msgpack.unpackb(payload, raw=False)
     record[record.index({"playwright": True, EVENTS: {}})] = {"playwright": True, EVENTS: handlers}
     return bytes(msgpack.packb(record, use_bin_type=True))
+
+
+def on_dialog(dialog: Any) -> None:
+    """A page event handler that is no method of the spider."""
+
+
+@pytest.mark.parametrize("codec", CODECS, ids=lambda c: c.name)
+def test_a_page_event_handler_that_is_a_spider_method_is_queued_as_its_name(
+    codec: Any, spider: Spider
+) -> None:
+    """scrapy-playwright's usual ``{"dialog": self.on_dialog}``: queued as the method's name,
+    which scrapy-playwright finds on the spider again; a function has no name to queue."""
+    request = Request("http://x/", meta={"playwright": True, EVENTS: {"dialog": spider.on_error}})
+    decoded = codec.decode(codec.encode(request, spider), spider)
+    assert decoded.meta[EVENTS] == {"dialog": "on_error"}
+    assert request.meta[EVENTS] == {"dialog": spider.on_error}  # the request itself unchanged
+    with pytest.raises(EncodeError, match=re.escape("as a method of the spider, or its name")):
+        codec.encode(Request("http://x/", meta={EVENTS: {"dialog": on_dialog}}), spider)
+
+
+def test_signed_pickle_carries_any_page_event_handler(spider: Spider) -> None:
+    """Its entries are signed, so trusted: a function goes as itself, a method of the spider
+    as its name (pickling the method would pickle the spider)."""
+    codec = SignedPickleCodec("a-test-secret-that-is-long-enough")
+    handlers = {"dialog": on_dialog, "response": spider.on_error}
+    request = Request("http://x/", meta={"playwright": True, EVENTS: handlers})
+    decoded = codec.decode(codec.encode(request, spider), spider)
+    assert decoded.meta[EVENTS] == {"dialog": on_dialog, "response": "on_error"}

@@ -178,6 +178,10 @@ def test_unserializable_meta_is_an_encode_error(spider: Spider) -> None:
         "builtins.print",
         "tests.support.stub_spider.renamed",
         "parse ",
+        "_set_crawler",  # Scrapy's own, called with a response it would break the crawler
+        "start",
+        "start_requests",
+        "log",
     ],
 )
 def test_names_resolve_only_to_methods_of_the_spider_instance(name: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import redis
 
 from celery_crawl.core import scripts
+from celery_crawl.core.keys import STATS_RATE
 from celery_crawl.stats.collector import RedisStatsCollector
 from tests.support.reply_cutter import ReplyCutter
 from tests.support.round_trips import RoundTrips
@@ -107,7 +108,7 @@ def test_a_flush_whose_reply_was_lost_is_added_once(make_crawler: Any, redis_url
         assert relay.cuts == 1  # the reply was lost: the call reached Redis again
         assert stats.unconfirmed is None
         assert stats.get_value("response_received_count") == 3
-        rates = stats.client.keys(stats.keys.stats + ":rate:*")
+        rates = stats.client.keys(stats.keys.stats + STATS_RATE + "*")
         assert [stats.client.hget(key, "response_received_count") for key in rates] == [b"3"]
 
 
