@@ -269,6 +269,8 @@ EVENT_HANDLERS_META = "playwright_page_event_handlers"
 
 
 def _queued_meta(meta: dict[str, Any], spider: Spider) -> dict[str, Any]:
+    if LOCAL_META not in meta and EVENT_HANDLERS_META not in meta:
+        return meta  # nearly always: the meta as it is
     handlers = meta.get(EVENT_HANDLERS_META)
     own = isinstance(handlers, dict) and any(_own_method(h, spider) for h in handlers.values())
     if LOCAL_META not in meta and not own:
@@ -316,7 +318,7 @@ def to_record(request: Request, spider: Spider, *, named: bool = True) -> list[A
     if REQUEST_CLASSES.get(cls_name) is not type(request):
         raise EncodeError(f"request class {type(request).__qualname__} is not supported")
     meta = _queued_meta(request.meta, spider)
-    if named:
+    if named and EVENT_HANDLERS_META in meta:
         try:
             event_handler_names(meta, spider)
         except DecodeError as exc:
@@ -351,7 +353,7 @@ def from_record(
     fields = {name: default for name, default in FIELDS}
     fields.update(zip((name for name, _ in FIELDS), record[2:], strict=False))
     check_types(record[1], fields)
-    if named:
+    if named and EVENT_HANDLERS_META in fields["meta"]:
         event_handler_names(fields["meta"], spider)
     return policy.check(build_request(record[1], fields, spider))
 
