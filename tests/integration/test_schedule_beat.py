@@ -36,6 +36,7 @@ def jobs_by_source(client: redis.Redis, keys: SpiderKeys) -> dict[str, list[dict
         source = job.get("source", "")
         assert source == json.loads(job.get("args", "{}")).get("source", ""), job
         times = {"start": float(job["created_at"]), "end": float(job.get("finished_at", "inf"))}
+        times["reserved"] = float(job.get("reserved_at", "nan"))  # when a tick took its source
         found.setdefault(source, []).append(times)
     return {source: sorted(jobs, key=lambda j: j["start"]) for source, jobs in found.items()}
 
@@ -106,11 +107,11 @@ def test_beat_starts_each_source_on_its_own_schedule(
         assert max(last["start"] + interval, last["end"]) + LATE >= stopped, (source, starts, log)
         for before, after in itertools.pairwise(starts):
             due = max(before["start"] + interval, before["end"])  # start to start, once ended
-            # a reservation's time is kept to the second: due up to 1 s before the interval
-            assert before["start"] + interval - 1.0 <= after["start"] <= due + LATE, (
-                source,
-                starts,
-            )
+            assert after["start"] <= due + LATE, (source, starts)
+            # never early: due an interval after the last reservation, whose time is kept to
+            # the second; a job is created a little after its reservation
+            assert int(before["reserved"]) + interval <= after["reserved"], (source, starts)
+            assert after["reserved"] <= after["start"], (source, starts)
 
 
 def test_beat_syncs_the_sources_file_when_it_changes(
