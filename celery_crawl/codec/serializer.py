@@ -271,12 +271,9 @@ EVENT_HANDLERS_META = "playwright_page_event_handlers"
 def _queued_meta(meta: dict[str, Any], spider: Spider) -> dict[str, Any]:
     if LOCAL_META not in meta and EVENT_HANDLERS_META not in meta:
         return meta  # nearly always: the meta as it is
-    handlers = meta.get(EVENT_HANDLERS_META)
-    own = isinstance(handlers, dict) and any(_own_method(h, spider) for h in handlers.values())
-    if LOCAL_META not in meta and not own:
-        return meta
     queued = {key: value for key, value in meta.items() if key != LOCAL_META}
-    if own and isinstance(handlers, dict):
+    handlers = meta.get(EVENT_HANDLERS_META)
+    if isinstance(handlers, dict):
         queued[EVENT_HANDLERS_META] = {
             event: method_name(handler, spider) if _own_method(handler, spider) else handler
             for event, handler in handlers.items()

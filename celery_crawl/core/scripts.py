@@ -257,11 +257,14 @@ class Argv:
         return [value for row in rows for value in row]
 
     def _ordered(self, names: tuple[str, ...], values: dict[str, Any]) -> list[Any]:
-        if values.keys() != set(names):
-            raise ScriptError(
-                f"{self.script}.lua takes {', '.join(names)}: not {', '.join(values)}"
-            )
-        return [values[name] for name in names]
+        return ordered(f"{self.script}.lua", names, values)
+
+
+def ordered(taker: str, names: tuple[str, ...], values: dict[str, Any]) -> list[Any]:
+    """``values`` in the order of ``names``, which they must be exactly: ARGV for ``taker``."""
+    if values.keys() != set(names):
+        raise ScriptError(f"{taker} takes {', '.join(names) or 'nothing'}: not {', '.join(values)}")
+    return [values[name] for name in names]
 
 
 _registered: dict[tuple[int, str, tuple[tuple[str, str], ...]], Script] = {}

@@ -48,7 +48,7 @@ from scrapy.utils.httpobj import urlparse_cached
 from celery_crawl.core import scripts
 from celery_crawl.core.bad_values import BadValues
 from celery_crawl.core.defaults import setting
-from celery_crawl.core.errors import ConfigError, ScriptError
+from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.repair import Repairer, retried
 from celery_crawl.core.scripts import Argv
 
@@ -83,10 +83,9 @@ PACE = Argv("robots_pace", ())
 def mode_arguments(mode: str, arguments: dict[str, Any]) -> list[Any]:
     """The ARGV tail of ``site_feedback.lua``'s ``mode``: ``arguments`` in
     :data:`FEEDBACK_MODES`' order (none at all for ``ok`` without AutoThrottle)."""
-    names = FEEDBACK_MODES[mode]
-    if arguments.keys() != set(names) and not (mode == "ok" and not arguments):
-        raise ScriptError(f"site_feedback.lua's {mode} takes {', '.join(names) or 'nothing'}")
-    return [arguments[name] for name in names if name in arguments]
+    if mode == "ok" and not arguments:
+        return []
+    return scripts.ordered(f"site_feedback.lua's {mode}", FEEDBACK_MODES[mode], arguments)
 
 
 def lua_feedback_modes() -> str:
