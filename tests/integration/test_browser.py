@@ -142,7 +142,7 @@ def by_post(items: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {item["post_id"]: item for item in items}
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.browser  # Chromium, no timing: one such test at a time, beside the others
 def test_two_hosted_workers_render_every_page_as_one_scrapy_playwright_process_does(
     browser_app: Celery,
     browser_env: dict[str, str],
@@ -175,7 +175,7 @@ def test_two_hosted_workers_render_every_page_as_one_scrapy_playwright_process_d
     print(f"{len(hosted)} items written for {len(reference)} posts; {result['pages']} pages")
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.browser  # Chromium, no timing: one such test at a time, beside the others
 def test_two_scrapy_crawl_processes_on_the_shared_queue_render_every_page_once(
     redis_url: str, prefix: str, js_site: SiteThread, tmp_path: Path
 ) -> None:
@@ -223,7 +223,7 @@ def browser_main(mark: str) -> list[int]:
     return found
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.browser  # Chromium, no timing: one such test at a time, beside the others
 def test_a_browser_that_crashes_mid_render_is_started_again_and_loses_no_page(
     browser_app: Celery,
     browser_env: dict[str, str],
@@ -257,7 +257,7 @@ def test_a_browser_that_crashes_mid_render_is_started_again_and_loses_no_page(
     wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.browser  # Chromium, no timing: one such test at a time, beside the others
 def test_spiders_hosted_together_share_one_browser_and_its_page_cap(
     env: dict[str, str],
     start_worker: Callable[..., Worker],
@@ -304,7 +304,7 @@ def test_spiders_hosted_together_share_one_browser_and_its_page_cap(
         wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.browser  # Chromium, no timing: one such test at a time, beside the others
 def test_a_killed_celery_parent_leaves_no_browser_behind(
     browser_app: Celery,
     browser_env: dict[str, str],
@@ -324,7 +324,7 @@ def test_a_killed_celery_parent_leaves_no_browser_behind(
     wait_until(lambda: not browsers_of(mark), 60, "no process of the killed worker left")
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.alone  # browsers, and timing: the whole machine
 def test_a_render_slower_than_a_lease_keeps_it_and_site_limits_count_renders(
     env: dict[str, str],
     start_worker: Callable[..., Worker],
@@ -345,7 +345,7 @@ def test_a_render_slower_than_a_lease_keeps_it_and_site_limits_count_renders(
         assert site.max_in_flight == 2, site.site.requests_by_path  # the limit, and used
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.alone  # browsers, and each page's exact hits (a retried render adds one)
 def test_only_the_pages_that_lack_what_their_callback_needs_are_rendered(
     browser_app: Celery,
     browser_env: dict[str, str],
@@ -378,7 +378,7 @@ def test_only_the_pages_that_lack_what_their_callback_needs_are_rendered(
     assert result["browser"] == counts, result
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.browser  # Chromium, no timing: one such test at a time, beside the others
 @pytest.mark.parametrize(
     ("reason", "setting"),
     [("pages", {"BROWSER_RECYCLE_PAGES": "50"}), ("memory", {"BROWSER_RECYCLE_MEMORY_MB": "1"})],
@@ -417,7 +417,7 @@ def test_the_browser_is_recycled_and_no_page_is_lost(
     wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
 
 
-@pytest.mark.alone  # browsers: the whole machine
+@pytest.mark.alone  # browsers, and timing: the whole machine
 def test_renders_past_their_deadline_free_their_pages_for_the_next_ones(
     env: dict[str, str],
     start_worker: Callable[..., Worker],

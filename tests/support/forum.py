@@ -13,11 +13,15 @@ def forum_seeds() -> list[dict[str, str]]:
     return [{"forum_id": forum} for forum in FORUM.forum_ids()]
 
 
-def assert_complete_forum_crawl(result: dict[str, Any]) -> None:
+def assert_complete_forum_crawl(result: dict[str, Any], context: str = "") -> None:
+    """Every page and item of the forum counted once; a failure shows the job's counts
+    (and ``context``: what the test saw besides)."""
     expected = FORUM.expected()
-    assert result["state"] == "done"
-    assert result["pages"] == expected.pages + expected.not_found
-    assert result["items"] == expected.posts + expected.comments
-    assert result["status_codes"] == {"200": expected.pages, "404": expected.not_found}
-    assert result["queued"] == result["in_flight"] == 0
-    assert result["errors"] == {}
+    fields = ("state", "pages", "items", "status_codes", "queued", "in_flight", "errors")
+    seen = f"{ {field: result.get(field) for field in fields} } {context}"
+    assert result["state"] == "done", seen
+    assert result["pages"] == expected.pages + expected.not_found, seen
+    assert result["items"] == expected.posts + expected.comments, seen
+    assert result["status_codes"] == {"200": expected.pages, "404": expected.not_found}, seen
+    assert result["queued"] == result["in_flight"] == 0, seen
+    assert result["errors"] == {}, seen
