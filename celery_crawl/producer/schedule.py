@@ -197,7 +197,7 @@ class Schedule:
             named = set(refused_key(exc))
             if self.repairer.after(exc) is None:
                 raise
-        if not named or named & set(self._reconciled_keys()):  # reads every source: rare
+        if not named or named & set(self.schedule_keys()):  # reads every source: rare
             try:
                 self.reconcile()
             except redis.ResponseError as exc:  # another key damaged: the call names it
@@ -208,7 +208,7 @@ class Schedule:
         """After a repair: a source neither due, paused nor running is due now, and the
         entries of sources that are gone are dropped; (made due, dropped). It reads
         every source: the repair runs it, a tick does not."""
-        made_due, dropped = (int(n) for n in self._call(RECONCILE, self._reconciled_keys()))
+        made_due, dropped = (int(n) for n in self._call(RECONCILE, self.schedule_keys()))
         if made_due or dropped:
             logger.warning(
                 "schedule of %s reconciled: %d sources due again, %d stale entries dropped",
@@ -218,8 +218,16 @@ class Schedule:
             )
         return made_due, dropped
 
-    def _reconciled_keys(self) -> list[str]:
-        return [*self._switch_keys()[:3], self.keys.schedule_intervals, self.keys.producer_running]
+    def schedule_keys(self) -> list[str]:
+        """The keys every schedule script takes first, in this order
+        (``producer/lua/include/schedule.lua``)."""
+        return [
+            self.keys.schedule_sources,
+            self.keys.schedule_due,
+            self.keys.schedule_paused,
+            self.keys.schedule_intervals,
+            self.keys.producer_running,
+        ]
 
     def _call(self, layout: Argv, keys: list[str]) -> Any:
         return scripts.script(self.client, layout.script)(keys=keys, args=[])
@@ -236,13 +244,6 @@ class Schedule:
         source keeps its due time (or comes sooner, to be due one new interval from
         now), and its current interval unless its ``interval`` changed.
         """
-        keys = [
-            self.keys.schedule_sources,
-            self.keys.schedule_due,
-            self.keys.schedule_paused,
-            self.keys.schedule_intervals,
-            self.keys.producer_running,
-        ]
         args = PUT.build(
             source_id=source.id,
             definition=source.to_json(),
@@ -250,7 +251,7 @@ class Schedule:
             paused="" if paused is None else int(paused),
             splay=splay_seconds(source) if splay else 0,
         )
-        return ("changed", "added", "unchanged")[int(self._run(PUT, keys, args))]
+        return ("changed", "added", "unchanged")[int(self._run(PUT, self.schedule_keys(), args))]
 
     def pause(self, source_id: str) -> bool:
         """Produce no more jobs of the source (one running goes on); False: no such source."""
@@ -262,15 +263,7 @@ class Schedule:
 
     def _switch(self, source_id: str, *, pause: bool) -> bool:
         args = SWITCH.build(source_id=check_source_id(source_id), pause=int(pause))
-        return bool(self._run(SWITCH, self._switch_keys(), args))
-
-    def _switch_keys(self) -> list[str]:
-        return [
-            self.keys.schedule_sources,
-            self.keys.schedule_due,
-            self.keys.schedule_paused,
-            self.keys.producer_running,
-        ]
+        return bool(self._run(SWITCH, self.schedule_keys(), args))
 
     def remove(self, source_id: str) -> bool:
         """Remove the source (a job of it that runs goes on); False: no such source."""
@@ -377,13 +370,9 @@ class Schedule:
     def reserve(self, job_cap: int, queue_cap: int, faster: float, slower: float) -> ScheduleTick:
         """Reserve the sources due now, in due order, with fresh job ids (one script call)."""
         keys = [
-            self.keys.producer_running,
+            *self.schedule_keys(),
             self.keys.stats,
             self.keys.job_prefix,
-            self.keys.schedule_sources,
-            self.keys.schedule_due,
-            self.keys.schedule_paused,
-            self.keys.schedule_intervals,
             *(member.queue for member in self.group),
         ]
         job_ids = [uuid.uuid4().hex for _ in range(min(job_cap, MAX_RESERVED_PER_TICK))]
@@ -395,7 +384,7 @@ class Schedule:
             source_id, job_id = flat[i].decode(), flat[i + 1].decode()
             source = self._parse(source_id, flat[i + 2])
             if source is None:  # JSON, but breaks a rule: paused until put again
-                self._run(SWITCH, self._switch_keys(), SWITCH.build(source_id=source_id, pause=1))
+                self._run(SWITCH, self.schedule_keys(), SWITCH.build(source_id=source_id, pause=1))
                 continue
             produced.append(Reserved(source, job_id, float(flat[i + 3]) / 1000, now_ms / 1000))
         return ScheduleTick(produced, int(still_due), int(queued))
@@ -446,4 +435,4 @@ class Schedule:
     def _release(self, source_id: str) -> None:
         """A reservation given back: the source is due now again, unless paused since."""
         args = RELEASE.build(source_id=source_id)
-        self._run(RELEASE, self._switch_keys(), args)
+        self._run(RELEASE, self.schedule_keys(), args)

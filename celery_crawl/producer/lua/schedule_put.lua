@@ -1,10 +1,7 @@
 -- Add a source to a spider's schedule, or change it (celery_crawl.producer.schedule).
 --
--- KEYS[1]  sources: hash of source id -> its definition, JSON
--- KEYS[2]  due: sorted set of the sources waiting for a job, scored by due time (ms)
--- KEYS[3]  paused: set of the paused sources
--- KEYS[4]  intervals: hash of source id -> its current interval (s)
--- KEYS[5]  running: the producer's hash of source -> "job id|reserved at (unix s)"
+-- KEYS[1..5]  the schedule's keys (include/schedule.lua): sources, due, paused,
+--          intervals, running
 -- ARGV[1]  source id
 -- ARGV[2]  its definition, JSON
 -- ARGV[3]  its interval (s)
@@ -18,17 +15,12 @@
 -- is not due; a source whose job still runs is not either: its next due time is
 -- set when its job ends.
 
-local sources, due, paused, intervals, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local id, definition, interval, pause = ARGV[1], ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local splay = tonumber(ARGV[5]) or 0
 
---!include keytypes
+--!include schedule
 local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
-spec_add(spec, sources, 'hash')
-spec_add(spec, due, 'zset')
-spec_add(spec, paused, 'set')
-spec_add(spec, intervals, 'hash')
-spec_add(spec, running, 'hash')
+schedule_guard(spec)
 local refused = refuse_damaged(spec)
 if refused then return refused end
 

@@ -1,11 +1,8 @@
 -- Bring a spider's schedule back to one truth after a repair moved one of its keys
 -- aside (celery_crawl.producer.schedule): the sources hash is the truth.
 --
--- KEYS[1]  sources: hash of source id -> its definition, JSON
--- KEYS[2]  due: sorted set of the sources waiting for a job, scored by due time (ms)
--- KEYS[3]  paused: set of the paused sources
--- KEYS[4]  intervals: hash of source id -> its current interval (s)
--- KEYS[5]  running: the producer's hash of source -> "job id|reserved at (unix s)"
+-- KEYS[1..5]  the schedule's keys (include/schedule.lua): sources, due, paused,
+--          intervals, running
 -- ARGV     none
 -- Returns  {sources made due, entries dropped}
 --
@@ -13,15 +10,10 @@
 -- a damaged key) is due now; due, paused and interval entries of sources that are
 -- gone are dropped. It reads every source: run after a repair, not at every tick.
 
-local sources, due, paused, intervals, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
---!include keytypes
+--!include schedule
 local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
-spec_add(spec, sources, 'hash')
-spec_add(spec, due, 'zset')
-spec_add(spec, paused, 'set')
-spec_add(spec, intervals, 'hash')
-spec_add(spec, running, 'hash')
+schedule_guard(spec)
 local refused = refuse_damaged(spec)
 if refused then return refused end
 

@@ -2,22 +2,16 @@
 -- (celery_crawl.producer.schedule): the source is due now again, unless it was
 -- paused or removed since.
 --
--- KEYS[1]  sources: hash of source id -> its definition, JSON
--- KEYS[2]  due: sorted set of the sources waiting for a job, scored by due time (ms)
--- KEYS[3]  paused: set of the paused sources
--- KEYS[4]  running: the producer's hash of source -> "job id|reserved at (unix s)"
+-- KEYS[1..5]  the schedule's keys (include/schedule.lua): sources, due, paused,
+--          intervals, running
 -- ARGV[1]  source id
 -- Returns  1 if the source is due again, 0 if not
 
-local sources, due, paused, running = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local id = ARGV[1]
 
---!include keytypes
+--!include schedule
 local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
-spec_add(spec, sources, 'hash')
-spec_add(spec, due, 'zset')
-spec_add(spec, paused, 'set')
-spec_add(spec, running, 'hash')
+schedule_guard(spec)
 local refused = refuse_damaged(spec)
 if refused then return refused end
 

@@ -3,13 +3,10 @@
 -- two producers running at once never start the same source twice. It costs the
 -- sources due (and the jobs produced and not finished), not every source.
 --
--- KEYS[1]  running: the producer's hash of source -> "job id|reserved at (unix s)"
--- KEYS[2]  stats hash: producer/produced, producer/held_back
--- KEYS[3]  job key prefix: a job's hash is KEYS[3] .. job id
--- KEYS[4]  sources: hash of source id -> its definition, JSON
--- KEYS[5]  due: sorted set of the sources waiting for a job, scored by due time (ms)
--- KEYS[6]  paused: set of the paused sources
--- KEYS[7]  intervals: hash of source id -> its current interval (s)
+-- KEYS[1..5]  the schedule's keys (include/schedule.lua): sources, due, paused,
+--          intervals, running
+-- KEYS[6]  stats hash: producer/produced, producer/held_back
+-- KEYS[7]  job key prefix: a job's hash is KEYS[7] .. job id
 -- KEYS[8 ..]  the queue levels of each spider of the group
 -- ARGV[1]  job cap: most jobs produced and not finished at once
 -- ARGV[2]  queue cap: produce nothing while the group's queues hold at least this many
@@ -28,27 +25,23 @@
 -- source whose definition is not JSON is paused, not reserved, and counted
 -- (producer/sources_unreadable): put it again to fix it.
 
-local running, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3]
-local sources, due, paused, intervals = KEYS[4], KEYS[5], KEYS[6], KEYS[7]
 local job_cap, queue_cap = tonumber(ARGV[1]), tonumber(ARGV[2])
 local faster, slower = tonumber(ARGV[3]), tonumber(ARGV[4])
 
+--!include schedule
 --!include counters
 --!include levels
 
+local stats, job_prefix = KEYS[SCHEDULE_KEYS + 1], KEYS[SCHEDULE_KEYS + 2]
 local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
-spec_add(spec, running, 'hash')
+schedule_guard(spec)
 spec_add(spec, stats, 'hash')
-spec_add(spec, sources, 'hash')
-spec_add(spec, due, 'zset')
-spec_add(spec, paused, 'set')
-spec_add(spec, intervals, 'hash')
-for i = 8, #KEYS do queue_guard(spec, KEYS[i], nil) end
+for i = SCHEDULE_KEYS + 3, #KEYS do queue_guard(spec, KEYS[i], nil) end
 local refused = refuse_damaged(spec)
 if refused then return refused end
 
 local queued = 0
-for i = 8, #KEYS do
+for i = SCHEDULE_KEYS + 3, #KEYS do
     queued = queued + queue_length(KEYS[i])
 end
 

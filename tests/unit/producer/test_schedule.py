@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from celery_crawl.core import scripts
 from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import BadInput
 from celery_crawl.core.keys import SpiderKeys
@@ -408,3 +410,39 @@ def test_a_damaged_due_set_is_repaired_and_every_source_is_due_again(
     assert client.exists(keys.schedule_due + "~damaged")  # moved aside, kept to look at
     client.hset(keys.schedule_intervals, "gone", 60)  # an entry of a source that is gone
     assert schedule.reconcile() == (0, 1)  # a and b run, quiet is paused: none made due
+
+
+def test_the_schedule_keys_go_in_the_order_every_schedule_script_reads_them(
+    schedule: Schedule, keys: SpiderKeys
+) -> None:
+    """One order, written once: ``producer/lua/include/schedule.lua`` reads the first
+    five KEYS of every schedule script; ``Schedule.schedule_keys`` passes them."""
+    header = scripts.files("include")["schedule"].read_text()
+    names = re.findall(r"^--   KEYS\[(\d)\]  (\w+):", header, re.MULTILINE)
+    assert [int(number) for number, _ in names] == [1, 2, 3, 4, 5]
+    attributes = [name if name == "running" else f"schedule_{name}" for _, name in names]
+    expected = [getattr(keys, "producer_running" if a == "running" else a) for a in attributes]
+    assert schedule.schedule_keys() == expected
+
+
+@pytest.mark.parametrize("damaged", ["sources", "due", "paused", "intervals", "running"])
+def test_each_schedule_script_refuses_any_damaged_schedule_key_and_is_sent_again(
+    client: redis.Redis, keys: SpiderKeys, damaged: str
+) -> None:
+    """The five keys checked alike by every script (``schedule_guard``): a damaged one is
+    moved aside and the call goes through, for put, pause and resume (a schedule each:
+    one repair at most per ``REPAIR_SECONDS`` a schedule)."""
+    index = ["sources", "due", "paused", "intervals", "running"].index(damaged)
+    calls = [
+        lambda schedule: schedule.put(Source("a", seeds=["a"], interval=60)),
+        lambda schedule: schedule.pause("a"),
+        lambda schedule: schedule.resume("a"),
+    ]
+    for call in calls:
+        schedule = Schedule(client, keys)
+        key = schedule.schedule_keys()[index]
+        client.delete(key)
+        client.set(key, "garbage")
+        call(schedule)
+        assert client.type(key) != b"string", f"{key} still damaged"
+        assert client.exists(key + "~damaged")
