@@ -35,6 +35,7 @@ from celery_crawl.core.errors import ConfigError, quote
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
 from celery_crawl.core.scripts import Argv
+from celery_crawl.producer.schedule import schedule_keys
 
 logger = logging.getLogger(__name__)
 
@@ -104,13 +105,10 @@ class Producer:
         """
         job_ids = [uuid.uuid4().hex for _ in sources]
         keys = [
-            self.keys.producer_running,
+            *schedule_keys(self.keys),
             self.keys.producer_cursor,
             self.keys.stats,
             self.keys.job_prefix,
-            self.keys.schedule_sources,
-            self.keys.schedule_due,
-            self.keys.schedule_paused,
             *(member.queue for member in self.group),
         ]
         args = PRODUCE.build(job_cap=self.job_cap, queue_cap=self.queue_cap, sources=len(sources))

@@ -176,6 +176,19 @@ class ScheduleTick:
     queued: int
 
 
+def schedule_keys(keys: SpiderKeys) -> list[str]:
+    """The keys of ``keys``' schedule, which every schedule script (``schedule_*.lua``, and
+    the producer's ``produce.lua``) takes first, in this order
+    (``producer/lua/include/schedule.lua``)."""
+    return [
+        keys.schedule_sources,
+        keys.schedule_due,
+        keys.schedule_paused,
+        keys.schedule_intervals,
+        keys.producer_running,
+    ]
+
+
 class Schedule:
     """The sources of ``keys``' spider; ``group`` is every spider of its group (default: it)."""
 
@@ -219,15 +232,7 @@ class Schedule:
         return made_due, dropped
 
     def schedule_keys(self) -> list[str]:
-        """The keys every schedule script takes first, in this order
-        (``producer/lua/include/schedule.lua``)."""
-        return [
-            self.keys.schedule_sources,
-            self.keys.schedule_due,
-            self.keys.schedule_paused,
-            self.keys.schedule_intervals,
-            self.keys.producer_running,
-        ]
+        return schedule_keys(self.keys)
 
     def _call(self, layout: Argv, keys: list[str]) -> Any:
         return scripts.script(self.client, layout.script)(keys=keys, args=[])

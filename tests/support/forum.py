@@ -18,7 +18,8 @@ def assert_complete_forum_crawl(result: dict[str, Any], context: str = "") -> No
     (and ``context``: what the test saw besides)."""
     expected = FORUM.expected()
     fields = ("state", "pages", "items", "status_codes", "queued", "in_flight", "errors")
-    seen = f"{ {field: result.get(field) for field in fields} } {context}"
+    counts = {field: result.get(field) for field in fields}
+    seen = f"{counts} {context}"
     assert result["state"] == "done", seen
     assert result["pages"] == expected.pages + expected.not_found, seen
     assert result["items"] == expected.posts + expected.comments, seen

@@ -3,9 +3,10 @@
 Tests that measure time (a site's rate, a recovery within a bound, a ctrl-C answered within
 three seconds) are marked ``alone``; under ``pytest -n N`` each of them waits until no other
 test runs, and the others wait while it runs. Every other test takes a shared lock and runs
-beside the rest. Two ``flock`` files in the session's temporary folder, which xdist's workers
+beside the rest. ``flock`` files in the session's temporary folder, which xdist's workers
 share: a turnstile, so that a test waiting to run alone is not starved by shared ones that
-keep coming, and the lock itself. Without xdist, nothing is locked.
+keep coming, the machine's lock itself, and the browser tests' lock (below). Without
+xdist, nothing is locked.
 
 Waiting for the machine to empty costs the other workers the rest of the tests they are
 running, each time. So the ``alone`` tests are collected first, one after another, and a

@@ -4,15 +4,13 @@
 -- The queue length counts every spider of the group (all in one hash tag): a
 -- job's detail requests wait in another spider's queue than its seeds.
 --
--- KEYS[1]  running: hash of source -> "job id|reserved at (unix s)", for jobs
---          produced and not finished
--- KEYS[2]  cursor: index into the source list where the next tick starts
--- KEYS[3]  stats hash: producer/produced, producer/held_back, producer/skipped_running
--- KEYS[4]  job key prefix: a job's hash is KEYS[4] .. job id
--- KEYS[5]  the spider's schedule (schedule_tick.lua): sources, hash of source id -> definition
--- KEYS[6]  the schedule's due: sorted set of the sources waiting for a job, by due time (ms)
--- KEYS[7]  the schedule's paused: set of the paused sources
--- KEYS[8 ..]  the queue levels (sorted set of priority levels) of each spider of the group
+-- KEYS[1..5]  the spider's schedule's keys (include/schedule.lua): sources, due, paused,
+--          intervals, and running, the hash of source -> "job id|reserved at (unix s)"
+--          of the jobs produced and not finished
+-- KEYS[6]  cursor: index into the source list where the next tick starts
+-- KEYS[7]  stats hash: producer/produced, producer/held_back, producer/skipped_running
+-- KEYS[8]  job key prefix: a job's hash is KEYS[8] .. job id
+-- KEYS[9 ..]  the queue levels (sorted set of priority levels) of each spider of the group
 -- ARGV[1]  job cap: most jobs produced and not finished at once
 -- ARGV[2]  queue cap: produce nothing while the group's queues hold at least this many
 -- ARGV[3]  number of sources n
@@ -32,21 +30,18 @@
 -- before the first write, named (include/keytypes.lua): the caller repairs it
 -- with its spider and calls again.
 
-local running, cursor_key, stats, job_prefix = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local scheduled, due, paused = KEYS[5], KEYS[6], KEYS[7]
-local LEVELS = 8
 local job_cap, queue_cap, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 
+--!include schedule
 --!include counters
 --!include levels
 
-local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
-spec_add(spec, running, 'hash')
+local cursor_key, stats = KEYS[SCHEDULE_KEYS + 1], KEYS[SCHEDULE_KEYS + 2]
+local job_prefix, LEVELS = KEYS[SCHEDULE_KEYS + 3], SCHEDULE_KEYS + 4
+local spec = {}  -- the schedule's keys, and every other key it reads or writes, checked first
+schedule_guard(spec)
 spec_add(spec, cursor_key, 'string')
 spec_add(spec, stats, 'hash')
-spec_add(spec, scheduled, 'hash')
-spec_add(spec, due, 'zset')
-spec_add(spec, paused, 'set')
 for i = LEVELS, #KEYS do queue_guard(spec, KEYS[i], nil) end
 local refused = refuse_damaged(spec)
 if refused then return refused end
@@ -69,7 +64,7 @@ for i = 1, #entries, 2 do
     local stale = state == false and now - tonumber(at or 0) > START_GRACE
     if stale or (state ~= false and state ~= 'running') then
         redis.call('HDEL', running, entries[i])
-        if redis.call('HEXISTS', scheduled, entries[i]) == 1
+        if redis.call('HEXISTS', sources, entries[i]) == 1
                 and redis.call('SISMEMBER', paused, entries[i]) == 0 then
             local clock = redis.call('TIME')
             redis.call('ZADD', due, 'NX', clock[1] * 1000 + math.floor(clock[2] / 1000), entries[i])

@@ -10,7 +10,6 @@
 -- a damaged key) is due now; due, paused and interval entries of sources that are
 -- gone are dropped. It reads every source: run after a repair, not at every tick.
 
-
 --!include schedule
 local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
 schedule_guard(spec)

@@ -10,7 +10,7 @@
 local id = ARGV[1]
 
 --!include schedule
-local spec = {}  -- every key it reads or writes checked first (include/keytypes.lua)
+local spec = {}  -- the schedule's keys checked first, as every schedule script does
 schedule_guard(spec)
 local refused = refuse_damaged(spec)
 if refused then return refused end

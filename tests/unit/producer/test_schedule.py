@@ -15,7 +15,13 @@ from celery_crawl.core import scripts
 from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import BadInput
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.producer.schedule import Reserved, Schedule, Source, splay_seconds
+from celery_crawl.producer.schedule import (
+    Reserved,
+    Schedule,
+    Source,
+    schedule_keys,
+    splay_seconds,
+)
 from celery_crawl.queue.queues import PriorityQueue
 from tests.support.round_trips import RoundTrips
 
@@ -413,36 +419,76 @@ def test_a_damaged_due_set_is_repaired_and_every_source_is_due_again(
 
 
 def test_the_schedule_keys_go_in_the_order_every_schedule_script_reads_them(
-    schedule: Schedule, keys: SpiderKeys
+    keys: SpiderKeys,
 ) -> None:
-    """One order, written once: ``producer/lua/include/schedule.lua`` reads the first
-    five KEYS of every schedule script; ``Schedule.schedule_keys`` passes them."""
-    header = scripts.files("include")["schedule"].read_text()
-    names = re.findall(r"^--   KEYS\[(\d)\]  (\w+):", header, re.MULTILINE)
-    assert [int(number) for number, _ in names] == [1, 2, 3, 4, 5]
-    attributes = [name if name == "running" else f"schedule_{name}" for _, name in names]
-    expected = [getattr(keys, "producer_running" if a == "running" else a) for a in attributes]
-    assert schedule.schedule_keys() == expected
+    """One order, written once: ``producer/lua/include/schedule.lua`` reads the first five
+    KEYS of every schedule script (its header and its code agree), and ``schedule_keys``
+    passes them in that order."""
+    fragment = scripts.files("include")["schedule"].read_text()
+    header = re.findall(r"^--   KEYS\[(\d)\]  (\w+):", fragment, re.MULTILINE)
+    assert [int(number) for number, _ in header] == [1, 2, 3, 4, 5]
+    code = re.search(r"^local ([\w, ]+) = (KEYS\[1\].*)$", fragment, re.MULTILINE)
+    assert code is not None
+    names = code.group(1).split(", ")
+    assert names == [name for _, name in header]
+    assert re.findall(r"KEYS\[(\d)\]", code.group(2)) == ["1", "2", "3", "4", "5"]
+    named = {"running": keys.producer_running}
+    expected = [named.get(name) or getattr(keys, f"schedule_{name}") for name in names]
+    assert schedule_keys(keys) == expected
 
 
-@pytest.mark.parametrize("damaged", ["sources", "due", "paused", "intervals", "running"])
+SCHEDULE_KEYS = ["sources", "due", "paused", "intervals", "running"]
+
+
+def damage(client: redis.Redis, keys: SpiderKeys, name: str) -> str:
+    key = schedule_keys(keys)[SCHEDULE_KEYS.index(name)]
+    client.delete(key)
+    client.set(key, "garbage")
+    return key
+
+
+def assert_repaired(client: redis.Redis, key: str) -> None:
+    assert client.type(key) != b"string", f"{key} still damaged"
+    assert client.get(key + "~damaged") == b"garbage"  # moved aside by this call
+    client.delete(key + "~damaged")
+
+
+@pytest.mark.parametrize("damaged", SCHEDULE_KEYS)
 def test_each_schedule_script_refuses_any_damaged_schedule_key_and_is_sent_again(
-    client: redis.Redis, keys: SpiderKeys, damaged: str
+    client: redis.Redis, keys: SpiderKeys, queue: PriorityQueue, damaged: str
 ) -> None:
     """The five keys checked alike by every script (``schedule_guard``): a damaged one is
-    moved aside and the call goes through, for put, pause and resume (a schedule each:
-    one repair at most per ``REPAIR_SECONDS`` a schedule)."""
-    index = ["sources", "due", "paused", "intervals", "running"].index(damaged)
-    calls = [
-        lambda schedule: schedule.put(Source("a", seeds=["a"], interval=60)),
-        lambda schedule: schedule.pause("a"),
-        lambda schedule: schedule.resume("a"),
-    ]
-    for call in calls:
+    moved aside, and the call goes through and does its work, for put, pause, resume and
+    a release (a schedule each: one repair at most per ``REPAIR_SECONDS`` a schedule).
+    A damaged sources hash loses the sources: pause and resume then find none."""
+    lost = damaged == "sources"
+    source = Source("a", seeds=["a"], interval=60)
+
+    key = damage(client, keys, damaged)
+    assert Schedule(client, keys).put(source) == "added"
+    assert_repaired(client, key)
+    assert Schedule(client, keys).get("a") is not None
+
+    for pause in (True, False):
+        Schedule(client, keys).put(source)
+        key = damage(client, keys, damaged)
         schedule = Schedule(client, keys)
-        key = schedule.schedule_keys()[index]
-        client.delete(key)
-        client.set(key, "garbage")
-        call(schedule)
-        assert client.type(key) != b"string", f"{key} still damaged"
-        assert client.exists(key + "~damaged")
+        switched = schedule.pause("a") if pause else schedule.resume("a")
+        assert_repaired(client, key)
+        assert switched is not lost
+        state = schedule.get("a")
+        assert (state is None) if lost else (state is not None and state.paused is pause)
+
+    schedule = Schedule(client, keys)
+    schedule.put(source, paused=False)
+    moved: list[str] = []
+
+    def refuse(reserved: Reserved) -> None:  # the key damaged while the job starts
+        moved.append(damage(client, keys, damaged))
+        raise RuntimeError("broker away")
+
+    schedule.tick(refuse, **FAST)
+    assert moved, "the source was reserved"
+    assert_repaired(client, moved[0])
+    state = schedule.get("a")
+    assert (state is None) if lost else (state is not None and state.running_job is None)

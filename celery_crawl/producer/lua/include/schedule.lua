@@ -1,5 +1,5 @@
--- A spider's schedule: the keys every schedule_*.lua script holds first, in one order,
--- and their types. Included, never run alone.
+-- A spider's schedule: the keys every schedule_*.lua script, and produce.lua, holds
+-- first, in one order, and their types. Included, never run alone.
 --
 -- Uses: KEYS[1..5] of the including script, as
 -- celery_crawl.producer.schedule.Schedule.schedule_keys gives them:
