@@ -2,7 +2,7 @@
 -- first, in one order, and their types. Included, never run alone.
 --
 -- Uses: KEYS[1..5] of the including script, as
--- celery_crawl.producer.schedule.Schedule.schedule_keys gives them:
+-- celery_crawl.producer.schedule.schedule_keys gives them:
 --   KEYS[1]  sources: hash of source id -> its definition, JSON
 --   KEYS[2]  due: sorted set of the sources waiting for a job, scored by due time (ms)
 --   KEYS[3]  paused: set of the paused sources
