@@ -27,7 +27,7 @@ import logging
 import math
 import uuid
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
@@ -200,17 +200,19 @@ class Schedule:
         self.group = group or [keys]
         self.repairer = Repairer(client, keys, self.group)
 
-    def _run(self, layout: Argv, keys: list[str], args: list[Any]) -> Any:
-        """One call of a schedule script; refused for a damaged key, the key is moved
+    def _run(self, layout: Argv, args: list[Any], own_keys: Sequence[str] = ()) -> Any:
+        """One call of a schedule script, with the schedule's keys (:func:`schedule_keys`)
+        then the script's ``own_keys``; refused for a damaged key, the key is moved
         aside, the schedule reconciled (:meth:`reconcile`), and the call sent again."""
         call = scripts.script(self.client, layout.script)
+        keys = [*schedule_keys(self.keys), *own_keys]
         try:
             return call(keys=keys, args=args)
         except redis.ResponseError as exc:
             named = set(refused_key(exc))
             if self.repairer.after(exc) is None:
                 raise
-        if not named or named & set(self.schedule_keys()):  # reads every source: rare
+        if not named or named & set(schedule_keys(self.keys)):  # reads every source: rare
             try:
                 self.reconcile()
             except redis.ResponseError as exc:  # another key damaged: the call names it
@@ -221,7 +223,7 @@ class Schedule:
         """After a repair: a source neither due, paused nor running is due now, and the
         entries of sources that are gone are dropped; (made due, dropped). It reads
         every source: the repair runs it, a tick does not."""
-        made_due, dropped = (int(n) for n in self._call(RECONCILE, self.schedule_keys()))
+        made_due, dropped = (int(n) for n in self._call(RECONCILE))
         if made_due or dropped:
             logger.warning(
                 "schedule of %s reconciled: %d sources due again, %d stale entries dropped",
@@ -231,11 +233,9 @@ class Schedule:
             )
         return made_due, dropped
 
-    def schedule_keys(self) -> list[str]:
-        return schedule_keys(self.keys)
-
-    def _call(self, layout: Argv, keys: list[str]) -> Any:
-        return scripts.script(self.client, layout.script)(keys=keys, args=[])
+    def _call(self, layout: Argv) -> Any:
+        """A schedule script that takes no ARGV, called once (no repair)."""
+        return scripts.script(self.client, layout.script)(keys=schedule_keys(self.keys), args=[])
 
     # -- managing sources ------------------------------------------------------
 
@@ -256,7 +256,7 @@ class Schedule:
             paused="" if paused is None else int(paused),
             splay=splay_seconds(source) if splay else 0,
         )
-        return ("changed", "added", "unchanged")[int(self._run(PUT, self.schedule_keys(), args))]
+        return ("changed", "added", "unchanged")[int(self._run(PUT, args))]
 
     def pause(self, source_id: str) -> bool:
         """Produce no more jobs of the source (one running goes on); False: no such source."""
@@ -268,7 +268,7 @@ class Schedule:
 
     def _switch(self, source_id: str, *, pause: bool) -> bool:
         args = SWITCH.build(source_id=check_source_id(source_id), pause=int(pause))
-        return bool(self._run(SWITCH, self.schedule_keys(), args))
+        return bool(self._run(SWITCH, args))
 
     def remove(self, source_id: str) -> bool:
         """Remove the source (a job of it that runs goes on); False: no such source."""
@@ -374,22 +374,17 @@ class Schedule:
 
     def reserve(self, job_cap: int, queue_cap: int, faster: float, slower: float) -> ScheduleTick:
         """Reserve the sources due now, in due order, with fresh job ids (one script call)."""
-        keys = [
-            *self.schedule_keys(),
-            self.keys.stats,
-            self.keys.job_prefix,
-            *(member.queue for member in self.group),
-        ]
+        own_keys = [self.keys.stats, self.keys.job_prefix, *(m.queue for m in self.group)]
         job_ids = [uuid.uuid4().hex for _ in range(min(job_cap, MAX_RESERVED_PER_TICK))]
         args = TICK.build(job_cap=job_cap, queue_cap=queue_cap, faster=faster, slower=slower)
-        reply = self._run(TICK, keys, args + TICK.rest(job_ids=job_ids))
+        reply = self._run(TICK, args + TICK.rest(job_ids=job_ids), own_keys)
         queued, still_due, now_ms, *flat = reply
         produced = []
         for i in range(0, len(flat), 4):
             source_id, job_id = flat[i].decode(), flat[i + 1].decode()
             source = self._parse(source_id, flat[i + 2])
             if source is None:  # JSON, but breaks a rule: paused until put again
-                self._run(SWITCH, self.schedule_keys(), SWITCH.build(source_id=source_id, pause=1))
+                self._run(SWITCH, SWITCH.build(source_id=source_id, pause=1))
                 continue
             produced.append(Reserved(source, job_id, float(flat[i + 3]) / 1000, now_ms / 1000))
         return ScheduleTick(produced, int(still_due), int(queued))
@@ -440,4 +435,4 @@ class Schedule:
     def _release(self, source_id: str) -> None:
         """A reservation given back: the source is due now again, unless paused since."""
         args = RELEASE.build(source_id=source_id)
-        self._run(RELEASE, self.schedule_keys(), args)
+        self._run(RELEASE, args)
