@@ -23,7 +23,7 @@ import redis
 from celery import Celery
 
 from celery_crawl import crawl
-from celery_crawl.core.errors import UnknownJob
+from celery_crawl.core.errors import JobTimeout, UnknownJob
 from celery_crawl.core.keys import SpiderKeys
 from tests.support.forum import FORUM, forum_seeds
 from tests.support.workers import Worker
@@ -486,6 +486,10 @@ def damaged_crawl(
     assert damaged > 0, "nothing was there to damage"
     try:
         result: dict[str, Any] | None = job.wait(timeout=60)
+    except JobTimeout as exc:  # what the keys and the worker say: a hang is told, not guessed
+        raise AssertionError(
+            f"{exc}\n{keys_now(client, spiders[0])}\n{worker.output()[-6000:]}"
+        ) from exc
     except UnknownJob:
         result = None
         deadline = time.monotonic() + 30  # its requests left drain
@@ -495,6 +499,30 @@ def damaged_crawl(
     assert site.wait_idle(10)
     fetched = Counter(arrival.path for arrival in site.arrivals())
     return Crawl(result, damaged, client, spiders, fetched, worker.output())
+
+
+def keys_now(client: redis.Redis, keys: SpiderKeys) -> str:
+    """The keys of ``keys``' group with their types and what they hold (sizes, a sorted
+    set's first scores; not the dedup buckets): for the message of a crawl that did not end."""
+    group = keys.queue[: keys.queue.index("}") + 1]  # every key of the group starts so
+    found = (k.decode() for k in client.scan_iter(match=group + "*", count=1000))
+    return "\n".join(
+        f"{key} {shown(client, key)}"[:300] for key in sorted(found) if ":dupefilter:" not in key
+    )
+
+
+def shown(client: redis.Redis, key: str) -> str:
+    kind = client.type(key).decode()
+    try:
+        if kind == "zset":
+            return f"zset {client.zrange(key, 0, 4, withscores=True)}"
+        if kind == "hash":
+            return f"hash {client.hgetall(key)}"
+        if kind in ("list", "set"):
+            return f"{kind} of {client.llen(key) if kind == 'list' else client.scard(key)}"
+    except redis.ResponseError as exc:  # its type changed meanwhile
+        return f"{kind}, then {exc}"
+    return kind
 
 
 @pytest.mark.parametrize("case", list(CASES))
