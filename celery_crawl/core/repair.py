@@ -207,8 +207,9 @@ class Repairer:
         self.group = [keys, *(other for other in group if other.spider != keys.spider)]
         self._last: dict[str, float] = {}
 
-    def after(self, error: Exception) -> Repair | None:
-        """``error`` came back from a script of this spider: repair, unless just done."""
+    def after(self, error: Exception, *, at_once: bool = False) -> Repair | None:
+        """``error`` came back from a script of this spider: repair, unless just done
+        (``at_once``: even so, for a step that must not fail, such as opening)."""
         if isinstance(error, redis.ReadOnlyError):  # a failover under way: nothing damaged
             logger.warning("Redis is read-only (a failover?); kept, will retry: %s", error)
             return None
@@ -217,7 +218,7 @@ class Repairer:
             return None
         named = refused_key(error)
         spiders = [owner(self.group, next(iter(named)))] if named else self.group
-        due = [keys for keys in spiders if self._due(keys.spider)]
+        due = [keys for keys in spiders if self._due(keys.spider) or at_once]
         if not due:
             return None
         logger.error("Redis refused a script of %s: %s; repairing", self.keys.spider, error)
@@ -244,17 +245,17 @@ class Repairer:
             return Repair()
 
 
-def retried(repairer: Repairer, call: Callable[[], T]) -> T:
+def retried(repairer: Repairer, call: Callable[[], T], *, at_once: bool = False) -> T:
     """``call()``; refused for a damaged key, the key is repaired and ``call()`` sent once more.
 
     A script that refuses has written nothing (``core/lua/include/keytypes.lua``), so the
     second call does the whole work once. Sent again after a repair that found the key
     already moved too (another process met it first); raised again when the repair
-    was not run (Redis read-only, or this spider repaired just before).
+    was not run (Redis read-only, or, unless ``at_once``, this spider repaired just before).
     """
     try:
         return call()
     except redis.ResponseError as exc:
-        if repairer.after(exc) is None:
+        if repairer.after(exc, at_once=at_once) is None:
             raise
     return call()

@@ -175,7 +175,12 @@ class Scheduler(BaseScheduler):
         connection.check_eviction(self.queue.client, self.config.allow_eviction)
         if self.config.flush_on_start:
             self.clear()
-        opened = self.crawl.open(self.registration_seconds, fresh_stats=not self.config.persist)
+        # a damaged key must not fail the opening (a hosted crawler's failing stops its worker)
+        opened = retried(
+            self.repairer,
+            lambda: self.crawl.open(self.registration_seconds, fresh_stats=not self.config.persist),
+            at_once=True,
+        )
         if self.queue.sites.enabled:
             SiteState(self.queue.client, self.queue.keys, self.queue.sites).publish_limits()
         self.df.open()

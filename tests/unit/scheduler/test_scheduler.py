@@ -411,3 +411,21 @@ def test_a_scheduler_that_opens_leaves_expired_leases_to_their_holders_for_a_lea
     time.sleep(0.6)  # a lease time after the opening; the holder has died since
     opened.renew()
     assert (len(opened.queue), opened.queue.in_flight()) == (1, 0)  # requeued now
+
+
+def test_a_scheduler_opens_over_a_damaged_registration_even_just_after_a_repair(
+    make_crawler: Any,
+) -> None:
+    """A hosted crawler that fails to open stops its worker: a damaged key met on opening
+    is moved aside and the opening goes on, even when this spider was repaired within
+    ``REPAIR_SECONDS`` (a worker process opening while the keys are damaged mid-crawl)."""
+    crawler = make_crawler()
+    scheduler = Scheduler.from_crawler(crawler)
+    keys, client = scheduler.queue.keys, scheduler.queue.client
+    client.set(keys.dupefilter_count, "abc")
+    assert scheduler.repairer.after(redis.ResponseError("WRONGTYPE"))  # repaired just now
+    client.set(keys.open_schedulers, "not a sorted set")
+    scheduler.open(ForumSpider.from_crawler(crawler))
+    assert client.type(keys.open_schedulers) == b"zset"  # registered, afresh
+    assert client.get(keys.open_schedulers + "~damaged") == b"not a sorted set"
+    scheduler.close("finished")
