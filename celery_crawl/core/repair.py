@@ -209,7 +209,8 @@ class Repairer:
 
     def after(self, error: Exception, *, at_once: bool = False) -> Repair | None:
         """``error`` came back from a script of this spider: repair, unless just done
-        (``at_once``: even so, for a step that must not fail, such as opening)."""
+        (``at_once``: even so, when the refusal names its key, for a step that must not
+        fail, such as opening; an error that names none is repaired at most as often)."""
         if isinstance(error, redis.ReadOnlyError):  # a failover under way: nothing damaged
             logger.warning("Redis is read-only (a failover?); kept, will retry: %s", error)
             return None
@@ -218,7 +219,7 @@ class Repairer:
             return None
         named = refused_key(error)
         spiders = [owner(self.group, next(iter(named)))] if named else self.group
-        due = [keys for keys in spiders if self._due(keys.spider) or at_once]
+        due = [keys for keys in spiders if self._due(keys.spider) or (at_once and named)]
         if not due:
             return None
         logger.error("Redis refused a script of %s: %s; repairing", self.keys.spider, error)

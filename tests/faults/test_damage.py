@@ -505,7 +505,7 @@ def keys_now(client: redis.Redis, keys: SpiderKeys) -> str:
     """The keys of ``keys``' group with their types and what they hold (sizes, a sorted
     set's first scores; not the dedup buckets): for the message of a crawl that did not end."""
     group = keys.queue[: keys.queue.index("}") + 1]  # every key of the group starts so
-    found = (k.decode() for k in client.scan_iter(match=group + "*", count=1000))
+    found = (k.decode("utf-8", "replace") for k in client.scan_iter(match=group + "*", count=1000))
     return "\n".join(
         f"{key} {shown(client, key)}"[:300] for key in sorted(found) if ":dupefilter:" not in key
     )
@@ -520,7 +520,7 @@ def shown(client: redis.Redis, key: str) -> str:
             return f"hash {client.hgetall(key)}"
         if kind in ("list", "set"):
             return f"{kind} of {client.llen(key) if kind == 'list' else client.scard(key)}"
-    except redis.ResponseError as exc:  # its type changed meanwhile
+    except redis.RedisError as exc:  # its type changed meanwhile, say
         return f"{kind}, then {exc}"
     return kind
 

@@ -147,6 +147,7 @@ def test_faults_interleaved_at_random(
                 time.sleep(0.01)
             faults[fault](rng, job.id)
         result = job.wait(timeout=180)
+        dead_letters = run.dead_letters(run.poisoned)  # while the workers that write them run
     finally:
         for worker in run.workers:
             worker.stop()
@@ -160,4 +161,4 @@ def test_faults_interleaved_at_random(
     assert job_hash[b"pending"] == job_hash[b"leased"] == b"0"
     assert int(job_hash[b"done"]) == URLS
     assert sum(client.zcard(k.inflight) for k in run.spiders) == 0
-    assert run.dead_letters(run.poisoned) == run.poisoned
+    assert dead_letters == run.poisoned

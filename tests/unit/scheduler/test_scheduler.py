@@ -417,15 +417,18 @@ def test_a_scheduler_opens_over_a_damaged_registration_even_just_after_a_repair(
     make_crawler: Any,
 ) -> None:
     """A hosted crawler that fails to open stops its worker: a damaged key met on opening
-    is moved aside and the opening goes on, even when this spider was repaired within
-    ``REPAIR_SECONDS`` (a worker process opening while the keys are damaged mid-crawl)."""
-    crawler = make_crawler()
-    scheduler = Scheduler.from_crawler(crawler)
-    keys, client = scheduler.queue.keys, scheduler.queue.client
-    client.set(keys.dupefilter_count, "abc")
-    assert scheduler.repairer.after(redis.ResponseError("WRONGTYPE"))  # repaired just now
-    client.set(keys.open_schedulers, "not a sorted set")
-    scheduler.open(ForumSpider.from_crawler(crawler))
-    assert client.type(keys.open_schedulers) == b"zset"  # registered, afresh
-    assert client.get(keys.open_schedulers + "~damaged") == b"not a sorted set"
-    scheduler.close("finished")
+    is moved aside and the opening goes on (a worker process opening while the keys are
+    damaged mid-crawl), even when this spider was repaired within ``REPAIR_SECONDS``."""
+    for just_repaired in (False, True):
+        crawler = make_crawler()
+        scheduler = Scheduler.from_crawler(crawler)
+        keys, client = scheduler.queue.keys, scheduler.queue.client
+        if just_repaired:
+            client.set(keys.dupefilter_count, "abc")
+            assert scheduler.repairer.after(redis.ResponseError("WRONGTYPE"))
+        client.delete(keys.open_schedulers + "~damaged")
+        client.set(keys.open_schedulers, "not a sorted set")
+        scheduler.open(ForumSpider.from_crawler(crawler))
+        assert client.type(keys.open_schedulers) == b"zset"  # registered, afresh
+        assert client.get(keys.open_schedulers + "~damaged") == b"not a sorted set"
+        scheduler.close("finished")
