@@ -29,6 +29,7 @@ import signal
 import time
 from typing import Any, ClassVar
 
+import redis
 from celery import bootsteps, signals
 
 from celery_crawl.app import broker
@@ -153,9 +154,7 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         for attempt in itertools.count(1):
             try:
                 connection.check(project.client)
-                # a write that changes nothing, refused while Redis is out of memory
-                # (``queue/lua/include/room.lua``); the key is this worker's own
-                project.client.setrange(stopping_worker(project.prefix, self.hostname), 0, "")
+                check_room(project.client, stopping_worker(project.prefix, self.hostname))
                 self.start_hosting()
                 return
             except Exception as exc:
@@ -253,3 +252,18 @@ def cooperative_revoke(state: Any, task_id: Any, terminate: bool = False, **kwar
     others = [i for i in ids if i not in {job.id for job in jobs}]
     builtin(state, ids, terminate=terminate and not jobs and bool(others), **kwargs)
     return {"ok": f"jobs cancelled: {[j.id for j in jobs]}; tasks revoked: {others}"}
+
+
+def check_room(client: redis.Redis, flag: str) -> None:
+    """A write that changes nothing, refused while Redis is out of memory
+    (``queue/lua/include/room.lua``). ``flag`` is this worker's own shutdown flag, stale
+    at start (``_on_ready`` deletes it): one of another type (damaged) is deleted, with an
+    ERROR, and never stops the worker."""
+    try:
+        client.setrange(flag, 0, "")
+    except redis.ResponseError as exc:
+        if not str(exc).startswith("WRONGTYPE"):
+            raise
+        logger.error("key %s had the wrong type: deleted (a stale shutdown flag)", flag)
+        client.delete(flag)
+        client.setrange(flag, 0, "")
