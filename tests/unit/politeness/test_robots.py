@@ -3,6 +3,8 @@ claimed for all, a lapsed claim taken over, a failed fetch shared, the Crawl-del
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -140,8 +142,17 @@ def test_the_crawl_delay_spaces_downloads_of_every_process_and_none_lifts_it(
     sites = SiteState(client, SpiderKeys.build("robots", prefix=prefix))
     assert sites.pace("a.example") == 0  # no Crawl-delay: at once
     sites.crawl_delay("a.example", 0.5)
-    waits = [sites.pace("a.example") for _ in range(3)]  # three processes, at once
-    assert waits[0] <= 5 and 490 <= waits[1] <= 505 and 990 <= waits[2] <= 1005, waits
+    calls = [timed(lambda: sites.pace("a.example")) for _ in range(3)]  # three processes
+    # each call's slot (when it was asked, plus the wait it got), 500 ms after the one before;
+    # a call is asked somewhere between the times before and after it (a loaded machine)
+    first_before, first_after, first_wait = calls[0]
+    assert first_wait <= 5, calls
+    for k, (before, after, wait) in enumerate(calls[1:], start=1):
+        earliest, latest = (
+            before + wait - (first_after + first_wait),
+            after + wait - (first_before + first_wait),
+        )
+        assert earliest <= 500 * k + 5 and latest >= 500 * k - 10, (k, calls)
     assert client.hget(SpiderKeys.build("robots", prefix=prefix).site("a.example"), "robots")
     sites.crawl_delay("a.example", None)
     assert sites.pace("a.example") == 0
@@ -154,3 +165,10 @@ def test_the_crawl_delay_is_read_for_the_user_agent() -> None:
     assert crawl_delay(parser, "slowbot") == 7.0
     assert crawl_delay(parser, "Scrapy/2.19") == 2.0
     assert crawl_delay(object(), "any") is None  # a parser that cannot tell
+
+
+def timed(call: Callable[[], int]) -> tuple[float, float, int]:
+    """(ms before, ms after, what ``call`` returned), on this process's monotonic clock."""
+    before = time.monotonic() * 1000
+    result = call()
+    return before, time.monotonic() * 1000, result
