@@ -324,7 +324,7 @@ def test_a_killed_celery_parent_leaves_no_browser_behind(
     wait_until(lambda: not browsers_of(mark), 60, "no process of the killed worker left")
 
 
-@pytest.mark.alone  # browsers, and timing: the whole machine
+@pytest.mark.alone  # browsers, and timing: a CPU of its own
 def test_a_render_slower_than_a_lease_keeps_it_and_site_limits_count_renders(
     env: dict[str, str],
     start_worker: Callable[..., Worker],
@@ -417,7 +417,7 @@ def test_the_browser_is_recycled_and_no_page_is_lost(
     wait_until(lambda: not browsers_of(mark), 30, "no process of the stopped worker")
 
 
-@pytest.mark.alone  # browsers, and timing: the whole machine
+@pytest.mark.alone  # browsers, and timing: a CPU of its own
 def test_renders_past_their_deadline_free_their_pages_for_the_next_ones(
     env: dict[str, str],
     start_worker: Callable[..., Worker],

@@ -55,7 +55,7 @@ def stats_of(
         time.sleep(0.2)
 
 
-@pytest.mark.alone  # the spacing of a site's requests: the whole machine
+@pytest.mark.alone  # the spacing of a site's requests: a CPU of its own
 def test_four_processes_fetch_robots_txt_once_and_hold_its_crawl_delay_together(
     app: Celery,
     prefix: str,

@@ -97,7 +97,7 @@ def wait_until_ended(client: redis.Redis, keys: list[SpiderKeys], timeout: float
         time.sleep(1.0)
 
 
-@pytest.mark.alone  # a tick's jobs within their due time: the whole machine
+@pytest.mark.alone  # a tick's jobs within their due time: a CPU of its own
 def test_a_thousand_sources_of_two_spiders_each_start_within_a_tick_of_due(
     env: dict[str, str],
     start_worker: Callable[..., Worker],

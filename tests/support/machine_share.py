@@ -1,27 +1,33 @@
-"""The machine shared out among pytest-xdist's workers: a test marked ``alone`` runs by itself.
+"""The machine shared out among pytest-xdist's workers: an ``alone`` test gets a CPU to itself.
 
 Tests that measure time (a site's rate, a recovery within a bound, a ctrl-C answered within
-three seconds) are marked ``alone``; under ``pytest -n N`` each of them waits until no other
-test runs, and the others wait while it runs. Every other test takes a shared lock and runs
-beside the rest. ``flock`` files in the session's temporary folder, which xdist's workers
-share: a turnstile, so that a test waiting to run alone is not starved by shared ones that
-keep coming, the machine's lock itself, and the browser tests' lock (below). Without
-xdist, nothing is locked.
+three seconds) are marked ``alone``. Under ``pytest -n N`` each of them runs while no other
+``alone`` test does, on a CPU of its own: while it runs, its xdist worker's processes (the
+test's Celery workers, servers and sites, and the xdist worker's embedded server) are
+pinned to the first CPU the session may use, and every other process of the test session
+to the others (``sched_setaffinity``); when it ends, every process of the session may use
+every CPU again. A process started meanwhile runs where its parent does. So the other tests
+go on beside it, on the other CPUs, and it measures what it would on an empty machine with
+one CPU. With a single CPU it waits instead until no other test runs, and the others wait
+while it runs (a shared ``flock``, and a turnstile so that it is not starved). Without
+xdist, nothing is pinned or locked.
 
-Waiting for the machine to empty costs the other workers the rest of the tests they are
-running, each time. So the ``alone`` tests are collected first, one after another, and a
-worker keeps the machine to itself from one of them to the next: with xdist's ``worksteal``
-distribution (``addopts``), the first worker runs them all in one stretch, and the machine
-is emptied about once.
+The ``alone`` tests are collected first, one after another, so that the first worker runs
+them in a row (xdist's ``worksteal`` distribution, ``addopts``, gives each worker a
+contiguous share of the collection).
 
-Tests that drive Chromium and measure nothing are marked ``browser`` instead: one of them
-at a time (a third lock, taken before the machine's, so that a test waiting for it holds
-nothing), beside the shared tests. They are collected right after the ``alone`` ones, so
-that the first worker runs them in a row too.
+A test that needs more than one CPU to measure what it measures (four Celery workers holding
+two sites to their rates) is marked ``alone(machine=True)``: it runs while no other test does,
+as every ``alone`` test did before (every test holds the machine's lock, shared; this one takes
+it alone, through the turnstile).
+
+Tests that drive Chromium and measure nothing are marked ``browser``: one of them at a time
+(a lock of their own), beside the others but never beside an ``alone`` test.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from collections.abc import Iterator
@@ -32,12 +38,19 @@ import pytest
 
 ALONE = "alone"  # the markers (pyproject.toml)
 BROWSER = "browser"
-
-_kept: list[IO[str]] = []  # the lock, still held alone, for this worker's next test
+# the CPUs this process may use, read once when it starts, before any test pins it: while
+# another worker's alone test runs, this process is pinned to the others, and a test that
+# asked then would see one CPU and lock as on a single-CPU machine, beside the pinned test
+CPUS = frozenset(os.sched_getaffinity(0))
 
 
 def _alone(item: pytest.Item | None) -> bool:
     return item is not None and item.get_closest_marker(ALONE) is not None
+
+
+def _whole_machine(item: pytest.Item) -> bool:
+    marker = item.get_closest_marker(ALONE)
+    return marker is not None and bool(marker.kwargs.get("machine", False))
 
 
 def _browser(item: pytest.Item) -> bool:
@@ -63,7 +76,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _take(folder: Path, alone: bool) -> IO[str]:
-    """The machine's lock, shared or alone, taken through the turnstile."""
+    """The machine's lock, shared or alone, taken through the turnstile (a single CPU)."""
     lock = (folder / "machine.lock").open("a")
     with (folder / "machine.turnstile").open("a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
@@ -75,10 +88,7 @@ def _take(folder: Path, alone: bool) -> IO[str]:
 
 
 def _take_browser(folder: Path) -> IO[str]:
-    """The browser tests' lock, taken before the machine's: waiting, this worker holds
-    nothing, not even the machine kept from an alone test (given back first)."""
-    while _kept:
-        _give_back(_kept.pop())
+    """The browser tests' lock: one browser test at a time."""
     browser = (folder / "browser.lock").open("a")
     fcntl.flock(browser, fcntl.LOCK_EX)
     return browser
@@ -90,24 +100,83 @@ def _give_back(lock: IO[str] | None) -> None:
         lock.close()
 
 
+def _tree(root: int) -> set[int]:
+    """``root`` and every process below it."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):  # ended meanwhile
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [root]
+    while todo:
+        pid = todo.pop()
+        found.add(pid)
+        todo += children.get(pid, [])
+    return found
+
+
+def _pin(session: set[int], own: set[int], cpus: set[int], others: set[int]) -> None:
+    """``own`` processes to ``cpus``, the rest of ``session`` to ``others``."""
+    for pid in session:
+        with contextlib.suppress(OSError):  # ended meanwhile
+            os.sched_setaffinity(pid, cpus if pid in own else others)
+
+
+@contextlib.contextmanager
+def _cpu_of_its_own() -> Iterator[None]:
+    """This xdist worker's processes on the first CPU, the session's others on the rest,
+    until the block ends."""
+    every = set(CPUS)
+    first = {min(every)}
+    session = os.getppid()  # the xdist controller, whose children are the workers
+    _pin(_tree(session), _tree(os.getpid()), first, every - first)
+    try:
+        yield
+    finally:
+        tree = _tree(session)
+        _pin(tree, tree, every, every)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     folder = _folder(item.config)
     if folder is None:
         yield
         return
-    browser = _take_browser(folder) if _browser(item) and not _alone(item) else None
-    try:
-        # kept from an alone test before: still alone, which serves any test
-        lock = _kept.pop() if _kept else _take(folder, _alone(item))
-    except BaseException:
-        _give_back(browser)
-        raise
+    if len(CPUS) > 1:
+        yield from _run_pinned(folder, item)
+        return
+    lock = _take(folder, _alone(item))
     try:
         yield  # setup, call and teardown: the test's processes too
     finally:
-        _give_back(browser)
-        if _alone(item) and _alone(nextitem):
-            _kept.append(lock)  # the next test runs alone too: the machine stays empty
+        _give_back(lock)
+
+
+def _run_pinned(folder: Path, item: pytest.Item) -> Iterator[None]:
+    """An ``alone`` test on a CPU of its own, one at a time (``alone(machine=True)``: while no
+    other test runs); a browser test, one at a time and never beside an ``alone`` test
+    (Chromium on one CPU shared with the other tests missed its render deadlines); any other
+    test as it comes. The locks are taken in one order: browser, machine, pinning."""
+    whole = _whole_machine(item)
+    pinned = _alone(item) and not whole
+    locks = []
+    try:
+        if _browser(item) and not _alone(item):
+            locks.append(_take_browser(folder))
+        locks.append(_take(folder, whole))
+        if pinned or _browser(item):
+            pinning = (folder / "pinning.lock").open("a")
+            fcntl.flock(pinning, fcntl.LOCK_EX if pinned else fcntl.LOCK_SH)
+            locks.append(pinning)
+        if pinned:
+            with _cpu_of_its_own():
+                yield
         else:
+            yield
+    finally:
+        for lock in reversed(locks):
             _give_back(lock)

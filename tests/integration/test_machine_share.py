@@ -1,0 +1,98 @@
+"""The suite's own sharing of the machine (tests/support/machine_share.py), in a pytest run of
+its own with four xdist workers: an ``alone`` test runs on the first CPU while every other
+test runs on the others, one ``alone`` test at a time; ``alone(machine=True)`` runs while no
+other test does; a ``browser`` test never beside another, nor beside an ``alone`` one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from itertools import combinations
+from pathlib import Path
+
+import pytest
+
+from tests.support.machine_share import CPUS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PROBES = textwrap.dedent(
+    """
+    import json, os, time
+    import pytest
+
+    def probe(name):
+        start, cpus = time.time(), sorted(os.sched_getaffinity(0))
+        time.sleep(0.4)
+        with open(os.environ["PROBE_LOG"], "a") as log:
+            log.write(json.dumps([name, start, time.time(), cpus]) + "\\n")
+
+    @pytest.mark.alone(machine=True)
+    def test_whole():
+        probe("whole")
+
+    @pytest.mark.parametrize("i", range(4))
+    @pytest.mark.alone
+    def test_alone(i):
+        probe(f"alone{i}")
+
+    @pytest.mark.parametrize("i", range(4))
+    @pytest.mark.browser
+    def test_browser(i):
+        probe(f"browser{i}")
+
+    @pytest.mark.parametrize("i", range(16))
+    def test_plain(i):
+        probe(f"plain{i}")
+    """
+)
+
+# the kinds of test that must never run at the same time
+APART = [{"whole", kind} for kind in ("whole", "alone", "browser", "plain")]
+APART += [{"alone"}, {"browser"}, {"alone", "browser"}]
+
+
+@pytest.mark.alone(machine=True)  # the run pins its own processes: nothing else beside it
+@pytest.mark.skipif(len(CPUS) < 2, reason="pinning needs two CPUs; one CPU locks instead")
+def test_alone_tests_get_a_cpu_of_their_own_and_the_locks_keep_kinds_apart(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "test_probes.py").write_text(PROBES)
+    log = tmp_path / "probes.jsonl"
+    env = {**os.environ, "PROBE_LOG": str(log)}
+    env.pop("PYTEST_XDIST_WORKER", None)
+    command = [sys.executable, "-m", "pytest", "-q", "-n", "4", "-p", "no:randomly"]
+    command += [
+        "--rootdir",
+        str(ROOT),
+        "-c",
+        str(ROOT / "pyproject.toml"),
+        "-p",
+        "tests.support.machine_share",
+    ]
+    command += ["--basetemp", str(tmp_path / "run"), str(tmp_path / "test_probes.py")]
+    done = subprocess.run(
+        command, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    runs = {
+        name: (start, end, cpus)
+        for name, start, end, cpus in map(json.loads, log.read_text().splitlines())
+    }
+    assert len(runs) == 25
+    first, others = sorted(CPUS)[:1], sorted(CPUS)[1:]
+    for name, (start, _, cpus) in runs.items():
+        during_alone = any(
+            other.startswith("alone") and s < start < e for other, (s, e, _) in runs.items()
+        )
+        if name.startswith("alone"):
+            assert cpus == first, (name, cpus)
+        elif during_alone:
+            assert cpus == others, (name, cpus)
+    for (a, (sa, ea, _)), (b, (sb, eb, _)) in combinations(runs.items(), 2):
+        kinds = {a.rstrip("0123456789"), b.rstrip("0123456789")}
+        if kinds in APART:
+            assert ea <= sb or eb <= sa, (a, b)
