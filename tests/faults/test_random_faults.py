@@ -85,7 +85,7 @@ class Run:
 
     def dead_letters(self, at_least: int, timeout: float = 15) -> int:
         """The dead-letter records once they reach ``at_least`` (a bounded wait): a poison
-        entry's record is written by the lease that meets it, not before the job ends."""
+        entry's record is written by the lease that meets it, which may come after the job ended."""
         deadline = time.monotonic() + timeout
         while (found := sum(self.client.llen(k.deadletter) for k in self.spiders)) < at_least:
             if time.monotonic() > deadline:
