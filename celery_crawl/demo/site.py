@@ -61,7 +61,7 @@ import threading
 import time
 import zlib
 from collections import Counter, deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import lru_cache
@@ -79,6 +79,7 @@ IDLE_TIMEOUT = 60.0  # seconds a keep-alive connection may sit idle
 MAX_HEAD = 64 * 1024
 MAX_BODY = 1024 * 1024
 MAX_ARRIVALS = 200_000  # the arrival log keeps the latest this many requests
+HOLD_POLL = 0.01  # seconds between looks of a held response at its gate
 RATE_WINDOW = 1.0  # seconds over which ``rate_limit`` counts accepted requests
 
 Json = dict[str, Any]
@@ -611,6 +612,10 @@ class DemoSite:
         self._rng = random.Random(self.config.seed)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[Any]] = set()
+        self._answering = threading.Event()  # cleared: responses are held (a test's gate)
+        self._answering.set()
+        self._held_lock = threading.Lock()
+        self._held: Counter[str] = Counter()  # path -> responses held now
 
     @property
     def url(self) -> str:
@@ -665,6 +670,30 @@ class DemoSite:
         self.responses_by_status[status] += 1
         return status, body, headers
 
+    def hold(self) -> None:
+        """Hold every response from now on until :meth:`release`: each request waits,
+        unanswered, so that a test can act while a client waits on one. Thread-safe."""
+        self._answering.clear()
+
+    def release(self) -> None:
+        """Send the held responses, and answer as before. Thread-safe."""
+        self._answering.set()
+
+    def held_paths(self) -> list[str]:
+        """The paths of the responses held now. Thread-safe."""
+        with self._held_lock:
+            return list(+self._held)
+
+    async def _wait_release(self, path: str) -> None:
+        with self._held_lock:
+            self._held[path] += 1
+        try:
+            while not self._answering.is_set():
+                await asyncio.sleep(HOLD_POLL)
+        finally:
+            with self._held_lock:
+                self._held[path] -= 1
+
     def _answer(self, request: Request) -> tuple[int, bytes]:
         if request.method != "GET":
             return 405, ERROR_BODIES[405]
@@ -718,6 +747,8 @@ class DemoSite:
         self.log.enter()
         try:
             keep_alive = await skip_body(reader, request)
+            if not self._answering.is_set():
+                await self._wait_release(request.path)
             if self.config.latency > 0:
                 await asyncio.sleep(self.config.latency)
             html = status == 200 and pages.api_path(request.path.split("?", 1)[0])
@@ -780,6 +811,20 @@ class SiteThread:
     def answer_429(self, count: int = 1, retry_after: int = 2) -> None:
         """Answer the next ``count`` requests 429 with ``Retry-After: <retry_after>``."""
         self.site.answer_429(count, retry_after)
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """No response is sent inside the block (:meth:`DemoSite.hold`); the held ones go
+        when it ends."""
+        self.site.hold()
+        try:
+            yield
+        finally:
+            self.site.release()
+
+    def held_paths(self) -> list[str]:
+        """The paths of the responses held now (:meth:`held`)."""
+        return self.site.held_paths()
 
     def start(self) -> SiteThread:
         self._thread.start()

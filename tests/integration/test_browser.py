@@ -28,6 +28,7 @@ from celery import Celery
 
 from celery_crawl import crawl, create_app
 from celery_crawl.demo.browser_spiders import PLAIN_HANDLERS
+from celery_crawl.demo.pages import api_path
 from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
@@ -240,9 +241,13 @@ def test_a_browser_that_crashes_mid_render_is_started_again_and_loses_no_page(
     )
     job = crawl("forum_js", [{"forum_id": forum} for forum in FORUMS], app=browser_app)
     wait_until(lambda: job.status().pages >= 30, 180, "30 pages rendered")
-    crashed = browser_main(mark)
-    assert len(crashed) == 1, crashed
-    os.kill(crashed[0], signal.SIGKILL)
+    # a render under way when the browser dies, for sure: the site holds its answers, and
+    # the browser waits on a page's (without the gate, the kill could fall between renders)
+    with js_site.held():
+        wait_until(lambda: any(map(api_path, js_site.held_paths())), 60, "a page held")
+        crashed = browser_main(mark)
+        assert len(crashed) == 1, crashed
+        os.kill(crashed[0], signal.SIGKILL)
     result = job.wait(timeout=300)
     assert result["state"] == "done", result
     # the renders the crash left waiting failed at BROWSER_RENDER_TIMEOUT, and were retried

@@ -8,6 +8,7 @@ import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from celery_crawl.demo.site import (
     render,
     run_in_thread,
 )
+from tests.support.waiting import wait_for
 
 SMALL = SiteConfig(forums=2, posts_per_forum=30)
 MAX_FOLLOW = 1000  # bound on next_page chains; far above any page count used here
@@ -307,6 +309,21 @@ def test_counters_track_kinds(small_site: SiteThread) -> None:
     assert site.requests_served == before[0] + 2
     assert site.requests_by_kind["comment"] == before[1].get("comment", 0) + 1
     assert site.requests_by_kind["unknown"] == before[1].get("unknown", 0) + 1
+
+
+def test_held_responses_wait_for_the_block_to_end_and_are_then_sent() -> None:
+    """A test's gate: inside ``held()`` a request waits, unanswered and listed; it is
+    answered when the block ends."""
+    with run_in_thread(SMALL) as site, ThreadPoolExecutor(1) as pool:
+        with site.held():
+            answer = pool.submit(fetch, f"{site.url}/post/100000")
+            wait_for(lambda: site.held_paths() == ["/post/100000"], 10, "the request held")
+            assert not answer.done()
+            assert site.site.log.in_flight == 1
+        status, body = answer.result(timeout=10)
+        assert (status, json.loads(body)["post_id"]) == (200, "100000")
+        assert site.held_paths() == []
+        assert fetch(f"{site.url}/post/100001")[0] == 200  # no longer held
 
 
 def test_error_rate_one_answers_503() -> None:
