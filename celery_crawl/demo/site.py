@@ -672,7 +672,8 @@ class DemoSite:
 
     def hold(self) -> None:
         """Hold every response from now on until :meth:`release`: each request waits,
-        unanswered, so that a test can act while a client waits on one. Thread-safe."""
+        unanswered, so that a test can act while a client waits on one. A held request is
+        already counted as served, its answer decided. Thread-safe."""
         self._answering.clear()
 
     def release(self) -> None:
@@ -680,7 +681,7 @@ class DemoSite:
         self._answering.set()
 
     def held_paths(self) -> list[str]:
-        """The paths of the responses held now. Thread-safe."""
+        """The paths of the responses held now, each once. Thread-safe."""
         with self._held_lock:
             return list(+self._held)
 

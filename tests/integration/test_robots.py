@@ -4,8 +4,9 @@ obeyed by each, and its Crawl-delay held across them all (``politeness/robots.py
 from __future__ import annotations
 
 import itertools
+import re
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,30 +30,41 @@ def robots_site() -> Iterator[StaticSite]:
 
 
 @pytest.fixture
-def four_processes(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Worker]]:
+def four_processes(env: dict[str, str], tmp_path: Path) -> Iterator[list[Worker]]:
     # the site unlimited by the settings: only its robots.txt spaces its requests
     values = {**env, "SITE_CONCURRENCY": "0", "SITE_RATE": "0"}
     with started_workers(values, tmp_path) as start:
-        for name in ("w1", "w2"):  # two workers of two processes each
-            start(name, pool="prefork", concurrency=2)
-        yield start
+        # two workers of two processes each
+        yield [start(name, pool="prefork", concurrency=2) for name in ("w1", "w2")]
 
 
 def stats_of(
-    client: redis.Redis, keys: SpiderKeys, forbidden: int, timeout: float = 20
+    client: redis.Redis, keys: SpiderKeys, forbidden: int, shared: int, timeout: float = 20
 ) -> dict[str, int]:
-    """The crawl-wide robots.txt counters, once the four processes' counts are all in
-    (each process sends its counts in batches)."""
+    """The crawl-wide robots.txt counters, once the processes' counts are all in (each
+    process sends its counts in batches)."""
     deadline = time.monotonic() + timeout
     while True:
         raw = client.hgetall(keys.stats)
         found = {k.decode(): int(v) for k, v in raw.items() if k.startswith(b"robotstxt/")}
-        complete = found.get("robotstxt/shared", 0) >= 3
+        complete = found.get("robotstxt/shared", 0) >= shared
         if complete and found.get("robotstxt/forbidden", 0) >= forbidden:
             return found
         if time.monotonic() > deadline:
             return found
         time.sleep(0.2)
+
+
+def own_stats(output: str, spider: str) -> list[dict[str, int]]:
+    """The counters of ``spider`` in each process of a stopped worker, from the stats each
+    logs as its crawler closes."""
+    dumps = re.findall(
+        rf"\[{spider}\] Dumping Scrapy stats, this process only:\n(\{{.*?\}})\n", output, re.S
+    )
+    return [
+        {name: int(value) for name, value in re.findall(r"'([^']+)': (\d+),?$", dump, re.M)}
+        for dump in dumps
+    ]
 
 
 @pytest.mark.alone  # the spacing of a site's requests: a CPU of its own
@@ -61,17 +73,28 @@ def test_four_processes_fetch_robots_txt_once_and_hold_its_crawl_delay_together(
     prefix: str,
     state_client: redis.Redis,
     robots_site: StaticSite,
-    four_processes: Callable[..., Worker],
+    four_processes: list[Worker],
 ) -> None:
     pages = [robots_site.url + path for path in robots_site.page_paths()]
     private = [f"{robots_site.url}/private/{n}.html" for n in range(5)]
     job = crawl("robots_pages", private + pages, app=app)  # the private ones read first
     result = job.wait(timeout=120)
     assert result["state"] == "done" and result["pages"] == PAGES, result
-    # one fetch of robots.txt; the other three processes read the shared copy
+    # one fetch of robots.txt; every other process that crawled read the shared copy, once
+    # (a process may get no request at all: the others take each due one first)
     assert robots_site.hits["/robots.txt"] == 1
-    stats = stats_of(state_client, SpiderKeys.build("robots_pages", prefix=prefix), len(private))
-    assert stats.get("robotstxt/request_count") == 1 and stats.get("robotstxt/shared") == 3, stats
+    assert [worker.stop() for worker in four_processes] == [0, 0]
+    own = [s for worker in four_processes for s in own_stats(worker.output(), "robots_pages")]
+    assert len(own) == 4, own
+    crawled = [s for s in own if s.get("downloader/request_count", 0) > 0]
+    fetched = [s for s in crawled if s.get("robotstxt/request_count", 0) > 0]
+    assert len(fetched) == 1 and fetched[0]["robotstxt/request_count"] == 1, own
+    assert len(crawled) >= 2, own  # the shared copy was read
+    assert all(s.get("robotstxt/shared") == 1 for s in crawled if s is not fetched[0]), own
+    keys = SpiderKeys.build("robots_pages", prefix=prefix)
+    stats = stats_of(state_client, keys, len(private), shared=len(crawled) - 1)
+    assert stats.get("robotstxt/request_count") == 1, stats
+    assert stats.get("robotstxt/shared") == len(crawled) - 1, stats
     # its rules, in every process: no disallowed page was fetched
     assert not any(path.startswith("/private/") for path in robots_site.hits)
     assert stats.get("robotstxt/forbidden") == len(private)

@@ -19,7 +19,8 @@ contiguous share of the collection).
 A test that needs more than one CPU to measure what it measures (four Celery workers holding
 two sites to their rates) is marked ``alone(machine=True)``: it runs while no other test does,
 as every ``alone`` test did before (every test holds the machine's lock, shared; this one takes
-it alone, through the turnstile).
+it alone, through the turnstile). A worker keeps the machine from one such test to the next
+in the collection, so that the machine is emptied once for the pair, not at each test.
 
 Tests that drive Chromium and measure nothing are marked ``browser``: one of them at a time
 (a lock of their own), beside the others but never beside an ``alone`` test.
@@ -30,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -147,7 +149,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield
         return
     if len(CPUS) > 1:
-        yield from _run_pinned(folder, item)
+        yield from _run_pinned(folder, item, nextitem)
         return
     lock = _take(folder, _alone(item))
     try:
@@ -156,18 +158,65 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         _give_back(lock)
 
 
-def _run_pinned(folder: Path, item: pytest.Item) -> Iterator[None]:
+class _Kept:
+    """The machine's lock, kept from a whole-machine test to the next one of this process.
+
+    Between two such tests, another worker's long test could start, and the next one would
+    wait for it with the machine half idle (the turnstile lets no one else start). A lock
+    kept is given back if no test takes it within :data:`KEEP_SECONDS`: this worker may wait
+    for the controller, or the session may stop (``-x``), and must not hold the machine
+    meanwhile.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: IO[str] | None = None
+        self._timer: threading.Timer | None = None
+
+    def take(self) -> IO[str] | None:
+        """The kept lock, now the caller's; None if none is kept."""
+        with self._lock:
+            held, self._held = self._held, None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return held
+
+    def keep(self, lock: IO[str]) -> None:
+        with self._lock:
+            self._held = lock
+            self._timer = threading.Timer(KEEP_SECONDS, self.give_back)
+            self._timer.daemon = True
+            self._timer.start()
+
+    def give_back(self) -> None:
+        _give_back(self.take())
+
+
+KEEP_SECONDS = 10.0
+_kept = _Kept()
+
+
+def _whole_machine_next(nextitem: pytest.Item | None) -> bool:
+    return nextitem is not None and _whole_machine(nextitem) and not _browser(nextitem)
+
+
+def _run_pinned(folder: Path, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """An ``alone`` test on a CPU of its own, one at a time (``alone(machine=True)``: while no
     other test runs); a browser test, one at a time and never beside an ``alone`` test
     (Chromium on one CPU shared with the other tests missed its render deadlines); any other
     test as it comes. The locks are taken in one order: browser, machine, pinning."""
     whole = _whole_machine(item)
     pinned = _alone(item) and not whole
+    kept = _kept.take()
+    if kept is not None and not whole:
+        _give_back(kept)
+        kept = None
     locks = []
     try:
         if _browser(item) and not _alone(item):
             locks.append(_take_browser(folder))
-        locks.append(_take(folder, whole))
+        locks.append(kept if kept is not None else _take(folder, whole))
         if pinned or _browser(item):
             pinning = (folder / "pinning.lock").open("a")
             fcntl.flock(pinning, fcntl.LOCK_EX if pinned else fcntl.LOCK_SH)
@@ -178,5 +227,7 @@ def _run_pinned(folder: Path, item: pytest.Item) -> Iterator[None]:
         else:
             yield
     finally:
+        if whole and locks and not _browser(item) and _whole_machine_next(nextitem):
+            _kept.keep(locks.pop(0))  # the machine's lock: the only one a whole test takes
         for lock in reversed(locks):
             _give_back(lock)
