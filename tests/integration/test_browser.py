@@ -33,6 +33,7 @@ from celery_crawl.demo.pages import api_path
 from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
+from tests.support.procs import stat_fields
 from tests.support.workers import Worker, killed_at_end
 
 BROWSER_APP = "tests.support.browser_app"
@@ -99,7 +100,7 @@ def browsers_of(mark: str) -> list[int]:
             continue
         try:
             environ = (entry / "environ").read_bytes()
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            state = stat_fields(entry.name)[0]
         except OSError:
             continue  # gone meanwhile, or not ours to read
         if f"{MARK}={mark}".encode() in environ.split(b"\0") and state != "Z":
@@ -234,7 +235,7 @@ def browser_main(mark: str) -> list[int]:
     for pid in chromium:
         try:
             command = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            parent = int(stat_fields(pid)[1])
         except (OSError, IndexError, ValueError):  # ended meanwhile
             continue
         if b"--remote-debugging-pipe" in command and parent not in chromium:

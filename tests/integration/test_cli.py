@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.ports import free_port
+from tests.support.procs import descendants, stat_fields
 
 
 def test_site_subcommand_serves_the_demo_forum() -> None:
@@ -113,26 +114,9 @@ def start_demo(folder: Path, env: dict[str, str], out: Any) -> subprocess.Popen[
     )
 
 
-def descendants(pid: int) -> set[int]:
-    """Every process below ``pid``, from /proc."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.add(child)
-            todo.append(child)
-    return found
-
-
 def alive(pid: int) -> bool:
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = stat_fields(pid)[0]
     except OSError:
         return False
     return state != "Z"

@@ -38,6 +38,8 @@ from typing import IO
 
 import pytest
 
+from tests.support.procs import descendants
+
 ALONE = "alone"  # the markers (pyproject.toml)
 BROWSER = "browser"
 # the CPUs this process may use, read once when it starts, before any test pins it: while
@@ -78,7 +80,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _take(folder: Path, alone: bool) -> IO[str]:
-    """The machine's lock, shared or alone, taken through the turnstile (a single CPU)."""
+    """The machine's lock, shared or alone, taken through the turnstile."""
     lock = (folder / "machine.lock").open("a")
     with (folder / "machine.turnstile").open("a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
@@ -104,20 +106,7 @@ def _give_back(lock: IO[str] | None) -> None:
 
 def _tree(root: int) -> set[int]:
     """``root`` and every process below it."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):  # ended meanwhile
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    found, todo = set(), [root]
-    while todo:
-        pid = todo.pop()
-        found.add(pid)
-        todo += children.get(pid, [])
-    return found
+    return {root} | descendants(root)
 
 
 def _pin(session: set[int], own: set[int], cpus: set[int], others: set[int]) -> None:

@@ -1,0 +1,29 @@
+"""Processes read from ``/proc``: their state and parent, and the tree below one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name: the state first, then the
+    parent's pid. ``OSError`` once the process has ended (or is not ours to read)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid``."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int(stat_fields(entry.name)[1])
+            except (OSError, IndexError, ValueError):  # ended meanwhile
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
