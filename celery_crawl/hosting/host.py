@@ -43,6 +43,7 @@ from celery_crawl.core.heartbeat import Heartbeat
 from celery_crawl.core.keys import SpiderKeys, workers_key
 from celery_crawl.core.repair import Repairer
 from celery_crawl.hosting.registry import WorkerRegistration
+from celery_crawl.jobs.logcontext import detached
 
 logger = logging.getLogger(__name__)
 
@@ -144,7 +145,7 @@ class CrawlerHost:
         import crochet
 
         setup_reactor()
-        crochet.run_in_reactor(self._start)().wait(timeout)
+        crochet.run_in_reactor(detached(self._start))().wait(timeout)
         self.registration.renew()
         self.heartbeat.start()
         logger.info("hosting crawlers for %s", ", ".join(self.spiders))
@@ -233,7 +234,7 @@ class CrawlerHost:
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("could not leave the worker registry: %s", exc)
         try:
-            crochet.run_in_reactor(self.runner.stop)().wait(timeout)
+            crochet.run_in_reactor(detached(self.runner.stop))().wait(timeout)
         except crochet.TimeoutError:
             logger.warning("crawlers did not stop within %s s", timeout)
 

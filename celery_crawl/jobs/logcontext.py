@@ -31,15 +31,23 @@ A job of the context counts only inside a coroutine (an asyncio task): a
 plain reactor call made from a job's callback (the engine's next loop)
 copies the context, but works on other jobs' requests.
 
+Nor is the context of a call from another thread its caller's: Twisted's
+asyncio reactor runs every due ``callLater`` in the context of whichever call
+armed its timer, a job's coroutine as often as not (a download slot's delay).
+Work that the hosting thread starts in the reactor and that is no job's (the
+crawlers' start and shutdown) goes through :func:`detached`.
+
 It runs for every line: a few attribute reads, and a context variable's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any, Self
+from collections.abc import Callable
+from contextvars import Context, ContextVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Self, TypeVar
 
 from celery_crawl.jobs.signals import job_of
 
@@ -52,11 +60,24 @@ if TYPE_CHECKING:
 _current: ContextVar[tuple[str, str]] = ContextVar("celery_crawl_log", default=("", ""))
 # the keys of a line's arguments that may hold its request or response
 _SUBJECT_KEYS = ("request", "response", "src")
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def enter(spider: str, job: str = "") -> None:
     """The code running now, and what it starts from now on, works for ``spider`` and ``job``."""
     _current.set((spider, job))
+
+
+def detached(func: Callable[P, R]) -> Callable[P, R]:
+    """``func`` run in a fresh context: what it logs and starts works for no job but
+    one it enters itself, whichever context the reactor runs it in."""
+
+    @functools.wraps(func)
+    def run(*args: P.args, **kwargs: P.kwargs) -> R:
+        return Context().run(func, *args, **kwargs)
+
+    return run
 
 
 def crawl_tag(record: logging.LogRecord) -> str:

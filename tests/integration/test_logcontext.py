@@ -34,6 +34,12 @@ def test_lines_name_their_spider_and_job(
     assert len(opened) == len(hosted), opened
     assert all(re.search(r"\] \[\w+\] Spider opened$", line) for line in opened), opened
     assert any(line.endswith(f"[{SPIDER}] Spider opened") for line in opened)
+    # the worker's shutdown works for no job: its lines name their spider only
+    shutdown = re.compile(r"(Closing spider|Dumping Scrapy stats|Spider closed)")
+    closing = [line for line in lines if shutdown.search(line)]
+    assert len(closing) == 4 * len(hosted), closing  # closing, two stats dumps, closed
+    spider_only = re.compile(r"\] \[\w+\] " + shutdown.pattern)
+    assert [line for line in closing if not spider_only.search(line)] == []
     for tag, job in jobs.items():
         tagged = [line for line in lines if f"of tag {tag}: 403" in line]
         assert len(tagged) == PAGES, tagged

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 
 from scrapy import Request, Spider
@@ -60,3 +61,44 @@ def test_the_formatter_puts_the_tag_before_the_message_and_leaves_the_record_as_
     assert formatter.format(line) == "INFO [named] 100% of 3 pages"
     assert (line.msg, line.args) == ("100%% of %(n)d pages", {"n": 3})
     assert formatter.format(record("plain %s", ("line",))) == "INFO plain line"
+
+
+def test_a_reactor_call_from_another_thread_runs_in_a_jobs_context_unless_detached() -> None:
+    """Twisted's asyncio reactor runs its due calls in the context of the call that armed
+    its timer: here a job's coroutine (as a download slot's delay does), then a call from
+    the hosting thread (as ``callFromThread`` makes it) in the same turn of the loop."""
+    from twisted.internet.asyncioreactor import AsyncioSelectorReactor
+
+    loop = asyncio.new_event_loop()
+    reactor = AsyncioSelectorReactor(loop)  # not installed: only its timer is used
+    tags: dict[str, str] = {}
+    started: list[asyncio.Task[None]] = []
+
+    def shutdown(label: str) -> None:  # as a crawler's stop: it starts a coroutine
+        async def closing() -> None:
+            tags[label] = crawl_tag(record("Closing spider (shutdown)", spider=NamedSpider()))
+
+        started.append(loop.create_task(closing()))
+
+    def from_the_hosting_thread() -> None:
+        reactor.callLater(0, shutdown, "plain")
+        reactor.callLater(0, logcontext.detached(shutdown), "detached")
+
+    async def a_jobs_callback() -> None:
+        logcontext.enter("named", "j3")
+        reactor.callLater(0, lambda: None)
+        loop.call_soon(from_the_hosting_thread, context=contextvars.Context())
+
+    async def main() -> None:
+        await loop.create_task(a_jobs_callback())
+        for _ in range(100):  # bounded: both run within a few turns of the loop
+            if len(tags) == 2:
+                return
+            await asyncio.sleep(0.01)
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        reactor.disconnectAll()
+        loop.close()
+    assert tags == {"plain": "[named job=j3]", "detached": "[named]"}
