@@ -31,11 +31,13 @@ A job of the context counts only inside a coroutine (an asyncio task): a
 plain reactor call made from a job's callback (the engine's next loop)
 copies the context, but works on other jobs' requests.
 
-Nor is the context of a call from another thread its caller's: Twisted's
-asyncio reactor runs every due ``callLater`` in the context of whichever call
-armed its timer, a job's coroutine as often as not (a download slot's delay).
-Work that the hosting thread starts in the reactor and that is no job's (the
-crawlers' start and shutdown) goes through :func:`detached`.
+Nor is the context of a call from another thread always its caller's:
+Twisted's asyncio reactor runs every due ``callLater`` in the context of
+whichever call armed its timer, which may be a job's coroutine (a download
+slot's delay); a call from another thread that falls due with it (more likely
+on a busy reactor) runs there too. Work that the hosting thread starts in the
+reactor and that is no job's (the crawlers' start, the worker's shutdown)
+goes through :func:`detached`.
 
 It runs for every line: a few attribute reads, and a context variable's.
 """
@@ -71,7 +73,8 @@ def enter(spider: str, job: str = "") -> None:
 
 def detached(func: Callable[P, R]) -> Callable[P, R]:
     """``func`` run in a fresh context: what it logs and starts works for no job but
-    one it enters itself, whichever context the reactor runs it in."""
+    one it enters itself, whichever context the reactor runs it in. For a plain
+    function: a coroutine function's body would run later, in the reactor's context."""
 
     @functools.wraps(func)
     def run(*args: P.args, **kwargs: P.kwargs) -> R:

@@ -99,6 +99,7 @@ def test_a_reactor_call_from_another_thread_runs_in_a_jobs_context_unless_detach
     try:
         loop.run_until_complete(main())
     finally:
-        reactor.disconnectAll()
+        reactor.removeReader(reactor.waker)
+        reactor.waker.connectionLost(None)  # its pipe closed
         loop.close()
     assert tags == {"plain": "[named job=j3]", "detached": "[named]"}
