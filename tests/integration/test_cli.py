@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+import shutil
 import subprocess
 import sys
 import time
@@ -80,6 +82,7 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
             "2",
             "--items",
             str(items),
+            "--keep-logs",
         ],
         cwd=tmp_path,
         env=env,
@@ -89,6 +92,9 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    kept = re.search(r"logs kept in (\S+)", done.stdout)
+    assert kept, done.stdout[-3000:]
+    logs = Path(shutil.move(kept.group(1), tmp_path / "logs"))  # kept with the test's folder
     expected = SiteConfig(forums=2).expected()
     assert "password" in done.stdout and "Flower      http://127.0.0.1:" in done.stdout
     assert "export REDIS_URL=redis://" in done.stdout  # how to try it by hand
@@ -96,10 +102,18 @@ def test_demo_once_runs_everything_and_summarises(tmp_path: Path) -> None:
     assert f"│ pages      │ {expected.pages + expected.not_found}" in done.stdout
     assert "│ 429s       │ 0 " in done.stdout  # the site's rate limit was never reached
     lines = [line for f in items.rglob("*.jsonl") for line in f.read_text().splitlines()]
-    assert len(lines) == expected.posts + expected.comments
+    assert len(lines) == expected.posts + expected.comments, feed_lines(logs)
     # a folder per job (one per forum), no empty file (the list spider's, which yields no item)
     assert len({f.parent for f in items.rglob("*.jsonl")}) == 2
     assert all(f.stat().st_size for f in items.rglob("*.jsonl"))
+
+
+def feed_lines(logs: Path) -> list[str]:
+    """What the demo's workers logged of their feeds, and their errors."""
+    wanted = ("Stored ", " ERROR", "CRITICAL", "Error caught")
+    worker_logs = sorted(logs.glob("worker*.log"))
+    text = [line for f in worker_logs for line in f.read_text(errors="replace").splitlines()]
+    return [line for line in text if any(word in line for word in wanted)][-60:]
 
 
 def start_demo(folder: Path, env: dict[str, str], out: Any) -> subprocess.Popen[bytes]:
