@@ -18,7 +18,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -34,6 +33,7 @@ from celery_crawl.demo.site import SiteConfig, SiteThread, run_in_thread
 from tests.support import ROOT
 from tests.support.debian_tools import debian_tool
 from tests.support.procs import stat_fields
+from tests.support.waiting import wait_for
 from tests.support.workers import Worker, killed_at_end
 
 BROWSER_APP = "tests.support.browser_app"
@@ -122,12 +122,8 @@ def chromium_of(mark: str) -> list[int]:
 
 
 def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not within {timeout} s: {what}")
+    """:func:`wait_for`, every 0.2 s: each check scans ``/proc`` or reads a job's state."""
+    wait_for(check, timeout, what, every=0.2)
 
 
 @contextlib.contextmanager

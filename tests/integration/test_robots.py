@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from celery import Celery
 from celery_crawl import crawl
 from celery_crawl.core.keys import SpiderKeys
 from tests.support.static_site import StaticSite, serve
+from tests.support.waiting import wait_for_value
 from tests.support.workers import Worker, started_workers
 
 DELAY = 0.25  # the site's Crawl-delay: 4 requests a second, for every process together
@@ -43,16 +43,18 @@ def stats_of(
 ) -> dict[str, int]:
     """The crawl-wide robots.txt counters, once the processes' counts are all in (each
     process sends its counts in batches)."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def read() -> dict[str, int]:
         raw = client.hgetall(keys.stats)
-        found = {k.decode(): int(v) for k, v in raw.items() if k.startswith(b"robotstxt/")}
-        complete = found.get("robotstxt/shared", 0) >= shared
-        if complete and found.get("robotstxt/forbidden", 0) >= forbidden:
-            return found
-        if time.monotonic() > deadline:
-            return found
-        time.sleep(0.2)
+        return {k.decode(): int(v) for k, v in raw.items() if k.startswith(b"robotstxt/")}
+
+    def complete(found: dict[str, int]) -> bool:
+        return (
+            found.get("robotstxt/shared", 0) >= shared
+            and found.get("robotstxt/forbidden", 0) >= forbidden
+        )
+
+    return wait_for_value(read, complete, timeout, "the robots.txt counters of every process")
 
 
 def own_stats(output: str, spider: str) -> list[dict[str, int]]:
