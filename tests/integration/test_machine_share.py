@@ -1,7 +1,8 @@
 """The suite's own sharing of the machine (tests/support/machine_share.py), in a pytest run of
-its own with four xdist workers: an ``alone`` test runs on the first CPU while every other
-test runs on the others, one ``alone`` test at a time; ``alone(machine=True)`` runs while no
-other test does; a ``browser`` test never beside another, nor beside an ``alone`` one."""
+its own with four xdist workers: while an ``alone`` test runs, every other test runs in
+``SCHED_IDLE`` (where the run may set a thread back, as root) or on the other CPUs (pinned);
+one ``alone`` test at a time; ``alone(machine=True)`` runs while no other test does; a
+``browser`` test never beside another, nor beside an ``alone`` one."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.machine_share import CPUS
+from tests.support.machine_share import CPUS, IDLE_OTHERS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,10 +27,11 @@ PROBES = textwrap.dedent(
 
     def probe(name):
         start, cpus = time.time(), sorted(os.sched_getaffinity(0))
+        policy = os.sched_getscheduler(0)
         time.sleep(0.4)
         with open(os.environ["PROBE_LOG"], "a") as log:
             worker = os.environ["PYTEST_XDIST_WORKER"]
-            log.write(json.dumps([name, start, time.time(), cpus, worker]) + "\\n")
+            log.write(json.dumps([name, start, time.time(), cpus, worker, policy]) + "\\n")
 
     @pytest.mark.parametrize("i", range(2))
     @pytest.mark.alone(machine=True)
@@ -52,14 +54,33 @@ PROBES = textwrap.dedent(
     """
 )
 
-# the kinds of test that must never run at the same time
+# the kinds of test that must never run at the same time; with IDLE_OTHERS, a whole-machine
+# test is one more alone test, and plain ones run idle beside it
+FIRST = ("alone", "whole") if IDLE_OTHERS else ("alone",)
 APART = [{"whole", kind} for kind in ("whole", "alone", "browser", "plain")]
 APART += [{"alone"}, {"browser"}, {"alone", "browser"}]
+if IDLE_OTHERS:
+    APART.remove({"whole", "plain"})
 
 
-@pytest.mark.alone(machine=True)  # the run pins its own processes: nothing else beside it
+def assert_placed(name: str, cpus: list[int], policy: int, during_alone: bool) -> None:
+    """Where a probe ran: an alone one on the first CPU, a test beside it on the others;
+    or, with ``IDLE_OTHERS``, every probe on every CPU, one beside an alone test idle."""
+    if IDLE_OTHERS:  # every CPU to everyone; the others run only where it leaves one idle
+        assert cpus == sorted(CPUS), (name, cpus)
+        if name.startswith(FIRST):
+            assert policy == os.SCHED_OTHER, (name, policy)
+        elif during_alone:
+            assert policy == os.SCHED_IDLE, (name, policy)
+    elif name.startswith("alone"):
+        assert cpus == sorted(CPUS)[:1], (name, cpus)
+    elif during_alone:
+        assert cpus == sorted(CPUS)[1:], (name, cpus)
+
+
+@pytest.mark.alone(machine=True)  # the run places its own processes: no other alone test beside it
 @pytest.mark.skipif(len(CPUS) < 2, reason="pinning needs two CPUs; one CPU locks instead")
-def test_alone_tests_get_a_cpu_of_their_own_and_the_locks_keep_kinds_apart(
+def test_alone_tests_go_first_and_the_locks_keep_kinds_apart(
     tmp_path: Path,
 ) -> None:
     (tmp_path / "test_probes.py").write_text(PROBES)
@@ -81,23 +102,22 @@ def test_alone_tests_get_a_cpu_of_their_own_and_the_locks_keep_kinds_apart(
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     records = [json.loads(line) for line in log.read_text().splitlines()]
-    runs = {name: (start, end, cpus) for name, start, end, cpus, _ in records}
+    runs = {name: (start, end, cpus) for name, start, end, cpus, *_ in records}
+    policies = {name: policy for name, *_, policy in records}
     assert len(runs) == 26
     # the two whole-machine tests, first in the collection, run in a row on one worker, which
-    # keeps the machine between them: no other test starts in between
-    workers = {name: worker for name, *_, worker in records}
+    # keeps the machine between them (when it is emptied for them): no other test starts in
+    # between
+    workers = {name: worker for name, _, _, _, worker, _ in records}
     assert workers["whole0"] == workers["whole1"], workers
     gap = sorted((runs["whole0"][1], runs["whole1"][0]))
-    assert not [name for name, (start, _, _) in runs.items() if gap[0] < start < gap[1]], runs
-    first, others = sorted(CPUS)[:1], sorted(CPUS)[1:]
+    between = [name for name, (start, _, _) in runs.items() if gap[0] < start < gap[1]]
+    assert IDLE_OTHERS or not between, runs
     for name, (start, _, cpus) in runs.items():
         during_alone = any(
-            other.startswith("alone") and s < start < e for other, (s, e, _) in runs.items()
+            other.startswith(FIRST) and s < start < e for other, (s, e, _) in runs.items()
         )
-        if name.startswith("alone"):
-            assert cpus == first, (name, cpus)
-        elif during_alone:
-            assert cpus == others, (name, cpus)
+        assert_placed(name, cpus, policies[name], during_alone)
     for (a, (sa, ea, _)), (b, (sb, eb, _)) in combinations(runs.items(), 2):
         kinds = {a.rstrip("0123456789"), b.rstrip("0123456789")}
         if kinds in APART:

@@ -1,26 +1,32 @@
-"""The machine shared out among pytest-xdist's workers: an ``alone`` test gets a CPU to itself.
+"""The machine shared out among pytest-xdist's workers: an ``alone`` test goes first.
 
 Tests that measure time (a site's rate, a recovery within a bound, a ctrl-C answered within
 three seconds) are marked ``alone``. Under ``pytest -n N`` each of them runs while no other
-``alone`` test does, on a CPU of its own: while it runs, its xdist worker's processes (the
-test's Celery workers, servers and sites, and the xdist worker's embedded server) are
-pinned to the first CPU the session may use, and every other process of the test session
-to the others (``sched_setaffinity``); when it ends, every process of the session may use
-every CPU again. A process started meanwhile runs where its parent does. So the other tests
-go on beside it, on the other CPUs, and it measures what it would on an empty machine with
-one CPU. With a single CPU it waits instead until no other test runs, and the others wait
-while it runs (a shared ``flock``, and a turnstile so that it is not starved). Without
+``alone`` test does, and first in line for the CPUs: while it runs, every thread of the test
+session's other processes is in ``SCHED_IDLE`` (``sched_setscheduler``), so that they run
+only on a CPU that its xdist worker's processes (the test's Celery workers, servers and
+sites, and the xdist worker's embedded server) leave idle, and give it up as soon as one of
+those wakes; when it ends, they are set back to ``SCHED_OTHER``. A process or thread started
+meanwhile has the policy of its parent. So the other tests go on beside it with what it
+leaves, and it measures what it would on an empty machine (:data:`IDLE_OTHERS`).
+
+Setting a thread back from ``SCHED_IDLE`` takes root (or ``CAP_SYS_NICE``); CI runs as root.
+Without it, an ``alone`` test runs on a CPU of its own instead: its xdist worker's processes
+are pinned to the first CPU the session may use, and every other process of the session to
+the others (``sched_setaffinity``), until it ends. A test that needs more than one CPU to
+measure what it measures (four Celery workers holding two sites to their rates) is marked
+``alone(machine=True)``: then it runs while no other test does (every test holds the
+machine's lock, shared; this one takes it alone, through the turnstile), and a worker keeps
+the machine from one such test to the next in the collection, so that the machine is emptied
+once for the pair, not at each test. With ``SCHED_IDLE`` it is one more ``alone`` test.
+
+With a single CPU an ``alone`` test waits instead until no other test runs, and the others
+wait while it runs (a shared ``flock``, and a turnstile so that it is not starved). Without
 xdist, nothing is pinned or locked.
 
 The ``alone`` tests are collected first, one after another, so that the first worker runs
 them in a row (xdist's ``worksteal`` distribution, ``addopts``, gives each worker a
 contiguous share of the collection).
-
-A test that needs more than one CPU to measure what it measures (four Celery workers holding
-two sites to their rates) is marked ``alone(machine=True)``: it runs while no other test does,
-as every ``alone`` test did before (every test holds the machine's lock, shared; this one takes
-it alone, through the turnstile). A worker keeps the machine from one such test to the next
-in the collection, so that the machine is emptied once for the pair, not at each test.
 
 Tests that drive Chromium and measure nothing are marked ``browser``: one of them at a time
 (a lock of their own), beside the others but never beside an ``alone`` test.
@@ -131,6 +137,56 @@ def _cpu_of_its_own() -> Iterator[None]:
         _pin(tree, tree, every, every)
 
 
+def _threads(pid: int) -> list[int]:
+    """The ids of ``pid``'s threads: Linux schedules each thread by a policy of its own."""
+    try:
+        return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+    except OSError:  # ended meanwhile
+        return []
+
+
+def _schedule(pids: set[int], policy: int) -> None:
+    for pid in pids:
+        for tid in _threads(pid):
+            with contextlib.suppress(OSError):  # ended meanwhile
+                os.sched_setscheduler(tid, policy, os.sched_param(0))
+
+
+def _may_idle_others() -> bool:
+    """Whether a thread set to ``SCHED_IDLE`` may be set back (root, or ``CAP_SYS_NICE``)."""
+    result: list[bool] = []
+    probe = threading.Thread(target=_idle_and_back, args=(result,))
+    probe.start()
+    probe.join()
+    return result == [True]
+
+
+def _idle_and_back(result: list[bool]) -> None:
+    tid = threading.get_native_id()
+    try:
+        os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
+        os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+    except PermissionError:
+        result.append(False)
+    else:
+        result.append(True)
+
+
+@contextlib.contextmanager
+def _others_idle() -> Iterator[None]:
+    """Every thread of the session's other processes in ``SCHED_IDLE`` until the block ends:
+    they run only on a CPU that this xdist worker's processes leave idle, and give it up
+    as soon as one of those wakes. A process or thread started meanwhile inherits the
+    policy of its parent."""
+    session = os.getppid()  # the xdist controller, whose children are the workers
+    own = _tree(os.getpid())
+    _schedule(_tree(session) - own - {session}, os.SCHED_IDLE)
+    try:
+        yield
+    finally:
+        _schedule(_tree(session) - _tree(os.getpid()), os.SCHED_OTHER)
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     folder = _folder(item.config)
@@ -184,6 +240,7 @@ class _Kept:
 
 KEEP_SECONDS = 10.0
 _kept = _Kept()
+IDLE_OTHERS = _may_idle_others()
 
 
 def _whole_machine_next(nextitem: pytest.Item | None) -> bool:
@@ -191,11 +248,12 @@ def _whole_machine_next(nextitem: pytest.Item | None) -> bool:
 
 
 def _run_pinned(folder: Path, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
-    """An ``alone`` test on a CPU of its own, one at a time (``alone(machine=True)``: while no
-    other test runs); a browser test, one at a time and never beside an ``alone`` test
-    (Chromium on one CPU shared with the other tests missed its render deadlines); any other
-    test as it comes. The locks are taken in one order: browser, machine, pinning."""
-    whole = _whole_machine(item)
+    """An ``alone`` test one at a time, first for every CPU while the others run idle
+    (:data:`IDLE_OTHERS`); else on a CPU of its own (``alone(machine=True)``: while no other
+    test runs). A browser test, one at a time and never beside an ``alone`` test (Chromium
+    on one CPU shared with the other tests missed its render deadlines); any other test as
+    it comes. The locks are taken in one order: browser, machine, pinning."""
+    whole = _whole_machine(item) and not IDLE_OTHERS
     pinned = _alone(item) and not whole
     kept = _kept.take()
     if kept is not None and not whole:
@@ -211,7 +269,7 @@ def _run_pinned(folder: Path, item: pytest.Item, nextitem: pytest.Item | None) -
             fcntl.flock(pinning, fcntl.LOCK_EX if pinned else fcntl.LOCK_SH)
             locks.append(pinning)
         if pinned:
-            with _cpu_of_its_own():
+            with _others_idle() if IDLE_OTHERS else _cpu_of_its_own():
                 yield
         else:
             yield
