@@ -54,13 +54,9 @@ PROBES = textwrap.dedent(
     """
 )
 
-# the kinds of test that must never run at the same time; with IDLE_OTHERS, a whole-machine
-# test is one more alone test, and plain ones run idle beside it
-FIRST = ("alone", "whole") if IDLE_OTHERS else ("alone",)
+# the kinds of test that must never run at the same time
 APART = [{"whole", kind} for kind in ("whole", "alone", "browser", "plain")]
 APART += [{"alone"}, {"browser"}, {"alone", "browser"}]
-if IDLE_OTHERS:
-    APART.remove({"whole", "plain"})
 
 
 def assert_placed(name: str, cpus: list[int], policy: int, during_alone: bool) -> None:
@@ -68,7 +64,7 @@ def assert_placed(name: str, cpus: list[int], policy: int, during_alone: bool) -
     or, with ``IDLE_OTHERS``, every probe on every CPU, one beside an alone test idle."""
     if IDLE_OTHERS:  # every CPU to everyone; the others run only where it leaves one idle
         assert cpus == sorted(CPUS), (name, cpus)
-        if name.startswith(FIRST):
+        if name.startswith("alone"):
             assert policy == os.SCHED_OTHER, (name, policy)
         elif during_alone:
             assert policy == os.SCHED_IDLE, (name, policy)
@@ -106,16 +102,14 @@ def test_alone_tests_go_first_and_the_locks_keep_kinds_apart(
     policies = {name: policy for name, *_, policy in records}
     assert len(runs) == 26
     # the two whole-machine tests, first in the collection, run in a row on one worker, which
-    # keeps the machine between them (when it is emptied for them): no other test starts in
-    # between
+    # keeps the machine between them: no other test starts in between
     workers = {name: worker for name, _, _, _, worker, _ in records}
     assert workers["whole0"] == workers["whole1"], workers
     gap = sorted((runs["whole0"][1], runs["whole1"][0]))
-    between = [name for name, (start, _, _) in runs.items() if gap[0] < start < gap[1]]
-    assert IDLE_OTHERS or not between, runs
+    assert not [name for name, (start, _, _) in runs.items() if gap[0] < start < gap[1]], runs
     for name, (start, _, cpus) in runs.items():
         during_alone = any(
-            other.startswith(FIRST) and s < start < e for other, (s, e, _) in runs.items()
+            other.startswith("alone") and s < start < e for other, (s, e, _) in runs.items()
         )
         assert_placed(name, cpus, policies[name], during_alone)
     for (a, (sa, ea, _)), (b, (sb, eb, _)) in combinations(runs.items(), 2):

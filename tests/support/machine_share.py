@@ -13,12 +13,15 @@ leaves, and it measures what it would on an empty machine (:data:`IDLE_OTHERS`).
 Setting a thread back from ``SCHED_IDLE`` takes root (or ``CAP_SYS_NICE``); CI runs as root.
 Without it, an ``alone`` test runs on a CPU of its own instead: its xdist worker's processes
 are pinned to the first CPU the session may use, and every other process of the session to
-the others (``sched_setaffinity``), until it ends. A test that needs more than one CPU to
-measure what it measures (four Celery workers holding two sites to their rates) is marked
-``alone(machine=True)``: then it runs while no other test does (every test holds the
-machine's lock, shared; this one takes it alone, through the turnstile), and a worker keeps
-the machine from one such test to the next in the collection, so that the machine is emptied
-once for the pair, not at each test. With ``SCHED_IDLE`` it is one more ``alone`` test.
+the others (``sched_setaffinity``), until it ends.
+
+A test that needs more than one CPU to measure what it measures (four Celery workers holding
+two sites to their rates, a crawl beside them at full speed) is marked
+``alone(machine=True)``: it runs while no other test does (every test holds the machine's
+lock, shared; this one takes it alone, through the turnstile). Beside other tests, even idle
+ones, its crawls' spans varied too much: its measurements failed and were run again. A
+worker keeps the machine from one such test to the next in the collection, so that the
+machine is emptied once for the pair, not at each test.
 
 With a single CPU an ``alone`` test waits instead until no other test runs, and the others
 wait while it runs (a shared ``flock``, and a turnstile so that it is not starved). Without
@@ -249,11 +252,11 @@ def _whole_machine_next(nextitem: pytest.Item | None) -> bool:
 
 def _run_pinned(folder: Path, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """An ``alone`` test one at a time, first for every CPU while the others run idle
-    (:data:`IDLE_OTHERS`); else on a CPU of its own (``alone(machine=True)``: while no other
-    test runs). A browser test, one at a time and never beside an ``alone`` test (Chromium
+    (:data:`IDLE_OTHERS`), else on a CPU of its own; ``alone(machine=True)``, while no other
+    test runs. A browser test, one at a time and never beside an ``alone`` test (Chromium
     on one CPU shared with the other tests missed its render deadlines); any other test as
     it comes. The locks are taken in one order: browser, machine, pinning."""
-    whole = _whole_machine(item) and not IDLE_OTHERS
+    whole = _whole_machine(item)
     pinned = _alone(item) and not whole
     kept = _kept.take()
     if kept is not None and not whole:
