@@ -54,30 +54,24 @@ PROBES = textwrap.dedent(
     """
 )
 
-# the kinds of test that must never run at the same time; with IDLE_OTHERS, plain tests run
-# beside a whole-machine one, idle, and on the CPUs it leaves
-FIRST = ("alone", "whole") if IDLE_OTHERS else ("alone",)
+# the kinds of test that must never run at the same time
 APART = [{"whole", kind} for kind in ("whole", "alone", "browser", "plain")]
 APART += [{"alone"}, {"browser"}, {"alone", "browser"}]
-if IDLE_OTHERS:
-    APART.remove({"whole", "plain"})
 
 
-def assert_placed(name: str, cpus: list[int], policy: int, beside: str | None) -> None:
-    """Where a probe ran, ``beside`` a probe of that kind (alone or whole) or of none: an
-    alone one on the first CPU, a test beside it on the others; or, with ``IDLE_OTHERS``,
-    an alone or whole one first in line on every CPU, and a test beside it idle (beside a
-    whole one, on the others)."""
-    if not IDLE_OTHERS:
+def assert_placed(name: str, cpus: list[int], policy: int, during_alone: bool) -> None:
+    """Where a probe ran: an alone one on the first CPU, a test beside it on the others;
+    or, with ``IDLE_OTHERS``, every probe on every CPU, one beside an alone test idle."""
+    if IDLE_OTHERS:  # every CPU to everyone; the others run only where it leaves one idle
+        assert cpus == sorted(CPUS), (name, cpus)
         if name.startswith("alone"):
-            assert cpus == sorted(CPUS)[:1], (name, cpus)
-        elif beside == "alone":
-            assert cpus == sorted(CPUS)[1:], (name, cpus)
-    elif name.startswith(FIRST):
-        assert (cpus, policy) == (sorted(CPUS), os.SCHED_OTHER), (name, cpus, policy)
-    elif beside is not None:
-        where = sorted(CPUS)[1:] if beside == "whole" else sorted(CPUS)
-        assert (cpus, policy) == (where, os.SCHED_IDLE), (name, cpus, policy, beside)
+            assert policy == os.SCHED_OTHER, (name, policy)
+        elif during_alone:
+            assert policy == os.SCHED_IDLE, (name, policy)
+    elif name.startswith("alone"):
+        assert cpus == sorted(CPUS)[:1], (name, cpus)
+    elif during_alone:
+        assert cpus == sorted(CPUS)[1:], (name, cpus)
 
 
 @pytest.mark.alone(machine=True)  # the run places its own processes: no other alone test beside it
@@ -108,17 +102,16 @@ def test_alone_tests_go_first_and_the_locks_keep_kinds_apart(
     policies = {name: policy for name, *_, policy in records}
     assert len(runs) == 26
     # the two whole-machine tests, first in the collection, run in a row on one worker, which
-    # keeps the machine between them (when it is emptied for them): no other test starts in
-    # between
+    # keeps the machine between them: no other test starts in between
     workers = {name: worker for name, _, _, _, worker, _ in records}
     assert workers["whole0"] == workers["whole1"], workers
     gap = sorted((runs["whole0"][1], runs["whole1"][0]))
-    between = [name for name, (start, _, _) in runs.items() if gap[0] < start < gap[1]]
-    assert IDLE_OTHERS or not between, runs
+    assert not [name for name, (start, _, _) in runs.items() if gap[0] < start < gap[1]], runs
     for name, (start, _, cpus) in runs.items():
-        firsts = [o for o, (s, e, _) in runs.items() if o.startswith(FIRST) and s < start < e]
-        beside = firsts[0].rstrip("0123456789") if firsts else None
-        assert_placed(name, cpus, policies[name], beside)
+        during_alone = any(
+            other.startswith("alone") and s < start < e for other, (s, e, _) in runs.items()
+        )
+        assert_placed(name, cpus, policies[name], during_alone)
     for (a, (sa, ea, _)), (b, (sb, eb, _)) in combinations(runs.items(), 2):
         kinds = {a.rstrip("0123456789"), b.rstrip("0123456789")}
         if kinds in APART:

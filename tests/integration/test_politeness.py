@@ -26,9 +26,9 @@ from celery_crawl.demo.site import Arrival, SiteConfig, SiteThread
 from celery_crawl.tools.status import snapshot
 from tests.support.workers import Worker, started_workers
 
-# rates and spans measured at the sites, with four workers: first for both CPUs, the first
-# to themselves (tests/support/machine_share.py; on one CPU, pinned, a fast crawl beside a
-# limited one failed its first run in most suite runs), and a
+# rates and spans measured at the sites, with four workers: the whole machine (on one CPU,
+# pinned, a fast crawl beside a limited one failed its first run in most suite runs; beside
+# tests run idle, often), and a
 # failed measurement taken again, twice at most (pytest-rerunfailures; reruns are listed)
 pytestmark = [pytest.mark.alone(machine=True), pytest.mark.flaky(reruns=2)]
 

@@ -17,12 +17,11 @@ the others (``sched_setaffinity``), until it ends.
 
 A test that needs more than one CPU to measure what it measures (four Celery workers holding
 two sites to their rates, a crawl beside them at full speed) is marked
-``alone(machine=True)``. With ``SCHED_IDLE`` it is an ``alone`` test that also has the first
-CPU to itself: the others run idle on the other CPUs only (beside idle tests on every CPU,
-its crawls' spans varied, and a measurement failed its first run). Otherwise it runs while no
-other test does (every test holds the machine's lock, shared; this one takes it alone,
-through the turnstile), and a worker keeps the machine from one such test to the next in the
-collection, so that the machine is emptied once for the pair, not at each test.
+``alone(machine=True)``: it runs while no other test does (every test holds the machine's
+lock, shared; this one takes it alone, through the turnstile). Beside other tests, even idle
+ones, its crawls' spans varied too much: its measurements failed and were run again. A
+worker keeps the machine from one such test to the next in the collection, so that the
+machine is emptied once for the pair, not at each test.
 
 With a single CPU an ``alone`` test waits instead until no other test runs, and the others
 wait while it runs (a shared ``flock``, and a turnstile so that it is not starved). Without
@@ -177,25 +176,18 @@ def _idle_and_back(result: list[bool]) -> None:
 
 
 @contextlib.contextmanager
-def _others_idle(aside: bool) -> Iterator[None]:
+def _others_idle() -> Iterator[None]:
     """Every thread of the session's other processes in ``SCHED_IDLE`` until the block ends:
     they run only on a CPU that this xdist worker's processes leave idle, and give it up
-    as soon as one of those wakes; ``aside``: and only on the CPUs but the first, which
-    this worker's processes have to themselves. A process or thread started meanwhile
-    inherits the policy and the CPUs of its parent."""
+    as soon as one of those wakes. A process or thread started meanwhile inherits the
+    policy of its parent."""
     session = os.getppid()  # the xdist controller, whose children are the workers
-    every = set(CPUS)
-    others = _tree(session) - _tree(os.getpid()) - {session}
-    _schedule(others, os.SCHED_IDLE)
-    if aside:
-        _pin(others, set(), set(), every - {min(every)})
+    own = _tree(os.getpid())
+    _schedule(_tree(session) - own - {session}, os.SCHED_IDLE)
     try:
         yield
     finally:
-        others = _tree(session) - _tree(os.getpid())
-        _schedule(others, os.SCHED_OTHER)
-        if aside:
-            _pin(others, set(), set(), every)
+        _schedule(_tree(session) - _tree(os.getpid()), os.SCHED_OTHER)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -260,34 +252,32 @@ def _whole_machine_next(nextitem: pytest.Item | None) -> bool:
 
 def _run_pinned(folder: Path, item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """An ``alone`` test one at a time, first for every CPU while the others run idle
-    (:data:`IDLE_OTHERS`; ``alone(machine=True)``: with the first CPU to itself), else on a
-    CPU of its own (``alone(machine=True)``: while no other test runs). A browser test, one
-    at a time and never beside an ``alone`` test (Chromium on one CPU shared with the other
-    tests missed its render deadlines); any other test as it comes. The locks are taken in
-    one order: browser, machine, pinning."""
+    (:data:`IDLE_OTHERS`), else on a CPU of its own; ``alone(machine=True)``, while no other
+    test runs. A browser test, one at a time and never beside an ``alone`` test (Chromium
+    on one CPU shared with the other tests missed its render deadlines); any other test as
+    it comes. The locks are taken in one order: browser, machine, pinning."""
     whole = _whole_machine(item)
-    exclusive = whole and not IDLE_OTHERS  # the machine emptied for it
-    first = _alone(item) and not exclusive
+    pinned = _alone(item) and not whole
     kept = _kept.take()
-    if kept is not None and not exclusive:
+    if kept is not None and not whole:
         _give_back(kept)
         kept = None
     locks = []
     try:
         if _browser(item) and not _alone(item):
             locks.append(_take_browser(folder))
-        locks.append(kept if kept is not None else _take(folder, exclusive))
-        if first or _browser(item):
+        locks.append(kept if kept is not None else _take(folder, whole))
+        if pinned or _browser(item):
             pinning = (folder / "pinning.lock").open("a")
-            fcntl.flock(pinning, fcntl.LOCK_EX if first else fcntl.LOCK_SH)
+            fcntl.flock(pinning, fcntl.LOCK_EX if pinned else fcntl.LOCK_SH)
             locks.append(pinning)
-        if first:
-            with _others_idle(aside=whole) if IDLE_OTHERS else _cpu_of_its_own():
+        if pinned:
+            with _others_idle() if IDLE_OTHERS else _cpu_of_its_own():
                 yield
         else:
             yield
     finally:
-        if exclusive and locks and not _browser(item) and _whole_machine_next(nextitem):
+        if whole and locks and not _browser(item) and _whole_machine_next(nextitem):
             _kept.keep(locks.pop(0))  # the machine's lock: the only one a whole test takes
         for lock in reversed(locks):
             _give_back(lock)
