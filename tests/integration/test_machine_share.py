@@ -74,7 +74,7 @@ def assert_placed(name: str, cpus: list[int], policy: int, during_alone: bool) -
         assert cpus == sorted(CPUS)[1:], (name, cpus)
 
 
-@pytest.mark.alone(machine=True)  # the run places its own processes: no other alone test beside it
+@pytest.mark.alone(machine=True)  # the run places its own processes: nothing else beside it
 @pytest.mark.skipif(len(CPUS) < 2, reason="pinning needs two CPUs; one CPU locks instead")
 def test_alone_tests_go_first_and_the_locks_keep_kinds_apart(
     tmp_path: Path,

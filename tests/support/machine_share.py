@@ -169,7 +169,7 @@ def _idle_and_back(result: list[bool]) -> None:
     try:
         os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
         os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-    except PermissionError:
+    except OSError:  # not permitted (no root), or no such policy here
         result.append(False)
     else:
         result.append(True)
@@ -180,9 +180,11 @@ def _others_idle() -> Iterator[None]:
     """Every thread of the session's other processes in ``SCHED_IDLE`` until the block ends:
     they run only on a CPU that this xdist worker's processes leave idle, and give it up
     as soon as one of those wakes. A process or thread started meanwhile inherits the
-    policy of its parent."""
+    policy of its parent. This worker's own processes are set to ``SCHED_OTHER`` first: one
+    forked while an earlier test set the others back may have been missed."""
     session = os.getppid()  # the xdist controller, whose children are the workers
     own = _tree(os.getpid())
+    _schedule(own, os.SCHED_OTHER)
     _schedule(_tree(session) - own - {session}, os.SCHED_IDLE)
     try:
         yield
