@@ -27,8 +27,10 @@ With a single CPU an ``alone`` test waits instead until no other test runs, and 
 wait while it runs (a shared ``flock``, and a turnstile so that it is not starved). Without
 xdist, nothing is pinned or locked.
 
-The ``alone`` tests are collected first, one after another, so that the first worker runs
-them in a row (xdist's ``worksteal`` distribution, ``addopts``, gives each worker a
+The ``alone`` tests are collected first, one after another, the ``alone(machine=True)``
+ones before the others, so that the first worker runs them in a row, starting with those
+(at the start of the run the machine is emptied for them without waiting for a long test
+to end) (xdist's ``worksteal`` distribution, ``addopts``, gives each worker a
 contiguous share of the collection).
 
 Tests that drive Chromium and measure nothing are marked ``browser``: one of them at a time
@@ -80,12 +82,13 @@ def _folder(config: pytest.Config) -> Path | None:
 
 @pytest.hookimpl(trylast=True)  # after the conftest's markers
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The ``alone`` tests first, then the ``browser`` ones, each in their order; then the
-    others, in theirs."""
-    alone = [item for item in items if _alone(item)]
+    """The ``alone(machine=True)`` tests first, then the other ``alone`` tests, then the
+    ``browser`` ones, each in their order; then the others, in theirs."""
+    whole = [item for item in items if _alone(item) and _whole_machine(item)]
+    alone = [item for item in items if _alone(item) and not _whole_machine(item)]
     browser = [item for item in items if _browser(item) and not _alone(item)]
-    first = {id(item) for item in alone + browser}
-    items[:] = alone + browser + [item for item in items if id(item) not in first]
+    first = {id(item) for item in whole + alone + browser}
+    items[:] = whole + alone + browser + [item for item in items if id(item) not in first]
 
 
 def _take(folder: Path, alone: bool) -> IO[str]:
