@@ -35,7 +35,7 @@ from celery_crawl.tools.exporter import CrawlCollector
 from celery_crawl.tools.status import snapshot
 from tests.support.forum import FORUM, forum_seeds
 from tests.support.full_redis import fill_to_refusal
-from tests.support.ports import free_port
+from tests.support.ports import started_valkey
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
 EXPECTED = FORUM.expected()
@@ -50,8 +50,7 @@ MOST_FETCHES = (
 
 def server(tmp_path: Path, policy: str) -> Iterator[ValkeyServer]:
     config = {"maxmemory": str(MAXMEMORY), "maxmemory-policy": policy}
-    valkey = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey", config=config)
-    valkey.start()
+    valkey = started_valkey(tmp_path / "valkey", config=config)
     yield valkey
     if valkey.is_running():
         valkey.stop()
@@ -217,8 +216,7 @@ def test_job_tasks_delivered_while_redis_is_full_wait_for_room_and_track_their_j
     another server, has room. One joins its existing job (the index entry refused); one's job
     does not exist yet (refused): it waits. Both return their job's result once Redis has room.
     """
-    broker = ValkeyServer(port=free_port(), data_dir=tmp_path / "broker")
-    broker.start()
+    broker = started_valkey(tmp_path / "broker")
     url = f"redis://127.0.0.1:{full_redis.port}/0"
     env: dict[str, Any] = worker_env(url, prefix, forum_site.url, tmp_path)
     env.update(

@@ -24,7 +24,7 @@ from typing import Any
 import redis
 
 from tests.support.debian_tools import debian_tool
-from tests.support.ports import free_port
+from tests.support.ports import STARTS, free_port
 
 CLUSTER_SLOTS = 16384
 SERVICE = "crawlmaster"
@@ -108,6 +108,19 @@ def debian_redis_server() -> Path:
     return Path(debian_tool("redis-server", "redis-server"))
 
 
+class PortTaken(Exception):
+    """The port found free was another server's by the time this one bound it."""
+
+
+def started(directory: Path, *args: Any, bus: bool = False, **kwargs: Any) -> Server:
+    """A :class:`Server` on a free port (``bus``: port + 10000 free too), started again on
+    another port if another server took the first (:data:`ports.STARTS` tries)."""
+    for _ in range(STARTS - 1):
+        with contextlib.suppress(PortTaken):
+            return Server(directory, free_port(bus=bus), *args, **kwargs)
+    return Server(directory, free_port(bus=bus), *args, **kwargs)
+
+
 class Server:
     """One valkey-server (or sentinel) process with its own config file and directory."""
 
@@ -138,6 +151,11 @@ class Server:
         tls_params = {"ssl": True, **tls.client_params()} if tls else {}
         self.client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5, **tls_params)
         wait_for(lambda: bool(self.client.ping()), 15, f"server on port {port} answers")
+        # another test's server may have taken the port before this one bound it: this one
+        # exited, and the other answered (tests/support/ports.started_valkey)
+        if self.proc.poll() is not None or self.client.info("server")["config_file"] != str(conf):
+            self.kill()
+            raise PortTaken(f"port {port} was taken by another server before {conf} bound it")
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no save, like a machine that dies."""
@@ -176,8 +194,7 @@ def start_cluster(
     nodes: list[Server] = []
     try:
         for i in range(masters):
-            port = free_port(bus=True)
-            nodes.append(Server(directory / f"node{i}", port, config, binary=binary, tls=tls))
+            nodes.append(started(directory / f"node{i}", config, bus=True, binary=binary, tls=tls))
         join_cluster(nodes)
     except BaseException:
         stop_all(nodes)
@@ -215,9 +232,8 @@ class ReplicatedCluster:
         self.replicas: list[Server] = []
         try:
             for i, master in enumerate(self.masters):
-                port = free_port(bus=True)
                 config = cluster_config(node_timeout_ms)
-                replica = Server(directory / f"replica{i}", port, config)
+                replica = started(directory / f"replica{i}", config, bus=True)
                 self.replicas.append(replica)
                 replica.client.execute_command("CLUSTER MEET", "127.0.0.1", master.port)
                 wait_for(lambda r=replica, m=master: knows(r, m), 30, "the replica meets")
@@ -307,7 +323,7 @@ class SentinelSet:
 
     def _server(self, directory: Path, config: list[str], sentinel: bool = False) -> Server:
         binary = debian_redis_server() if self.tls else None
-        return Server(directory, free_port(), config, sentinel, binary=binary, tls=self.tls)
+        return started(directory, config, sentinel, binary=binary, tls=self.tls)
 
     def _tls_links(self) -> list[str]:
         """Replicas and sentinels reach their master over TLS too."""

