@@ -33,11 +33,6 @@ PROBES = textwrap.dedent(
             worker = os.environ["PYTEST_XDIST_WORKER"]
             log.write(json.dumps([name, start, time.time(), cpus, worker, policy]) + "\\n")
 
-    @pytest.mark.parametrize("i", range(2))
-    @pytest.mark.alone(machine=True)
-    def test_whole(i):
-        probe(f"whole{i}")
-
     @pytest.mark.parametrize("i", range(4))
     @pytest.mark.alone
     def test_alone(i):
@@ -51,6 +46,11 @@ PROBES = textwrap.dedent(
     @pytest.mark.parametrize("i", range(16))
     def test_plain(i):
         probe(f"plain{i}")
+
+    @pytest.mark.parametrize("i", range(2))
+    @pytest.mark.alone(machine=True)
+    def test_whole(i):
+        probe(f"whole{i}")
     """
 )
 
@@ -101,12 +101,12 @@ def test_alone_tests_go_first_and_the_locks_keep_kinds_apart(
     runs = {name: (start, end, cpus) for name, start, end, cpus, *_ in records}
     policies = {name: policy for name, *_, policy in records}
     assert len(runs) == 26
-    # the two whole-machine tests, first in the collection, run in a row on one worker, which
-    # keeps the machine between them: no other test starts in between
+    # the two whole-machine tests, defined last, are collected first and run first, in a row
+    # on one worker, which keeps the machine between them: every other test starts after
     workers = {name: worker for name, _, _, _, worker, _ in records}
     assert workers["whole0"] == workers["whole1"], workers
-    gap = sorted((runs["whole0"][1], runs["whole1"][0]))
-    assert not [name for name, (start, _, _) in runs.items() if gap[0] < start < gap[1]], runs
+    whole_end = max(runs["whole0"][1], runs["whole1"][1])
+    assert all(start >= whole_end for name, (start, _, _) in runs.items() if "whole" not in name)
     for name, (start, _, cpus) in runs.items():
         during_alone = any(
             other.startswith("alone") and s < start < e for other, (s, e, _) in runs.items()

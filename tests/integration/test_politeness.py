@@ -24,11 +24,14 @@ from celery_crawl import crawl
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.demo.site import Arrival, SiteConfig, SiteThread
 from celery_crawl.tools.status import snapshot
+from tests.support.machine_share import IDLE_OTHERS
 from tests.support.workers import Worker, started_workers
 
-# rates and spans measured at the sites, with four workers, first for the CPUs (alone); a
-# failed measurement taken again, twice at most (pytest-rerunfailures; reruns are listed)
-pytestmark = [pytest.mark.alone, pytest.mark.flaky(reruns=2)]
+# rates and spans measured at the sites, with four workers, first for the CPUs (alone, the
+# others idle; without the right to idle them, an alone test would have one CPU, too few:
+# the whole machine then); a failed measurement taken again, twice at most
+# (pytest-rerunfailures; reruns are listed)
+pytestmark = [pytest.mark.alone(machine=not IDLE_OTHERS), pytest.mark.flaky(reruns=2)]
 # a fast crawl beside a limited one, as fast as alone: the whole machine (on one CPU, pinned,
 # it failed its first run in most suite runs; beside tests run idle, often)
 WHOLE_MACHINE = pytest.mark.alone(machine=True)

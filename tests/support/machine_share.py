@@ -27,11 +27,12 @@ With a single CPU an ``alone`` test waits instead until no other test runs, and 
 wait while it runs (a shared ``flock``, and a turnstile so that it is not starved). Without
 xdist, nothing is pinned or locked.
 
-The ``alone`` tests are collected first, one after another, the ``alone(machine=True)``
-ones before the others, so that the first worker runs them in a row, starting with those
-(at the start of the run the machine is emptied for them without waiting for a long test
-to end) (xdist's ``worksteal`` distribution, ``addopts``, gives each worker a
-contiguous share of the collection).
+The ``alone`` tests are collected first, one after another, so that the first worker runs
+them in a row (xdist's ``worksteal`` distribution, ``addopts``, gives each worker a
+contiguous share of the collection). The ``alone(machine=True)`` ones come first of all,
+and every other worker's first test waits until the first of them holds the machine: the
+run starts with them, and the machine is emptied for them without waiting for a long test
+to end.
 
 Tests that drive Chromium and measure nothing are marked ``browser``: one of them at a time
 (a lock of their own), beside the others but never beside an ``alone`` test.
@@ -43,6 +44,7 @@ import contextlib
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -89,6 +91,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     browser = [item for item in items if _browser(item) and not _alone(item)]
     first = {id(item) for item in whole + alone + browser}
     items[:] = whole + alone + browser + [item for item in items if id(item) not in first]
+    _whole_first[:] = [bool(whole)]
+
+
+# whether this process's collection starts with alone(machine=True) tests (then its first
+# other test waits until one of those holds the machine), and how long it waits at most
+_whole_first: list[bool] = [False]
+WHOLE_WAIT_SECONDS = 60.0
+
+
+def _whole_started(folder: Path) -> Path:
+    return folder / "machine.whole-started"
+
+
+def _wait_for_whole(folder: Path) -> None:
+    """Before this process's first test that is not ``alone(machine=True)``: until the first
+    of those holds the machine (or :data:`WHOLE_WAIT_SECONDS`), so that it need not wait
+    for a test another worker started first. At the start every worker reaches its first
+    test at about the same moment, and the whole-machine tests' worker would win the
+    turnstile only now and then."""
+    if not _whole_first[0]:
+        return
+    _whole_first[0] = False
+    deadline = time.monotonic() + WHOLE_WAIT_SECONDS
+    while not _whole_started(folder).exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _take(folder: Path, alone: bool) -> IO[str]:
@@ -201,10 +228,14 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     if folder is None:
         yield
         return
+    if not _whole_machine(item):
+        _wait_for_whole(folder)
     if len(CPUS) > 1:
         yield from _run_pinned(folder, item, nextitem)
         return
     lock = _take(folder, _alone(item))
+    if _whole_machine(item):
+        _whole_started(folder).touch()
     try:
         yield  # setup, call and teardown: the test's processes too
     finally:
@@ -272,6 +303,8 @@ def _run_pinned(folder: Path, item: pytest.Item, nextitem: pytest.Item | None) -
         if _browser(item) and not _alone(item):
             locks.append(_take_browser(folder))
         locks.append(kept if kept is not None else _take(folder, whole))
+        if whole:
+            _whole_started(folder).touch()
         if pinned or _browser(item):
             pinning = (folder / "pinning.lock").open("a")
             fcntl.flock(pinning, fcntl.LOCK_EX if pinned else fcntl.LOCK_SH)
