@@ -126,6 +126,7 @@ def session_user(cookie_header: str) -> str | None:
 
 class Handler(BaseHTTPRequestHandler):
     site: StaticSite
+    protocol_version = "HTTP/1.1"  # keep-alive, as a real site: no connection per request
 
     def log_message(self, *args: Any) -> None:
         pass
