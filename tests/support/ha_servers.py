@@ -145,6 +145,7 @@ class Server:
             *config,
         ]
         conf = directory / ("sentinel.conf" if sentinel else "valkey.conf")
+        (directory / "server.log").unlink(missing_ok=True)  # a try before on a taken port
         conf.write_text("\n".join(lines) + "\n")  # a sentinel rewrites its config: writable
         binary = binary or server_binary()
         command = [str(binary), str(conf), *(["--sentinel"] if sentinel else [])]
