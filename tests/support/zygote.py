@@ -2,17 +2,19 @@
 
 Each worker process of the tests would otherwise spend about 1.3 s of CPU importing them, and
 the integration tests start hundreds. The zygote (``python -m tests.support.zygote``) imports
-the heavy packages once (the library too, but never the tests' apps and settings, which read
-the environment on import, and never Twisted's reactor), then forks on request. A forked
-child is the process ``python -m <module> <args>`` would be: its own session, the test's
-environment, working folder and log, ``sys.argv`` and ``sys.path`` set as ``-m`` sets them,
-and a normal interpreter exit (atexit handlers run). What differs: the imports are done
-already, the hash seed is the zygote's, the parent is the zygote, and ``/proc/PID/cmdline``
-names the zygote, so a test that looks a process up by its command line must start it as
-a new interpreter. A child whose start would differ (its ``PYTHON*`` variables, a
-``sitecustomize``, the locale: :func:`startup`) is started as a new interpreter anyway.
-If the zygote dies, a child's exit is unknown and polling it raises; the next start makes
-a new zygote.
+the heavy packages once, with every module a worker would import on its first crawl (the
+library's, and those of the components Scrapy's defaults name), but never the tests' apps and
+settings, which read the environment on import, and never Twisted's reactor. Then it freezes
+its heap out of the garbage collector's reach, as ``gc.freeze``'s documentation advises
+before a fork, and forks on request. A forked child is the process ``python -m <module>
+<args>`` would be: its own session, the test's environment, working folder and log,
+``sys.argv`` and ``sys.path`` set as ``-m`` sets them, and a normal interpreter exit (atexit
+handlers run). What differs: the imports are done already and frozen, the hash seed is the
+zygote's, the parent is the zygote, and ``/proc/PID/cmdline`` names the zygote, so a test
+that looks a process up by its command line must start it as a new interpreter. A child
+whose start would differ (its ``PYTHON*`` variables, a ``sitecustomize``, the locale:
+:func:`startup`) is started as a new interpreter anyway. If the zygote dies, a child's exit
+is unknown and polling it raises; the next start makes a new zygote.
 
 The protocol: one JSON line a request on a pipe, ``{"module", "args", "env", "cwd", "log",
 "status"}``; the zygote answers the child's pid on another, and writes the child's exit
@@ -22,6 +24,7 @@ status (``Popen.returncode``'s convention) to the ``status`` file when it ends.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -62,7 +65,57 @@ PRELOAD = [
     "celery_crawl.hosting.project",
     "celery_crawl.scheduler",
     "celery_crawl.tools.cli",
+    # what a worker imports once it runs: its consumer's parts, the prefork pool's children
+    "billiard.popen_fork",
+    "billiard.sharedctypes",
+    "billiard.synchronize",
+    "celery.app.control",
+    "celery.app.events",
+    "celery.app.log",
+    "celery.worker.autoscale",
+    "celery.worker.components",
+    "celery.worker.consumer.delayed_delivery",
+    "celery.worker.strategy",
+    "kombu.pidbox",
 ]
+
+
+def _library_modules() -> list[str]:
+    """Every module of the library but the demo's (its app and settings read the
+    environment on import): a crawler loads its middlewares, stats and feeds by name."""
+    import pkgutil
+
+    import celery_crawl
+
+    found = pkgutil.walk_packages(celery_crawl.__path__, "celery_crawl.")
+    return [module.name for module in found if not module.name.startswith("celery_crawl.demo")]
+
+
+def _scrapy_components() -> list[str]:
+    """The modules of the classes Scrapy's default settings name (extensions, middlewares,
+    download handlers, exporters, stats...): each crawler loads them by name, and the first
+    one in a process imports them (aiohttp and pydantic among them) for about 0.1 s of CPU."""
+    from scrapy.settings import default_settings
+
+    names: set[str] = set()
+    for value in vars(default_settings).values():
+        candidates = [*value, *value.values()] if isinstance(value, dict) else [value]
+        names.update(
+            name.rsplit(".", 1)[0]
+            for name in candidates
+            if isinstance(name, str) and name.startswith("scrapy.")
+        )
+    return sorted(names)
+
+
+def _preload() -> None:
+    for name in [*PRELOAD, *_library_modules(), *_scrapy_components()]:
+        __import__(name)
+    assert "twisted.internet.reactor" not in sys.modules, "a preload installed a reactor"
+    # each child's collections (the first, full one in freeze_startup_heap among them) then
+    # skip what it inherits
+    gc.collect()
+    gc.freeze()
 
 
 # The zygote's side ----------------------------------------------------------------------
@@ -138,9 +191,7 @@ def _fork(request: dict[str, Any], requests: int, replies: int) -> int:
 
 def _serve(requests: int, replies: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ctrl-C of the tests is theirs to handle
-    for name in PRELOAD:
-        __import__(name)
-    assert "twisted.internet.reactor" not in sys.modules, "a preload installed a reactor"
+    _preload()
     children: dict[int, str] = {}
     buffer = b""
     while True:
