@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 ASYNCIO_REACTOR = "twisted.internet.asyncioreactor.AsyncioSelectorReactor"
 REOPEN_DELAY = 1.0  # seconds before a crawler that closed while hosted is opened again
 EXIT_UNHOSTED = 70  # EX_SOFTWARE: a crawler could not be opened again
+STARTING_POLL = 0.05  # seconds between looks at an engine that is still starting, at a stop
 _setup_lock = threading.Lock()
 
 
@@ -141,7 +142,8 @@ class CrawlerHost:
         )
 
     def start(self, timeout: float = 60.0) -> None:
-        """Open every spider; returns once their engines run, and the process is registered."""
+        """Open every spider; returns once each is open (its engine starts right after), and
+        the process is registered."""
         import crochet
 
         setup_reactor()
@@ -234,9 +236,37 @@ class CrawlerHost:
         except connection.TRANSIENT_ERRORS as exc:
             logger.warning("could not leave the worker registry: %s", exc)
         try:
-            crochet.run_in_reactor(detached(self.runner.stop))().wait(timeout)
+            crochet.run_in_reactor(detached(self._stop_crawlers))().wait(timeout)
         except crochet.TimeoutError:
             logger.warning("crawlers did not stop within %s s", timeout)
+
+    def _stop_crawlers(self) -> Any:
+        from twisted.internet.defer import DeferredList
+
+        assert self.runner is not None
+        return DeferredList([self._stop_crawler(crawler) for crawler in list(self.runner.crawlers)])
+
+    @staticmethod
+    def _runs_or_ended(runner: Any, crawler: Any) -> bool:
+        return crawler not in runner.crawlers or bool(crawler.engine and crawler.engine.running)
+
+    def _stop_crawler(self, crawler: Any) -> Any:
+        """Stop one crawler once its engine runs.
+
+        ``Crawler.stop_async`` stops an engine only if it runs. A crawler still
+        opening, or whose engine is still starting (its ``engine_started``
+        handlers), would drop the stop and then run on: its leases would never be
+        handed back. A stop right after :meth:`start` meets such crawlers (a
+        prefork child told to exit as soon as it is up). So wait for the engine to
+        run, or for the crawl to end, first; :meth:`stop`'s timeout bounds the wait.
+        """
+        from scrapy.utils.defer import deferred_from_coro
+        from twisted.internet import reactor, task
+
+        assert self.runner is not None
+        if crawler in self.runner.crawlers and not crawler.engine.running:  # opening, starting
+            return task.deferLater(reactor, STARTING_POLL, self._stop_crawler, crawler)
+        return deferred_from_coro(crawler.stop_async())
 
 
 def exit_unhosted(name: str, error: Any) -> None:
