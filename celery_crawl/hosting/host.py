@@ -246,11 +246,7 @@ class CrawlerHost:
         assert self.runner is not None
         return DeferredList([self._stop_crawler(crawler) for crawler in list(self.runner.crawlers)])
 
-    @staticmethod
-    def _runs_or_ended(runner: Any, crawler: Any) -> bool:
-        return crawler not in runner.crawlers or bool(crawler.engine and crawler.engine.running)
-
-    def _stop_crawler(self, crawler: Any) -> Any:
+    def _stop_crawler(self, crawler: Any, waited: bool = False) -> Any:
         """Stop one crawler once its engine runs.
 
         ``Crawler.stop_async`` stops an engine only if it runs. A crawler still
@@ -265,7 +261,12 @@ class CrawlerHost:
 
         assert self.runner is not None
         if crawler in self.runner.crawlers and not crawler.engine.running:  # opening, starting
-            return task.deferLater(reactor, STARTING_POLL, self._stop_crawler, crawler)
+            if not waited:
+                logger.info(
+                    "crawler %s is still starting: it stops once its engine runs",
+                    crawler.spidercls.name,
+                )
+            return task.deferLater(reactor, STARTING_POLL, self._stop_crawler, crawler, True)
         return deferred_from_coro(crawler.stop_async())
 
 
@@ -279,14 +280,16 @@ def exit_unhosted(name: str, error: Any) -> None:
 
 
 def freeze_startup_heap() -> int:
-    """Move every object alive now to the GC's permanent generation; how many there are.
+    """Move every object alive now to the GC's permanent generation; how many it moved
+    (those a parent froze before it forked this process are frozen already).
 
     Startup garbage is collected first: a frozen object is never freed. Objects
     made later (requests, responses, items) are collected as usual.
     """
+    already = gc.get_freeze_count()  # frozen by a parent before it forked this process
     gc.collect()
     gc.freeze()
-    return gc.get_freeze_count()
+    return gc.get_freeze_count() - already
 
 
 def gc_threshold(settings: Any) -> tuple[int, ...]:

@@ -42,6 +42,7 @@ EXPECTED = FORUM.expected()
 URLS = EXPECTED.pages + EXPECTED.not_found
 MAXMEMORY = 24 * 1024 * 1024
 CHUNK = 256 * 1024  # the filler grows by this much at a time
+FULL_MARGIN = 4 * CHUNK  # maxmemory this far under what is used, once full: more than acks free
 FULL_SECONDS = 20  # Redis stays full this long: five lease times of the test workers (4 s)
 MOST_FETCHES = (
     2  # of one URL: a fetch, and one more if its lease ran out at the moment Redis filled
@@ -69,16 +70,19 @@ def evicting_redis(tmp_path: Path) -> Iterator[ValkeyServer]:
 def fill(client: redis.Redis) -> int:
     """Grow a filler key until Redis refuses it for memory; then hold Redis there.
 
-    The crawl's own acks free memory (an ack is let through when full), so
-    ``maxmemory`` is set just under what is used: Redis stays full as a crawl that
-    filled it would, until the filler is deleted. Returns the filler's size.
+    The crawl's own acks free memory (an ack is let through when full), and so do
+    keys that expire meanwhile, so ``maxmemory`` is set :data:`FULL_MARGIN` under what
+    is used: Redis stays full as a crawl that filled it would, until the filler is
+    deleted. (One chunk under was too little: the acks of the requests in flight freed
+    it within 3 s, and the crawl ended while Redis was meant to be full.) Returns the
+    filler's size.
     """
     for _ in range(MAXMEMORY // CHUNK + 16):
         try:
             client.append("filler", b"x" * CHUNK)
         except redis.exceptions.OutOfMemoryError:
             used = int(client.info("memory")["used_memory"])
-            client.config_set("maxmemory", used - CHUNK)
+            client.config_set("maxmemory", used - FULL_MARGIN)
             return int(client.strlen("filler"))
     raise AssertionError("Redis took more than its maxmemory: is maxmemory set?")
 

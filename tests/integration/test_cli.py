@@ -139,7 +139,18 @@ def alive(pid: int) -> bool:
 def lasting(pid: int) -> set[int]:
     """The demo's processes that run until it stops: all but the one-shot ``kick``, which
     produces the first round and exits 0 (a count that needs it races with its end)."""
-    return {child for child in descendants(pid) if "celery_crawl.produce" not in cmdline(child)}
+    return {
+        child
+        for child in descendants(pid)
+        if alive(child) and b"celery_crawl.produce" not in full_cmdline(child)
+    }
+
+
+def full_cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
 
 
 def cmdline(pid: int) -> str:

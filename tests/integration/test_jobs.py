@@ -253,24 +253,32 @@ def test_sigterm_mid_crawl_loses_nothing(
 
 
 def test_a_warm_shutdown_while_the_engines_start_closes_every_crawler(
-    start_worker: Callable[..., Worker],
+    start_worker: Callable[..., Worker], tmp_path: Path
 ) -> None:
     """A prefork child told to exit as soon as it is up: its spiders are open, their engines
     not yet running. Scrapy's ``Crawler.stop`` would drop the stop and the engine would run
     on, holding leases nobody hands back; the host waits for each engine, then stops it."""
     from tests.support.worker_settings import CELERY_CRAWL_SPIDERS
 
-    worker = start_worker("starting", concurrency=1, extra_env={"ENGINE_START_DELAY": "3"})
-    deadline = time.monotonic() + 60
-    while "hosting crawlers for" not in worker.output() and time.monotonic() < deadline:
-        assert worker.proc.poll() is None, worker.output()[-3000:]
-        time.sleep(0.05)
-    worker.proc.send_signal(signal.SIGTERM)  # within the 3 s its engines take to start
+    gate = tmp_path / "engines-may-start"  # the engines wait for it (tests/support/slow_start.py)
+    worker = start_worker("starting", concurrency=1, extra_env={"ENGINE_START_GATE": str(gate)})
+    wait_for_line(worker, "hosting crawlers for")
+    worker.proc.send_signal(signal.SIGTERM)
+    wait_for_line(worker, "is still starting: it stops once its engine runs")
+    gate.touch()
     assert worker.proc.wait(timeout=60) == 0
     output = worker.output()
     closed = set(re.findall(r"\[(\w+)\] Closing spider \(shutdown\)", output))
     assert closed == set(CELERY_CRAWL_SPIDERS), output[-3000:]
     assert "crawlers did not stop" not in output
+
+
+def wait_for_line(worker: Worker, text: str, seconds: float = 60) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in worker.output():
+        assert worker.proc.poll() is None, worker.output()[-3000:]
+        assert time.monotonic() < deadline, f"no {text!r} in {seconds} s: {worker.output()[-3000:]}"
+        time.sleep(0.05)
 
 
 def test_cli_crawl_waits_and_exits_zero(

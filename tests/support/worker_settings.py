@@ -57,7 +57,7 @@ TEST_ENV = [
     "FAULT_TRIGGER",
     "FAULT_MARKER",
     # a warm shutdown while the engines start (tests/integration/test_jobs.py)
-    "ENGINE_START_DELAY",
+    "ENGINE_START_GATE",
 ]
 CELERY_CRAWL_ENV = [*CELERY_CRAWL_ENV, *TEST_ENV]  # noqa: F405
 PATHS_BASE_URL = ""
@@ -65,4 +65,4 @@ JOB_FEED_DIR = ""  # paths_jobs: where its per-job feeds and hook records go
 JOB_FEED_SCHEME = ""  # paths_jobs: "folder" stores its feeds as a remote storage does
 FAULT_STEP = FAULT_TRIGGER = FAULT_MARKER = ""  # fault_tree: none by default
 EXTENSIONS = {"tests.support.slow_start.SlowEngineStart": 0}
-ENGINE_START_DELAY = 0  # seconds; 0: the extension is off
+ENGINE_START_GATE = ""  # a file the engines wait for; "": the extension is off

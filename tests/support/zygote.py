@@ -225,7 +225,22 @@ def _write_all(fd: int, data: bytes) -> None:
 
 # The tests' side ------------------------------------------------------------------------
 
-STARTUP = {"LANG", "LANGUAGE", "TZ", "LD_PRELOAD", "LD_LIBRARY_PATH"}
+STARTUP = {
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "LD_PRELOAD",
+    "LD_LIBRARY_PATH",
+    # read on import by modules the zygote imports
+    "AIOHTTP_NO_EXTENSIONS",
+    "AIOHTTP_NOSENDFILE",
+    "YARL_NO_EXTENSIONS",
+    "MULTIDICT_NO_EXTENSIONS",
+    "PROPCACHE_NO_EXTENSIONS",
+    "PROMETHEUS_MULTIPROC_DIR",
+    "MP_LOG",
+    "AUTOSCALE_KEEPALIVE",
+}
 
 
 class Forked:
