@@ -154,10 +154,8 @@ def full_cmdline(pid: int) -> bytes:
 
 
 def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
-    except OSError:
-        return f"{pid} (gone)"
+    raw = full_cmdline(pid)
+    return raw.replace(b"\0", b" ").decode()[:200] if raw else f"{pid} (gone)"
 
 
 def flower_lists_workers(output: str, count: int, seconds: float = 30.0) -> bool:
