@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.support.ports import free_port
-from tests.support.procs import descendants, stat_fields
+from tests.support.procs import command_line, descendants, stat_fields
 
 
 def test_site_subcommand_serves_the_demo_forum() -> None:
@@ -142,19 +142,12 @@ def lasting(pid: int) -> set[int]:
     return {
         child
         for child in descendants(pid)
-        if alive(child) and b"celery_crawl.produce" not in full_cmdline(child)
+        if alive(child) and b"celery_crawl.produce" not in command_line(child)
     }
 
 
-def full_cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
 def cmdline(pid: int) -> str:
-    raw = full_cmdline(pid)
+    raw = command_line(pid)
     return raw.replace(b"\0", b" ").decode()[:200] if raw else f"{pid} (gone)"
 
 
@@ -235,9 +228,8 @@ def test_a_demo_process_that_dies_is_named_and_the_rest_stops(tmp_path: Path) ->
                 assert demo.poll() is None, out.read_text()[-3000:]
                 time.sleep(0.5)
                 for pid in descendants(demo.pid):
-                    with contextlib.suppress(OSError):
-                        if b"worker-1@" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                            victim = pid
+                    if b"worker-1@" in command_line(pid):
+                        victim = pid
             assert victim is not None, out.read_text()[-3000:]
             time.sleep(3)  # its crawlers open
             processes = descendants(demo.pid)

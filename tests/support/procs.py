@@ -11,6 +11,14 @@ def stat_fields(pid: int | str) -> list[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def command_line(pid: int | str) -> bytes:
+    """``/proc/<pid>/cmdline``, its arguments separated by NUL; empty once it has ended."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def descendants(pid: int) -> set[int]:
     """Every process below ``pid``."""
     children: dict[int, list[int]] = {}
