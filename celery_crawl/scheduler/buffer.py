@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -36,7 +37,7 @@ from scrapy import Request
 
 from celery_crawl.core import connection
 from celery_crawl.core.entries import Entry
-from celery_crawl.jobs.stats import JobStats
+from celery_crawl.jobs.stats import Deltas, JobStats
 from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.routing import Router
 
@@ -97,6 +98,7 @@ class WriteBehind:
         self.acks: list[bytes] = []
         self.dead_letters: list[str] = []
         self.job_stats = JobStats()
+        self.acked_stats: Deltas = Counter()  # the stats of the pages of ``acks``
         self.writer = uuid.uuid4().hex  # numbers this buffer's calls (``Base.push_many``)
         self.participant = ""  # its scheduler's id once it joins jobs: judges late stats
         self.unconfirmed: Call | None = None  # sent, not known to be applied: sent again first
@@ -114,9 +116,12 @@ class WriteBehind:
         else:
             self.schedule(self.delay)
 
-    def ack(self, member: bytes) -> None:
-        """Finish this lease at the next flush, after any request buffered before it."""
+    def ack(self, member: bytes, stats: Deltas | None = None) -> None:
+        """Finish this lease at the next flush, after any request buffered before it; its
+        page's job stats (:meth:`JobStats.release`) are written with it, or not at all."""
         self.acks.append(member)
+        if stats:
+            self.acked_stats.update(stats)
         self.schedule(self.delay)
 
     def dead_letter(self, record: str) -> None:
@@ -139,12 +144,16 @@ class WriteBehind:
 
     def _take(self) -> Call | None:
         """Everything buffered, as the next call (None: nothing to write)."""
-        job_stats = self.job_stats.drain()
-        if not (self.pending or self.acks or job_stats or self.dead_letters):
+        acks = self._settled()
+        # the acks' own stats go with them: an ack left out leaves its page's stats out too
+        job_stats = self.job_stats.drain(self.acked_stats if acks else None)
+        self.acked_stats = Counter()
+        if not (self.pending or acks or job_stats or self.dead_letters):
+            self.acks = []
             return None
         pending = sorted(self.pending, key=lambda p: p.target or "")  # own first, then by target
         self._calls += 1
-        call = Call(self._calls, pending, self._settled(), job_stats, self.dead_letters)
+        call = Call(self._calls, pending, acks, job_stats, self.dead_letters)
         self.pending, self.acks, self.dead_letters = [], [], []
         return call
 

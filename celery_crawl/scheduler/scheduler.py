@@ -43,6 +43,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections import Counter
 from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
@@ -245,6 +246,7 @@ class Scheduler(BaseScheduler):
         self.flush()
         self.release_held()
         self.prefetch.clear()
+        self.job_stats.forget_held()  # fetched again, and counted then
         self.jobs.stop()
         unregister = partial(self.queue.unregister, self.id, clear=not self.config.persist)
         try:
@@ -401,7 +403,7 @@ class Scheduler(BaseScheduler):
             self._end_job(job, self._ending.pop(job))  # before this ack could end it done
         member = self.prefetch.finish(request)
         if member is not None:
-            self.buffer.ack(member)
+            self.buffer.ack(member, self.job_stats.release(request))
             self.jobs.request_done(job_of(request))
 
     def flush(self) -> None:
@@ -467,6 +469,7 @@ class Scheduler(BaseScheduler):
             if request is not None:
                 give_job_info(request, info)
                 self.prefetch.hand_out(request, lease)
+                self.job_stats.hold(request)  # its page's stats go with its ack
                 self._inc("scheduler/dequeued/redis")
                 self._inc("scheduler/dequeued")
                 return request
@@ -489,8 +492,7 @@ class Scheduler(BaseScheduler):
 
     def _discard(self, lease: Lease) -> None:
         """A request of a job that ended after it was leased: finished unprocessed."""
-        self.job_stats.add(lease.job, "purged")
-        self.buffer.ack(lease.member)
+        self.buffer.ack(lease.member, Counter({(lease.job, "purged"): 1}))
         self._inc("scheduler/discarded/job_ended")
 
     def _decode(self, lease: Lease) -> Request | None:

@@ -205,6 +205,9 @@ def test_kill_9_of_one_of_two_workers_loses_nothing(
     victim.signal(signal.SIGKILL)
     result = job.wait(timeout=180)
     assert_complete_forum_crawl_pages(result, forum_site)
+    # the pages the victim held, fetched twice, counted once: their stats went with the acks
+    doubles = [path for path, count in forum_site.site.requests_by_path.items() if count > 1]
+    assert_complete_forum_crawl(result, f"fetched twice: {len(doubles)}")
     assert survivor.proc.poll() is None
     assert survivor.stop() == 0  # its feed files are stored as it stops; the victim's are not
     expected = FORUM.expected()

@@ -7,7 +7,7 @@ from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
 
 from celery_crawl.jobs.handle import parse_status
-from celery_crawl.jobs.signals import JOB_META, job_stat
+from celery_crawl.jobs.signals import JOB_META, job_items, job_stat
 from celery_crawl.jobs.stats import JobStats
 
 
@@ -56,3 +56,34 @@ def test_a_jobs_browser_counts_are_read_back_under_browser() -> None:
     assert status.browser == {"rendered": 5, "render_needed": 2}
     assert status.as_dict()["browser"] == {"rendered": 5, "render_needed": 2}
     assert parse_status("j", "forum", {b"state": b"done"}, 0.0).as_dict()["browser"] == {}
+
+
+def test_a_handed_out_requests_changes_wait_for_its_ack() -> None:
+    """Its page, status and items are held until released for its ack; a request not held
+    (a retry's count, another process's) is drained at once; held ones forgotten are gone."""
+    stats, manager = connected()
+    held, other = (Request(f"http://x/{n}", meta={JOB_META: "j1"}) for n in (1, 2))
+    stats.hold(held)
+    for request in (held, other):
+        response = HtmlResponse(request.url, body=b"<html></html>", request=request)
+        manager.send_catch_log(  # type: ignore[attr-defined]
+            signals.response_received, response=response, request=request, spider=None
+        )
+    manager.send_catch_log(job_items, response=response_of(held), count=3)  # type: ignore[attr-defined]
+    assert sorted(stats.drain()) == [("j1", "pages", 1), ("j1", "status/200", 1)]  # other's
+    released = stats.release(held)
+    assert released == {("j1", "pages"): 1, ("j1", "status/200"): 1, ("j1", "items"): 3}
+    assert stats.release(held) == {}  # released once
+    assert sorted(stats.drain(released)) == [
+        ("j1", "items", 3),
+        ("j1", "pages", 1),
+        ("j1", "status/200", 1),
+    ]
+    stats.hold(held)
+    stats.add("j1", "pages", request=held)
+    stats.forget_held()  # its lease went back: the page is fetched, and counted, again
+    assert stats.release(held) == {} and stats.drain() == []
+
+
+def response_of(request: Request) -> HtmlResponse:
+    return HtmlResponse(request.url, body=b"<html></html>", request=request)

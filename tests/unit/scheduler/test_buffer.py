@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -153,10 +154,28 @@ def test_acks_wait_for_their_items_and_stay_unsent_when_those_cannot_be_kept(
     assert in_flight_when_settled == [2] and queue.in_flight() == 1  # settled, then acked
     for item in pending(2, job="j"):
         buffer.add(item)
-    buffer.ack(second.member)
+    buffer.ack(second.member, Counter({("j", "pages"): 1}))
     clock.advance(0.01)
     assert in_flight_when_settled == [2, 1]
     assert queue.in_flight() == 1 and len(queue) == 2  # not acked; the children are in
+    job = queue.client.hgetall(queue.keys.job("j"))
+    assert b"pages" not in job  # nor its page's stats: counted once, when crawled again
+
+
+def test_a_pages_stats_go_with_its_ack_only(queue: Base) -> None:
+    """Changes given with an ack are written in that ack's call; those not tied to a page
+    (a retry, a duplicate) go with the next call whatever it holds."""
+    queue.start_job("j", [Entry(b"a", job="j")], {"spider": "buffered"})
+    [lease] = queue.lease(1)
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    buffer.job_stats.add("j", "retries")
+    buffer.ack(lease.member, Counter({("j", "pages"): 1, ("j", "items"): 2}))
+    with RoundTrips(queue.client) as trips:
+        clock.advance(0.01)
+    assert trips.count == 1
+    job = queue.client.hgetall(queue.keys.job("j"))
+    assert (job[b"pages"], job[b"items"], job[b"retries"], job[b"done"]) == (b"1", b"2", b"1", b"1")
 
 
 def test_redis_away_keeps_everything_and_retries_a_second_later(queue: Base) -> None:
