@@ -15,29 +15,29 @@ from typing import Any
 
 from celery_crawl.jobs.signals import job_error, job_items, job_of, job_stat
 
-Deltas = Counter[tuple[str, str]]  # (job, field) -> change
+Deltas = dict[tuple[str, str], int]  # (job, field) -> change
 
 
 class JobStats:
     """Per-job stat changes, buffered until the scheduler's next flush."""
 
     def __init__(self) -> None:
-        self._deltas: Deltas = Counter()
+        self._deltas: Counter[tuple[str, str]] = Counter()
         self._held: dict[Any, Deltas] = {}  # request handed out -> its changes, until its ack
 
     def add(self, job: str, field: str, delta: int = 1, request: Any = None) -> None:
         """Count ``delta`` in ``job``'s ``field``: with ``request``'s ack if it is held."""
         if job:
-            held = self._held.get(request) if request is not None else None
-            (self._deltas if held is None else held)[(job, field)] += delta
+            into = self._deltas if request is None else self._held.get(request, self._deltas)
+            into[(job, field)] = into.get((job, field), 0) + delta
 
     def hold(self, request: Any) -> None:
         """Keep ``request``'s changes until :meth:`release`: its lease is not acked yet."""
-        self._held[request] = Counter()
+        self._held[request] = {}
 
     def release(self, request: Any) -> Deltas:
         """``request``'s changes, to write with its ack; no longer held."""
-        return self._held.pop(request, None) or Counter()
+        return self._held.pop(request, None) or {}
 
     def forget_held(self) -> None:
         """The held requests' leases go back unacked: their pages are fetched again."""

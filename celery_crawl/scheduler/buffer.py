@@ -98,7 +98,7 @@ class WriteBehind:
         self.acks: list[bytes] = []
         self.dead_letters: list[str] = []
         self.job_stats = JobStats()
-        self.acked_stats: Deltas = Counter()  # the stats of the pages of ``acks``
+        self.acked_stats: Counter[tuple[str, str]] = Counter()  # the stats of ``acks``' pages
         self.writer = uuid.uuid4().hex  # numbers this buffer's calls (``Base.push_many``)
         self.participant = ""  # its scheduler's id once it joins jobs: judges late stats
         self.unconfirmed: Call | None = None  # sent, not known to be applied: sent again first

@@ -43,7 +43,6 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter
 from functools import partial
 from typing import TYPE_CHECKING, Any, Self
 
@@ -492,7 +491,7 @@ class Scheduler(BaseScheduler):
 
     def _discard(self, lease: Lease) -> None:
         """A request of a job that ended after it was leased: finished unprocessed."""
-        self.buffer.ack(lease.member, Counter({(lease.job, "purged"): 1}))
+        self.buffer.ack(lease.member, {(lease.job, "purged"): 1})
         self._inc("scheduler/discarded/job_ended")
 
     def _decode(self, lease: Lease) -> Request | None:
