@@ -19,7 +19,8 @@ Deltas = dict[tuple[str, str], int]  # (job, field) -> change
 
 
 class JobStats:
-    """Per-job stat changes, buffered until the scheduler's next flush."""
+    """Per-job stat changes: a handed-out request's held until its ack, the others
+    buffered until the scheduler's next flush."""
 
     def __init__(self) -> None:
         self._deltas: Counter[tuple[str, str]] = Counter()
@@ -30,6 +31,11 @@ class JobStats:
         if job:
             into = self._deltas if request is None else self._held.get(request, self._deltas)
             into[(job, field)] = into.get((job, field), 0) + delta
+
+    def add_all(self, deltas: Deltas) -> None:
+        """Count ``deltas`` (released, or never held) at the next flush."""
+        for (job, field), delta in deltas.items():
+            self.add(job, field, delta)
 
     def hold(self, request: Any) -> None:
         """Keep ``request``'s changes until :meth:`release`: its lease is not acked yet."""

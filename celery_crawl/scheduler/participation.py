@@ -174,14 +174,16 @@ class Participation:
             deferred_from_coro(self.leave(job))
 
     async def leave(self, job: str) -> None:
-        """Leave an ended job: run the hooks, write what is buffered, then leave
-        (``jobs/lua/job_leave.lua``); tried again while Redis is away.
+        """Leave an ended job: write what is buffered (the acks of its last pages here
+        carry their stats), run the hooks with the job's stats, write what they left,
+        then leave (``jobs/lua/job_leave.lua``); tried again while Redis is away.
 
         The hooks run once: a retry only writes what is buffered and leaves.
         """
         logcontext.enter(self.crawler.spidercls.name if self.crawler else "", job)
         try:
             if job not in self._hooks_run:
+                self.flush()  # the acks of its last pages here, which carry their stats
                 stats = Job(job, "", self.queue.client, self.queue.keys).status().as_dict()
                 await self._run_hooks(job, stats)
                 self._hooks_run.add(job)

@@ -397,12 +397,15 @@ class Scheduler(BaseScheduler):
 
     def ack(self, request: Request) -> None:
         """The engine is done with ``request``: finish its lease at the next flush."""
+        stats = self.job_stats.release(request)  # its page's stats: written with its ack
         if self._ending and job_of(request) in self._ending:
             job = job_of(request)
+            self.job_stats.add_all(stats)  # in the job's counts before its end
+            stats = {}
             self._end_job(job, self._ending.pop(job))  # before this ack could end it done
         member = self.prefetch.finish(request)
         if member is not None:
-            self.buffer.ack(member, self.job_stats.release(request))
+            self.buffer.ack(member, stats)
             self.jobs.request_done(job_of(request))
 
     def flush(self) -> None:

@@ -18,7 +18,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -182,27 +181,23 @@ def serve() -> None:
     gone cannot hand its leases back. So the server first waits for its other clients
     to leave, at most :data:`DRAIN_SECONDS`; SIGTERM or SIGINT cuts that wait short.
     """
-    woken, stop = threading.Event(), threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if signum != signal.SIGHUP:
-            stop.set()
-        woken.set()
-
+    got: set[int] = set()  # the signals received: a handler only adds (no lock taken)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(signum, on_signal)
+        signal.signal(signum, lambda signum, frame: got.add(signum))
     parent = os.getppid()
     with _in_process() as url:
         print(url, flush=True)
-        while not woken.wait(1.0) and os.getppid() == parent:
-            pass
-        if not stop.is_set():
-            drain(url, DRAIN_SECONDS, stop)
+        while not got and os.getppid() == parent:
+            time.sleep(DRAIN_POLL)  # a handler runs within the sleep: seen within DRAIN_POLL
+        if not got - {signal.SIGHUP}:  # the starter is gone: SIGHUP, or a new parent
+            left = drain(url, DRAIN_SECONDS, lambda: bool(got - {signal.SIGHUP}))
+            if left:
+                print(f"stopping with {left} clients still connected", file=sys.stderr)
 
 
-def drain(url: str, seconds: float, cut: threading.Event) -> int:
+def drain(url: str, seconds: float, cut: Callable[[], bool]) -> int:
     """Wait until no client but this one is connected to ``url``, at most ``seconds`` or
-    until ``cut`` is set; the number still connected then."""
+    until ``cut()`` is true; the number still connected then."""
     import redis
 
     deadline = time.monotonic() + seconds
@@ -213,8 +208,9 @@ def drain(url: str, seconds: float, cut: threading.Event) -> int:
                 others = [c for c in client.client_list() if int(c["id"]) != own]
             except redis.RedisError:  # the server itself is gone: nobody to wait for
                 return 0
-            if not others or time.monotonic() >= deadline or cut.wait(DRAIN_POLL):
+            if not others or time.monotonic() >= deadline or cut():
                 return len(others)
+            time.sleep(DRAIN_POLL)
 
 
 if __name__ == "__main__":

@@ -155,11 +155,13 @@ def test_acks_wait_for_their_items_and_stay_unsent_when_those_cannot_be_kept(
     for item in pending(2, job="j"):
         buffer.add(item)
     buffer.ack(second.member, Counter({("j", "pages"): 1}))
+    buffer.job_stats.add("j", "retries")  # tied to no page: goes whatever the acks do
     clock.advance(0.01)
     assert in_flight_when_settled == [2, 1]
     assert queue.in_flight() == 1 and len(queue) == 2  # not acked; the children are in
     job = queue.client.hgetall(queue.keys.job("j"))
     assert b"pages" not in job  # nor its page's stats: counted once, when crawled again
+    assert job[b"retries"] == b"1"
 
 
 def test_a_pages_stats_go_with_its_ack_only(queue: Base) -> None:
