@@ -5,6 +5,7 @@ from __future__ import annotations
 from scrapy import Request, Spider, signals
 from scrapy.http import HtmlResponse
 from scrapy.utils.test import get_crawler
+from twisted.python.failure import Failure
 
 from celery_crawl.jobs.handle import parse_status
 from celery_crawl.jobs.signals import JOB_META, job_items, job_stat
@@ -87,3 +88,24 @@ def test_a_handed_out_requests_changes_wait_for_its_ack() -> None:
 
 def response_of(request: Request) -> HtmlResponse:
     return HtmlResponse(request.url, body=b"<html></html>", request=request)
+
+
+def test_a_held_pages_dropped_items_and_callback_errors_go_with_its_ack() -> None:
+    stats, manager = connected()
+    request = Request("http://x/3", meta={JOB_META: "j1"})
+    response = response_of(request)
+    stats.hold(request)
+    manager.send_catch_log(job_items, response=response, count=2)  # type: ignore[attr-defined]
+    manager.send_catch_log(  # type: ignore[attr-defined]
+        signals.item_dropped, item={}, response=response, exception=None, spider=None
+    )
+    manager.send_catch_log(  # type: ignore[attr-defined]
+        signals.spider_error, failure=Failure(ValueError("bad")), response=response, spider=None
+    )
+    assert stats.drain() == []  # all held
+    assert stats.release(request) == {
+        ("j1", "items"): 1,
+        ("j1", "items_dropped"): 1,
+        ("j1", "errors/ValueError"): 1,
+        ("j1", "errors"): 1,
+    }

@@ -138,3 +138,22 @@ def test_sigterm_stops_the_server_though_clients_remain() -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_drain_stops_waiting_at_its_cap_and_counts_who_stayed(tmp_path: Path) -> None:
+    """A client that never leaves holds the server no longer than the cap; cut() ends it too."""
+    server = started_valkey(tmp_path / "drained")
+    try:
+        url = f"redis://127.0.0.1:{server.port}/0"
+        staying = redis.Redis.from_url(url)
+        staying.ping()
+        started = time.monotonic()
+        assert embedded.drain(url, 0.5, lambda: False) == 1
+        assert 0.5 <= time.monotonic() - started < 5
+        started = time.monotonic()
+        assert embedded.drain(url, 30, lambda: True) == 1  # cut at once
+        assert time.monotonic() - started < 5
+        staying.close()
+        assert embedded.drain(url, 30, lambda: False) == 0
+    finally:
+        server.stop()
