@@ -49,10 +49,8 @@ class JobStats:
         """The held requests' leases go back unacked: their pages are fetched again."""
         self._held.clear()
 
-    def drain(self, acked: Deltas | None = None) -> list[tuple[str, str, int]]:
-        """Every change not held, with ``acked`` (those released for the acks being sent)."""
-        if acked:
-            self._deltas.update(acked)
+    def drain(self) -> list[tuple[str, str, int]]:
+        """Every change not held: to write now."""
         deltas = [(job, field, n) for (job, field), n in self._deltas.items() if n]
         self._deltas.clear()
         return deltas

@@ -146,8 +146,10 @@ class WriteBehind:
         """Everything buffered, as the next call (None: nothing to write)."""
         acks = self._settled()
         # the acks' own stats go with them: an ack left out leaves its page's stats out too
-        job_stats = self.job_stats.drain(self.acked_stats if acks else None)
+        if acks:
+            self.job_stats.add_all(self.acked_stats)
         self.acked_stats = Counter()
+        job_stats = self.job_stats.drain()
         if not (self.pending or acks or job_stats or self.dead_letters):
             self.acks = []
             return None

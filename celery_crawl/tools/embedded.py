@@ -184,13 +184,17 @@ def serve() -> None:
     got: set[int] = set()  # the signals received: a handler only adds (no lock taken)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda signum, frame: got.add(signum))
+
+    def told_to_stop() -> bool:  # SIGTERM or SIGINT: SIGHUP only says the starter is gone
+        return bool(got - {signal.SIGHUP})
+
     parent = os.getppid()
     with _in_process() as url:
         print(url, flush=True)
         while not got and os.getppid() == parent:
             time.sleep(DRAIN_POLL)  # a handler runs within the sleep: seen within DRAIN_POLL
-        if not got - {signal.SIGHUP}:  # the starter is gone: SIGHUP, or a new parent
-            left = drain(url, DRAIN_SECONDS, lambda: bool(got - {signal.SIGHUP}))
+        if not told_to_stop():  # the starter is gone: SIGHUP, or a new parent
+            left = drain(url, DRAIN_SECONDS, told_to_stop)
             if left:
                 print(f"stopping with {left} clients still connected", file=sys.stderr)
 

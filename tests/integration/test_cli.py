@@ -146,11 +146,15 @@ def lasting(pid: int) -> set[int]:
     }
 
 
+DEMO_LOGS = "celery-crawl-demo-*/*.log"  # in the demo's TMPDIR
+WORKER_LOGS = "celery-crawl-demo-*/worker-*.log"
+
+
 def logs_tail(folder: Path, lines: int = 15) -> dict[str, list[str]]:
     """The last lines of each log a demo keeps in ``folder`` (its TMPDIR)."""
     return {
         log.name: log.read_text(errors="replace").splitlines()[-lines:]
-        for log in sorted(folder.glob("celery-crawl-demo-*/*.log"))
+        for log in sorted(folder.glob(DEMO_LOGS))
     }
 
 
@@ -161,10 +165,7 @@ def crawling(folder: Path) -> bool:
 
 def worker_logs(folder: Path) -> list[str]:
     """The demo workers' logs, kept in ``folder`` (its TMPDIR)."""
-    return [
-        log.read_text(errors="replace")
-        for log in sorted(folder.glob("celery-crawl-demo-*/worker-*.log"))
-    ]
+    return [log.read_text(errors="replace") for log in sorted(folder.glob(WORKER_LOGS))]
 
 
 def cmdline(pid: int) -> str:

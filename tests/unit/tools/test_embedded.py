@@ -96,6 +96,14 @@ def launched() -> tuple[subprocess.Popen[bytes], redis.Redis]:
     return proc, client
 
 
+def stopped(proc: subprocess.Popen[bytes]) -> None:
+    """Whatever the test left: the server killed, its stdout pipe closed."""
+    proc.kill()
+    proc.wait()
+    assert proc.stdout is not None
+    proc.stdout.close()
+
+
 def still_serving(proc: subprocess.Popen[bytes], seconds: float) -> bool:
     try:
         proc.wait(seconds)
@@ -121,8 +129,7 @@ def test_a_server_whose_starter_died_serves_until_its_clients_leave(then: str) -
         assert proc.wait(10) == 0
         assert time.monotonic() - started < embedded.DRAIN_SECONDS / 3
     finally:
-        proc.kill()
-        proc.wait()
+        stopped(proc)
 
 
 def test_sigterm_stops_the_server_though_clients_remain() -> None:
@@ -136,8 +143,7 @@ def test_sigterm_stops_the_server_though_clients_remain() -> None:
         with pytest.raises(redis.ConnectionError):
             client.ping()
     finally:
-        proc.kill()
-        proc.wait()
+        stopped(proc)
 
 
 def test_the_drain_stops_waiting_at_its_cap_and_counts_who_stayed(tmp_path: Path) -> None:
