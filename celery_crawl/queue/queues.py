@@ -53,6 +53,7 @@ from celery_crawl.core.scripts import DUPEFILTER_PARAMETERS, Argv
 from celery_crawl.dupefilter.filters import EXACT_DEDUP, DedupScript
 from celery_crawl.jobs.store import JobStore
 from celery_crawl.politeness.sites import SITE_LEASE_ARGV, SitePolicy
+from celery_crawl.queue.leases import LeaseTimes
 
 logger = logging.getLogger(__name__)
 
@@ -113,7 +114,10 @@ class Base:
         deadletter_max: int = SETTINGS["SCHEDULER_DEADLETTER_MAX"].default,
         dedup_scope: str = SETTINGS["DUPEFILTER_SCOPE"].default,
         sites: SitePolicy | None = None,
+        leases: LeaseTimes | None = None,
     ) -> None:
+        """``lease_seconds``: every lease's time; ``leases``, if given, decides them instead
+        (:mod:`celery_crawl.queue.leases`)."""
         if dedup_scope not in DEDUP_SCOPES:
             raise ConfigError(
                 f"DUPEFILTER_SCOPE is {dedup_scope!r}: use {' or '.join(map(repr, DEDUP_SCOPES))}"
@@ -123,7 +127,7 @@ class Base:
         self.next_ready: float | None = None  # after an empty lease: s until a parked site may
         self.client = client
         self.keys = keys
-        self.lease_seconds = lease_seconds
+        self.leases = leases if leases is not None else LeaseTimes(lease_seconds)
         self.dedup = dedup
         self.ack_replicas = ack_replicas
         self.ack_timeout = ack_timeout
@@ -255,9 +259,9 @@ class Base:
         keys += [self.keys.deadletter, self.keys.stats, self.keys.site_prefix]
         args = LEASE.build(
             most_requests=count,
-            lease_duration_ms=int(self.lease_seconds * 1000),
             pop_side=self.pop_side,
             most_records=self.deadletter_max,
+            **self.leases.lease_args(),
             **self.sites.lease_args(),
         )
         members, wait = self._run(LEASE, keys, args)
@@ -331,12 +335,11 @@ class Base:
         return reply, int(replicas)
 
     def renew(self, members: Sequence[bytes], seconds: float | None = None) -> int:
-        """Renew leases still held, ``seconds`` (default: the lease time) from now."""
+        """Renew leases still held, ``seconds`` (default: their lease time) from now."""
         if not members:
             return 0
-        duration = int((seconds or self.lease_seconds) * 1000)
         keys = [self.keys.inflight, self.keys.queue, self.keys.site_prefix]
-        args = RENEW.build(lease_duration_ms=duration) + RENEW.rest(lease_members=members)
+        args = RENEW.build(**self.leases.renew_args(seconds)) + RENEW.rest(lease_members=members)
         return int(self._run(RENEW, keys, args))
 
     def requeue_expired(self, limit: int = 1000) -> int:

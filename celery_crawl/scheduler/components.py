@@ -23,6 +23,7 @@ from celery_crawl.dupefilter.filters import DUPEFILTER_CLASSES, DedupScript, RFP
 from celery_crawl.politeness.sites import SitePolicy
 from celery_crawl.producer.producer import Producer
 from celery_crawl.producer.schedule import Schedule
+from celery_crawl.queue.leases import LeaseTimes
 from celery_crawl.queue.queues import QUEUE_CLASSES, Base
 
 if TYPE_CHECKING:
@@ -96,13 +97,13 @@ class Components:
         return self.queue_class(
             self.client,
             keys,
-            lease_seconds=setting(settings, "SCHEDULER_LEASE_SECONDS"),
             dedup=dedup or self.dedup,
             ack_replicas=setting(settings, "CELERY_CRAWL_ACK_REPLICAS"),
             ack_timeout=setting(settings, "CELERY_CRAWL_ACK_TIMEOUT"),
             deadletter_max=setting(settings, "SCHEDULER_DEADLETTER_MAX"),
             dedup_scope=setting(settings, "DUPEFILTER_SCOPE"),
             sites=SitePolicy.from_settings(settings),
+            leases=LeaseTimes.from_settings(settings),
         )
 
     def dupefilter(self, spider: str, crawler: Crawler | None = None) -> RFPDupeFilter:

@@ -54,10 +54,11 @@ class SchedulerSettings:
             allow_eviction=setting(settings, "CELERY_CRAWL_ALLOW_EVICTION"),
         )
 
-    def maintenance_interval(self, lease_seconds: float) -> float:
-        """Seconds between heartbeats and maintenance runs: three per lease time at least."""
-        return min(self.requeue_interval, lease_seconds / 3)
+    def maintenance_interval(self, shortest_lease: float) -> float:
+        """Seconds between heartbeats and maintenance runs: three in the shortest lease
+        time at least (:attr:`celery_crawl.queue.leases.LeaseTimes.shortest`)."""
+        return min(self.requeue_interval, shortest_lease / 3)
 
-    def registration_seconds(self, lease_seconds: float) -> float:
+    def registration_seconds(self, shortest_lease: float) -> float:
         """How long a scheduler counts as open without a renewal (a killed process's expires)."""
-        return max(3 * self.maintenance_interval(lease_seconds), MIN_REGISTRATION_SECONDS)
+        return max(3 * self.maintenance_interval(shortest_lease), MIN_REGISTRATION_SECONDS)

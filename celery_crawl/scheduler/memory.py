@@ -25,9 +25,9 @@ logger = logging.getLogger(__name__)
 class OutOfMemory:
     """Whether Redis refuses ``spider``'s scheduler writes for memory, and since when."""
 
-    def __init__(self, spider: str, lease_seconds: float, stats: StatsCollector | None) -> None:
+    def __init__(self, spider: str, requeue_after: float, stats: StatsCollector | None) -> None:
         self.spider = spider
-        self.lease_seconds = lease_seconds
+        self.requeue_after = requeue_after  # seconds: the longest lease time
         self.stats = stats
         self.since: float | None = None  # Redis refused a write for memory
         self._room_since = float("-inf")  # when writes went through again after that
@@ -76,4 +76,4 @@ class OutOfMemory:
         nor for a lease time after."""
         if self.since is not None:
             return False
-        return time.monotonic() - self._room_since >= self.lease_seconds
+        return time.monotonic() - self._room_since >= self.requeue_after

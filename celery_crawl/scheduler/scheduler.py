@@ -122,7 +122,7 @@ class Scheduler(BaseScheduler):
         self.crawl = Crawl(queue.client, queue.keys, self.id)
         self.limits: CrawlLimits | None = None  # CLOSESPIDER_* for the whole crawl
         self.jobs = self._participation()
-        self.memory = OutOfMemory(queue.keys.spider, queue.lease_seconds, self.stats)
+        self.memory = OutOfMemory(queue.keys.spider, queue.leases.longest, self.stats)
         self._empty_since: float | None = None
         self._maintenance: Any = None
         self._ending: dict[str, str] = {}  # job -> reason: CloseSpider, ended at the ack
@@ -288,12 +288,12 @@ class Scheduler(BaseScheduler):
 
     @property
     def maintenance_interval(self) -> float:
-        return self.config.maintenance_interval(self.queue.lease_seconds)
+        return self.config.maintenance_interval(self.queue.leases.shortest)
 
     @property
     def registration_seconds(self) -> float:
         """How long this scheduler counts as open without a renewal (a killed process's expires)."""
-        return self.config.registration_seconds(self.queue.lease_seconds)
+        return self.config.registration_seconds(self.queue.leases.shortest)
 
     def _start_maintenance(self) -> None:
         from twisted.internet import task
@@ -316,8 +316,8 @@ class Scheduler(BaseScheduler):
             logger.exception("scheduler maintenance failed; will retry")
 
     def _end_lost_jobs(self) -> None:
-        """Jobs whose requests Redis lost end ``incomplete``, twice a lease time after."""
-        grace = 2 * self.queue.lease_seconds
+        """Jobs whose requests Redis lost end ``incomplete``, twice the longest lease time after."""
+        grace = 2 * self.queue.leases.longest
         for job in end_lost_jobs(self.queue.client, self.group, grace, self.repairer):
             logger.error("job %s ended incomplete: requests of it were lost from Redis", job)
 

@@ -10,6 +10,7 @@ import redis
 
 from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.queue.leases import LeaseTimes
 from celery_crawl.queue.queues import Base, FifoQueue, LifoPriorityQueue, LifoQueue, PriorityQueue
 from tests.support.ports import started_valkey
 
@@ -74,7 +75,7 @@ def test_pop_leases_instead_of_deleting(queue: Base) -> None:
 
 
 def test_expired_leases_are_requeued(queue: Base) -> None:
-    queue.lease_seconds = 0.5
+    queue.leases = LeaseTimes(0.5)
     queue.push_many([Entry(b"a"), Entry(b"b")])
     leases = queue.pop(count=2)
     assert queue.requeue_expired() == 0
@@ -86,7 +87,7 @@ def test_expired_leases_are_requeued(queue: Base) -> None:
 
 
 def test_acked_lease_is_not_requeued(queue: Base) -> None:
-    queue.lease_seconds = 0.05
+    queue.leases = LeaseTimes(0.05)
     queue.push(b"a")
     (lease,) = queue.pop()
     queue.ack([lease.member])
@@ -96,7 +97,7 @@ def test_acked_lease_is_not_requeued(queue: Base) -> None:
 
 
 def test_extend_keeps_a_lease_alive(queue: Base) -> None:
-    queue.lease_seconds = 0.2
+    queue.leases = LeaseTimes(0.2)
     queue.push(b"a")
     (lease,) = queue.pop()
     time.sleep(0.1)

@@ -12,6 +12,7 @@ from scrapy.crawler import Crawler
 from celery_crawl import crawl, create_app
 from celery_crawl.hosting import project as project_module
 from celery_crawl.hosting.project import project_of
+from celery_crawl.queue.leases import LeaseTimes
 from celery_crawl.queue.queues import Base, FifoQueue
 from celery_crawl.scheduler.components import Components
 from celery_crawl.scheduler.scheduler import Scheduler
@@ -30,7 +31,7 @@ GROUP_SETTINGS = {
 def configuration(queue: Base) -> tuple[Any, ...]:
     return (
         type(queue),
-        queue.lease_seconds,
+        queue.leases,
         queue.deadletter_max,
         queue.dedup_scope,
         queue.dedup,
@@ -43,7 +44,7 @@ def test_every_queue_of_a_group_is_configured_as_the_schedulers_own(make_crawler
     crawler = make_crawler(**GROUP_SETTINGS)
     scheduler = Scheduler.from_crawler(crawler)
     own = scheduler.queue
-    assert type(own) is FifoQueue and own.lease_seconds == 7 and own.sites.enabled
+    assert type(own) is FifoQueue and own.leases == LeaseTimes(7) and own.sites.enabled
     routed = scheduler.router.queue("detail")  # type: ignore[union-attr]
     built = Components.from_crawler(crawler).queue("detail")
     assert configuration(routed) == configuration(own) == configuration(built)

@@ -10,7 +10,7 @@ from celery_crawl.scheduler.memory import OutOfMemory
 
 
 def test_full_until_a_write_goes_through_then_no_requeue_for_a_lease_time() -> None:
-    memory = OutOfMemory("forum", lease_seconds=0.2, stats=None)
+    memory = OutOfMemory("forum", requeue_after=0.2, stats=None)
     assert not memory.full and memory.requeue_due and not memory.room_again()
     memory.refused(redis.exceptions.OutOfMemoryError("OOM command not allowed"), held=3)
     assert memory.full and not memory.requeue_due
@@ -22,7 +22,7 @@ def test_full_until_a_write_goes_through_then_no_requeue_for_a_lease_time() -> N
 
 
 def test_opening_leaves_expired_leases_to_their_holders_for_a_lease_time() -> None:
-    memory = OutOfMemory("forum", lease_seconds=0.2, stats=None)
+    memory = OutOfMemory("forum", requeue_after=0.2, stats=None)
     memory.opened()
     assert not memory.requeue_due
     time.sleep(0.25)
