@@ -55,7 +55,7 @@ def test_a_policys_lease_and_renewal_set_its_deadlines(client: redis.Redis, pref
     keys = SpiderKeys.build("forum", prefix=prefix)
     queue = PriorityQueue(client, keys, leases=Uneven(20.0))
     queue.push(b"a")
-    before = time.time() * 1000
+    before = int(time.time() * 1000)  # Redis's TIME, in whole ms, is not before this
     (lease,) = queue.lease()
     deadline = client.zscore(keys.inflight, lease.member)
     assert deadline is not None and before + 20_000 <= deadline <= time.time() * 1000 + 20_000
