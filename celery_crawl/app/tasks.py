@@ -97,7 +97,9 @@ def run_job(
         try:
             result = job.wait(timeout=interval)
         except connection.TRANSIENT_ERRORS as exc:  # Redis restarting: keep watching
-            logger.warning("job %s: Redis unreachable (%s); still watching", job.id, exc)
+            connection.warn_away(
+                logger, "job %s: Redis unreachable (%s); still watching", job.id, exc
+            )
             pause(hostname, interval)
             continue
         except JobTimeout as exc:

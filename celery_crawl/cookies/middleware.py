@@ -324,7 +324,7 @@ class SharedCookiesMiddleware(CookiesMiddleware):
         try:
             version, previous = retried(self.repairer, write) if self.repairer else write()
         except connection.REFUSED_OR_TRANSIENT as exc:
-            logger.warning("shared cookies not stored, will retry: %s", exc)
+            connection.warn_away(logger, "shared cookies not stored, will retry: %s", exc)
             self._inc("cookies_shared/write_errors")
             return
         local.pending.clear()

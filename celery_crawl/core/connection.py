@@ -22,12 +22,14 @@ what still fails surfaces as :class:`~celery_crawl.core.errors.RedisUnavailable`
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
@@ -42,6 +44,7 @@ from celery_crawl.core.defaults import FALLBACK_REDIS_URL, SETTINGS, setting
 from celery_crawl.core.errors import ConfigError, RedisUnavailable
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 DEFAULT_URL = FALLBACK_REDIS_URL
 # what a restart, a failover or a cluster resharding raise after the client's
 # own retries: the callers keep their buffers and try again later
@@ -186,8 +189,114 @@ def make_client(url: str, params: dict[str, Any]) -> redis.Redis | RedisCluster:
         return cluster_client(MultiHostUrl.parse(url, 6379), params)
     if is_sentinel_url(url):
         return sentinel_client(MultiHostUrl.parse(url, 26379), params)
-    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries=5)
+    retry = OutageRetry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries=5)
     return redis.Redis.from_url(url, retry=retry, **params)
+
+
+AWAY_WARN_SECONDS = 30.0  # a repeated "Redis unreachable" warning, at most this often
+
+
+class _AwayWarnings:
+    """When each repeated warning was last said, and how many went to DEBUG since."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.said: dict[tuple[str, str], tuple[float, int]] = {}
+
+
+_away_warnings = _AwayWarnings()
+
+
+def warn_away(log: logging.Logger | logging.LoggerAdapter[Any], message: str, *args: Any) -> None:
+    """A warning that Redis is away, from a call made again and again (each lease, flush or
+    beat): said at most once per :data:`AWAY_WARN_SECONDS` for each logger and message,
+    the ones between at DEBUG; the next warning counts them. An outage is said, and a
+    worker hosting dozens of spiders does not fill its log while it lasts."""
+    name = log.logger.name if isinstance(log, logging.LoggerAdapter) else log.name
+    key, now = (name, message), time.monotonic()
+    with _away_warnings.lock:
+        last, quiet = _away_warnings.said.get(key, (float("-inf"), 0))
+        due = now - last >= AWAY_WARN_SECONDS
+        _away_warnings.said[key] = (now, 0) if due else (last, quiet + 1)
+    if not due:
+        log.debug(message, *args)
+    elif quiet:
+        log.warning(f"{message} (and {quiet} more like it in {now - last:.0f} s)", *args)
+    else:
+        log.warning(message, *args)
+
+
+class _Outage:
+    """Since when a client's server has been away (None: it answers); shared by the
+    copies of an :class:`OutageRetry`, which every connection of the client makes."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+
+
+class OutageRetry(Retry):
+    """redis-py's retry with back-off, until a call has spent every retry: the server
+    counts as away, and each call then tries once, without back-off, until one goes
+    through.
+
+    A process makes many calls of its own accord: every hosted spider's heartbeat,
+    maintenance, stats flush, leases. With each one spending its retries (about 1 s
+    of back-off) one after another, a Redis outage kept a worker's reactor busy
+    sleeping, and a worker hosting 20 spiders took a minute to stop. Every caller
+    handles a connection error already (kept, and tried again later); now it gets
+    it at once while the server is known to be away.
+    """
+
+    def __init__(self, backoff: Any, retries: int, outage: _Outage | None = None) -> None:
+        super().__init__(backoff, retries)
+        self.outage = outage or _Outage()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> OutageRetry:
+        """A copy for a connection: its own back-off, the client's outage."""
+        return OutageRetry(copy.deepcopy(self._backoff, memo), self._retries, self.outage)
+
+    @property
+    def away(self) -> bool:
+        return self.outage.since is not None
+
+    def call_with_retry(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None = None,
+        with_failure_count: bool = False,
+    ) -> T:
+        if not self.away:
+            try:
+                return super().call_with_retry(do, fail, is_retryable, with_failure_count)
+            except self._supported_errors as error:
+                if is_retryable is None or is_retryable(error):
+                    self._went_away(error)
+                raise
+        try:
+            result = do()
+        except self._supported_errors as error:
+            if with_failure_count:
+                fail(error, 1)
+            else:
+                fail(error)
+            raise
+        self._came_back()
+        return result
+
+    def _went_away(self, error: Exception) -> None:
+        self.outage.since = time.monotonic()
+        warn_away(
+            logger,
+            "Redis unreachable after %d retries (%s): calls try once until one goes through",
+            self._retries,
+            error,
+        )
+
+    def _came_back(self) -> None:
+        since, self.outage.since = self.outage.since, None
+        if since is not None:
+            logger.warning("Redis answers again, after %.1f s away", time.monotonic() - since)
 
 
 def cluster_client(url: MultiHostUrl, params: dict[str, Any]) -> RedisCluster:

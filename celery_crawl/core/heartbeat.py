@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from celery_crawl.core import connection
 from celery_crawl.core.connection import TRANSIENT_ERRORS
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,9 @@ class Heartbeat:
             try:
                 self.renew()
             except TRANSIENT_ERRORS as exc:
-                logger.warning("%s: Redis unreachable, will retry: %s", self.name, exc)
+                connection.warn_away(
+                    logger, "%s: Redis unreachable, will retry: %s", self.name, exc
+                )
             except Exception:
                 logger.exception("%s failed; will retry", self.name)
 

@@ -27,6 +27,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from celery_crawl.core import connection
 from celery_crawl.core.connection import TRANSIENT_ERRORS
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,9 @@ class Notices:
             try:
                 self._serve()
             except TRANSIENT_ERRORS as exc:
-                logger.warning("Redis unreachable, listening again in %s s: %s", RETRY_SECONDS, exc)
+                connection.warn_away(
+                    logger, "Redis unreachable, listening again in %s s: %s", RETRY_SECONDS, exc
+                )
                 self._stopped.wait(RETRY_SECONDS)
             except Exception:
                 logger.exception(

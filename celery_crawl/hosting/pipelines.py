@@ -159,7 +159,9 @@ class RedisPipeline:
 
     def _failed(self, failure: Any, batch: list[Waiting]) -> None:
         if failure.check(*connection.TRANSIENT_ERRORS):
-            logger.warning("Redis unreachable, %d items will be written again", len(batch))
+            connection.warn_away(
+                logger, "Redis unreachable, %d items will be written again", len(batch)
+            )
             self.waiting[:0] = batch  # first in line, so the list keeps their order
             if self._timer is None:
                 self._timer = call_later(RETRY_SECONDS, self.flush)

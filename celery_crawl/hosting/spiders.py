@@ -168,7 +168,9 @@ class RedisMixin:
         try:
             return self.start_urls_source.pop(int(self.redis_batch_size or 1))
         except connection.TRANSIENT_ERRORS as exc:
-            self.logger.warning("Redis unreachable, start URLs will be read later: %s", exc)
+            connection.warn_away(
+                self.logger, "Redis unreachable, start URLs will be read later: %s", exc
+            )
         except redis.ResponseError as exc:  # e.g. WRONGTYPE: a set read as a list
             self.logger.error(
                 "cannot pop start URLs from %r (%s): check REDIS_START_URLS_AS_SET/_AS_ZSET",

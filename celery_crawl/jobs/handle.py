@@ -316,7 +316,7 @@ class Job:
         """Wait out a failover or a restart of Redis; raise ``exc`` once it lasts too long."""
         if time.monotonic() - began >= WAIT_OUTAGE_SECONDS or _left(deadline, poll) <= 0:
             raise exc
-        logger.warning("job %s: Redis unreachable (%s); still waiting", self.id, exc)
+        connection.warn_away(logger, "job %s: Redis unreachable (%s); still waiting", self.id, exc)
         time.sleep(max(min(poll, _left(deadline, poll)), 0.01))
 
     def participants(self) -> int:

@@ -98,7 +98,7 @@ class SiteLimitsMiddleware:
         try:
             self._report(site, request, response)
         except connection.TRANSIENT_ERRORS as exc:
-            logger.warning("Redis unreachable, site %s not updated: %s", site, exc)
+            connection.warn_away(logger, "Redis unreachable, site %s not updated: %s", site, exc)
         except redis.ResponseError as exc:  # a damaged site key: the response still counts
             logger.warning(
                 "site %s not updated, Redis refused (%s): the response goes on", site, exc

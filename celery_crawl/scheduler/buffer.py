@@ -191,7 +191,8 @@ class WriteBehind:
             # Redis is away (restarting?) or a key is damaged: keep the call, send it again
             self.unconfirmed = call
             if isinstance(exc, connection.TRANSIENT_ERRORS):
-                logger.warning(
+                connection.warn_away(
+                    logger,
                     "Redis unreachable; %d requests and %d acks kept",
                     len(call.pending),
                     len(call.acks),

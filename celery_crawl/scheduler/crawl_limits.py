@@ -107,7 +107,9 @@ class CrawlLimits:
         try:
             value = self.crawl.count(name)
         except connection.REFUSED_OR_TRANSIENT as exc:  # that one goes uncounted
-            logger.warning("Redis unreachable, a crawl-wide %s not counted: %s", name, exc)
+            connection.warn_away(
+                logger, "Redis unreachable, a crawl-wide %s not counted: %s", name, exc
+            )
             return
         if value >= self.counts[name]:
             self.reach(name)
@@ -117,7 +119,7 @@ class CrawlLimits:
         try:
             counts = self.crawl.counts()
         except connection.REFUSED_OR_TRANSIENT as exc:
-            logger.warning("Redis unreachable, crawl-wide counts not read: %s", exc)
+            connection.warn_away(logger, "Redis unreachable, crawl-wide counts not read: %s", exc)
             return
         for name, limit in self.counts.items():
             if counts[name] >= limit:

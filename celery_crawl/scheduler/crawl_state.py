@@ -166,7 +166,7 @@ def _start_state(crawl: Crawl) -> str:
     try:
         return crawl.start_state()
     except connection.TRANSIENT_ERRORS as exc:  # asked again after a pause
-        logger.warning("Redis unreachable, start requests not checked: %s", exc)
+        connection.warn_away(logger, "Redis unreachable, start requests not checked: %s", exc)
     except redis.ResponseError as exc:  # a damaged crawl hash: repaired, asked again
         logger.warning("start requests not checked, Redis refused: %s", exc)
         Repairer(crawl.client, crawl.keys).after(exc)

@@ -230,6 +230,9 @@ class Scheduler(BaseScheduler):
             try:
                 self.queue.release(self.prefetch.held())
                 return
+            except connection.TRANSIENT_ERRORS as exc:
+                logger.warning("leases not handed back (%s): they return when they expire", exc)
+                return
             except redis.ResponseError as exc:
                 if attempt == 2 or not self.repairer.after(exc):
                     logger.warning("leases not handed back (%s): they return when they expire", exc)
@@ -254,6 +257,9 @@ class Scheduler(BaseScheduler):
             )  # a damaged key: repaired, sent again
         except redis.ResponseError as exc:  # refused twice: the registration lapses by itself
             logger.warning("scheduler not unregistered, Redis refused: %s", exc)
+            return
+        except connection.TRANSIENT_ERRORS as exc:  # away: the registration lapses by itself
+            logger.warning("scheduler not unregistered, Redis unreachable: %s", exc)
             return
         if still_open and not self.config.persist:
             logger.info(
@@ -309,7 +315,9 @@ class Scheduler(BaseScheduler):
             self.jobs.check()
             self._end_lost_jobs()
         except connection.TRANSIENT_ERRORS as exc:
-            logger.warning("Redis unreachable, scheduler maintenance will retry: %s", exc)
+            connection.warn_away(
+                logger, "Redis unreachable, scheduler maintenance will retry: %s", exc
+            )
         except redis.ResponseError as exc:  # a damaged key: repaired, maintained next time
             self._refused(exc)
         except Exception:
@@ -457,7 +465,9 @@ class Scheduler(BaseScheduler):
             try:
                 info = self.jobs.info(job) if job else JobInfo()
             except connection.TRANSIENT_ERRORS as exc:  # the lease waits for Redis
-                logger.warning("Redis unreachable, job %s not joined: %s", lease.job, exc)
+                connection.warn_away(
+                    logger, "Redis unreachable, job %s not joined: %s", lease.job, exc
+                )
                 self.prefetch.put_back(lease)
                 return None
             except redis.ResponseError as exc:  # a damaged key: repaired, the lease waits
@@ -486,7 +496,7 @@ class Scheduler(BaseScheduler):
                 self.flush()
             return self.prefetch.next()
         except connection.TRANSIENT_ERRORS as exc:
-            logger.warning("Redis unreachable, no request leased: %s", exc)
+            connection.warn_away(logger, "Redis unreachable, no request leased: %s", exc)
             return None
         except redis.ResponseError as exc:  # a damaged key: repaired, leased again later
             self._refused(exc)

@@ -217,7 +217,7 @@ class RedisStatsCollector(StatsCollector):
         except connection.REFUSED_OR_TRANSIENT as exc:
             self.unconfirmed = (number, args)
             if isinstance(exc, connection.TRANSIENT_ERRORS):
-                logger.warning("stats not flushed, will retry: %s", exc)
+                connection.warn_away(logger, "stats not flushed, will retry: %s", exc)
             else:  # a damaged key: kept, repaired, tried again
                 self.repairer.after(exc)
             return False

@@ -32,7 +32,7 @@ from celery_crawl import crawl, create_app
 from celery_crawl.core.connection import get_redis
 from celery_crawl.core.keys import SpiderKeys
 from tests.support.forum import FORUM, forum_seeds
-from tests.support.ports import persistent_valkey, start_again
+from tests.support.ports import crash, persistent_valkey, start_again
 from tests.support.workers import WORKER_SETTINGS, Worker, worker_env
 
 EXPECTED = FORUM.expected()
@@ -44,15 +44,6 @@ CRASHES = 3
 def aof_redis(tmp_path: Path) -> Iterator[ValkeyServer]:
     with persistent_valkey(tmp_path / "valkey", appendfsync="everysec") as server:
         yield server
-
-
-def crash(server: ValkeyServer) -> None:
-    """SIGKILL: no shutdown, no save; what the append-only file holds is all that is left."""
-    process = server._process  # the server binary's process
-    assert process is not None
-    process.kill()
-    process.wait(10)
-    server._process = None
 
 
 def test_redis_killed_at_random_moments_loses_nothing(

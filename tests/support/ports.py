@@ -44,6 +44,15 @@ def started_valkey(data_dir: Path, **options: Any) -> ValkeyServer:
     return server
 
 
+def crash(server: ValkeyServer) -> None:
+    """SIGKILL: no shutdown, no save; what the append-only file holds is all that is left."""
+    process = server._process  # the server binary's process
+    assert process is not None
+    process.kill()
+    process.wait(10)
+    server._process = None
+
+
 def start_again(server: ValkeyServer) -> None:
     """Start a stopped server again on its port, and check that it is the one answering:
     another test's server may have taken the port while it was down."""

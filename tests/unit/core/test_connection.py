@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+import re
+import uuid
+from pathlib import Path
+
 import pytest
 import redis
 from scrapy.settings import Settings
@@ -9,6 +14,7 @@ from scrapy.settings import Settings
 from celery_crawl.core import connection
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
+from tests.support.ports import persistent_valkey, start_again
 
 
 def test_components_share_one_client(make_crawler: object) -> None:
@@ -71,3 +77,83 @@ def test_a_refused_config_get_warns_and_goes_on(
         assert connection.memory(limited) is None  # not known: the tools show no memory line
     finally:
         client.acl_deluser(user)
+
+
+class Attempts:
+    """A call that fails with ``error`` ``failing`` times, then answers; its attempts counted."""
+
+    def __init__(self, failing: int, error: Exception | None = None) -> None:
+        self.failing = failing
+        self.error = error or redis.ConnectionError("refused")
+        self.made = 0
+
+    def __call__(self) -> str:
+        self.made += 1
+        if self.made <= self.failing:
+            raise self.error
+        return "answer"
+
+
+def no_backoff_retry() -> connection.OutageRetry:
+    from redis.backoff import NoBackoff
+
+    return connection.OutageRetry(NoBackoff(), retries=5)
+
+
+def test_once_a_call_spent_its_retries_calls_try_once_until_one_goes_through() -> None:
+    retry, failures = no_backoff_retry(), []
+    down = Attempts(failing=100)
+    with pytest.raises(redis.ConnectionError):
+        retry.call_with_retry(down, failures.append)
+    assert down.made == 6 and retry.away  # the first try and its 5 retries
+    with pytest.raises(redis.ConnectionError):
+        retry.call_with_retry(down, failures.append)
+    assert down.made == 7 and retry.away  # one try: the server is known to be away
+    assert len(failures) == 7  # each failure reached the connection's handler
+    back = Attempts(failing=0)
+    assert retry.call_with_retry(back, failures.append) == "answer" and not retry.away
+    again = Attempts(failing=100)
+    with pytest.raises(redis.ConnectionError):
+        retry.call_with_retry(again, failures.append)
+    assert again.made == 6  # answered in between: a new outage spends its retries again
+
+
+def test_a_blip_within_the_retries_and_a_refusal_leave_the_server_counted_up() -> None:
+    retry = no_backoff_retry()
+    assert retry.call_with_retry(Attempts(failing=3), lambda error: None) == "answer"
+    refused = Attempts(failing=1, error=redis.ResponseError("WRONGTYPE"))
+    with pytest.raises(redis.ResponseError):
+        retry.call_with_retry(refused, lambda error: None)
+    assert refused.made == 1 and not retry.away  # an answer, not an outage
+
+
+def test_every_connection_of_a_client_shares_its_outage(tmp_path: Path) -> None:
+    """On a real server, stopped then started again: the client's connections are each
+    given a copy of its retry, and all of them learn of the outage and of its end."""
+    with persistent_valkey(tmp_path / "valkey", appendfsync="no") as server:
+        client = connection.make_client(f"redis://127.0.0.1:{server.port}/0", {})
+        assert client.ping()
+        server.stop()
+        with pytest.raises(redis.ConnectionError):
+            client.ping()
+        retries = [client.get_retry(), client.connection_pool.make_connection().retry]
+        assert all(isinstance(r, connection.OutageRetry) and r.away for r in retries)
+        start_again(server)
+        assert client.ping()
+        assert not any(r.away for r in retries)
+
+
+def test_a_repeated_away_warning_is_said_once_per_interval(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = logging.getLogger("celery_crawl.test_away")
+    message = f"Redis unreachable, nothing done {uuid.uuid4().hex}: %s"
+    with caplog.at_level(logging.DEBUG, logger=log.name):
+        for n in range(3):
+            connection.warn_away(log, message, n)
+        monkeypatch.setattr(connection, "AWAY_WARN_SECONDS", 0.0)
+        connection.warn_away(log, message, 3)
+    levels = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == log.name]
+    assert [level for level, _ in levels] == ["WARNING", "DEBUG", "DEBUG", "WARNING"]
+    assert levels[0][1].endswith(": 0")
+    assert re.search(r": 3 \(and 2 more like it in \d+ s\)$", levels[3][1])
