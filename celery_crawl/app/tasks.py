@@ -95,27 +95,47 @@ def run_job(
     while True:
         hand_back_if_stopping(hostname)  # in the process: needs no Redis
         try:
-            result = job.wait(timeout=interval)
+            try:
+                result = job.wait(timeout=interval)
+            except JobTimeout as exc:  # running still: its progress, then watched again
+                waiting, told_to_stop = at_interval(
+                    task, job, registry, waiting, timeout=exc, keys=(index, stopping)
+                )
+                if told_to_stop:  # the flag in Redis, for a task run elsewhere
+                    raise Reject(HAND_BACK, requeue=True)  # noqa: B904
+                continue
         except connection.TRANSIENT_ERRORS as exc:  # Redis restarting: keep watching
             connection.warn_away(
                 logger, "job %s: Redis unreachable (%s); still watching", job.id, exc
             )
             pause(hostname, interval)
             continue
-        except JobTimeout as exc:
-            status = job.status()
-            now_waiting = report_progress(task, status, registry.read(job.client), exc)
-            if now_waiting != waiting:  # logged when it starts, and when it ends
-                logger.warning("job %s: %s", job.id, now_waiting or "a live worker hosts it now")
-                waiting = now_waiting
-            end_if_out_of_time(job, status)
-            write_index(job, index, JOB_INDEX_TTL)
-            if job.client.exists(stopping):  # the flag in Redis, for a task run elsewhere
-                raise Reject(HAND_BACK, requeue=True)  # noqa: B904
-            continue
         # the job's index entry now lives as long as its hash (CELERY_CRAWL_JOB_KEEP_SECONDS)
         write_index(job, index, int(project.job_keep(spider)))
         return finished(job, result)
+
+
+def at_interval(
+    task: Task,
+    job: Job,
+    registry: Registry,
+    waiting: str,
+    *,
+    timeout: Exception,
+    keys: tuple[str, str],
+) -> tuple[str, bool]:
+    """A progress interval of a running job: its progress reported, its ``seconds`` limit
+    applied, its index entry renewed; what it waits for now, and whether the flag of a
+    stopping worker is set. ``keys``: the job's index entry and that flag. May raise a
+    transient Redis error."""
+    index, stopping = keys
+    status = job.status()
+    now_waiting = report_progress(task, status, registry.read(job.client), timeout)
+    if now_waiting != waiting:  # logged when it starts, and when it ends
+        logger.warning("job %s: %s", job.id, now_waiting or "a live worker hosts it now")
+    end_if_out_of_time(job, status)
+    write_index(job, index, JOB_INDEX_TTL)
+    return now_waiting, bool(job.client.exists(stopping))
 
 
 def write_index(job: Job, key: str, seconds: int) -> None:

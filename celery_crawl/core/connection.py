@@ -15,8 +15,11 @@ client), as in scrapy-redis. ``REDIS_URL`` is one of:
   sentinels too). Certificates and checks come from ``REDIS_PARAMS``
   (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``...).
 
-Transient connection errors are retried with jittered exponential backoff;
-what still fails surfaces as :class:`~celery_crawl.core.errors.RedisUnavailable`.
+Transient connection errors are retried with jittered exponential backoff; a
+client of one server then counts its server away, and tries each call once until a
+command goes through (:class:`OutageRetry`). What still fails surfaces as a
+connection error, or :class:`~celery_crawl.core.errors.RedisUnavailable`; a caller
+that meets it again and again says so with :func:`warn_away`.
 """
 
 from __future__ import annotations
@@ -204,7 +207,16 @@ class _AwayWarnings:
         self.said: dict[tuple[str, str], tuple[float, int]] = {}
 
 
-_away_warnings = _AwayWarnings()
+_away_warnings = [_AwayWarnings()]
+
+
+def _new_away_warnings() -> None:
+    """In a forked child: a parent's thread may have held the lock at the fork; and the
+    child says its own warnings."""
+    _away_warnings[0] = _AwayWarnings()
+
+
+os.register_at_fork(after_in_child=_new_away_warnings)
 
 
 def warn_away(log: logging.Logger | logging.LoggerAdapter[Any], message: str, *args: Any) -> None:
@@ -212,18 +224,19 @@ def warn_away(log: logging.Logger | logging.LoggerAdapter[Any], message: str, *a
     beat): said at most once per :data:`AWAY_WARN_SECONDS` for each logger and message,
     the ones between at DEBUG; the next warning counts them. An outage is said, and a
     worker hosting dozens of spiders does not fill its log while it lasts."""
-    name = log.logger.name if isinstance(log, logging.LoggerAdapter) else log.name
-    key, now = (name, message), time.monotonic()
-    with _away_warnings.lock:
-        last, quiet = _away_warnings.said.get(key, (float("-inf"), 0))
+    warnings = _away_warnings[0]
+    key, now = (log.name, message), time.monotonic()
+    with warnings.lock:
+        last, quiet = warnings.said.get(key, (float("-inf"), 0))
         due = now - last >= AWAY_WARN_SECONDS
-        _away_warnings.said[key] = (now, 0) if due else (last, quiet + 1)
+        warnings.said[key] = (now, 0) if due else (last, quiet + 1)
     if not due:
-        log.debug(message, *args)
+        log.debug(message, *args, stacklevel=2)
     elif quiet:
-        log.warning(f"{message} (and {quiet} more like it in {now - last:.0f} s)", *args)
+        since = f" ({quiet} more like it since the last, {now - last:.0f} s ago)"
+        log.warning(message + since, *args, stacklevel=2)
     else:
-        log.warning(message, *args)
+        log.warning(message, *args, stacklevel=2)
 
 
 class _Outage:
@@ -232,28 +245,60 @@ class _Outage:
 
     def __init__(self) -> None:
         self.since: float | None = None
+        self.lock = threading.Lock()
+
+    def went_away(self) -> bool:
+        """Mark the server away; True if it was not already."""
+        with self.lock:
+            if self.since is not None:
+                return False
+            self.since = time.monotonic()
+            return True
+
+    def came_back(self) -> float | None:
+        """Mark the server answering; the seconds it was away, None if it was not."""
+        with self.lock:
+            since, self.since = self.since, None
+        return None if since is None else time.monotonic() - since
 
 
 class OutageRetry(Retry):
     """redis-py's retry with back-off, until a call has spent every retry: the server
-    counts as away, and each call then tries once, without back-off, until one goes
-    through.
+    counts as away, and each call then tries once, without back-off, until a command
+    goes through.
 
     A process makes many calls of its own accord: every hosted spider's heartbeat,
-    maintenance, stats flush, leases. With each one spending its retries (about 1 s
-    of back-off) one after another, a Redis outage kept a worker's reactor busy
-    sleeping, and a worker hosting 20 spiders took a minute to stop. Every caller
-    handles a connection error already (kept, and tried again later); now it gets
-    it at once while the server is known to be away.
+    maintenance, stats flush, leases. With each one spending its retries (about 1.5 s
+    of back-off on average) one after another, a Redis outage kept a worker's reactor
+    asleep, and a worker hosting 22 spiders took a minute to stop. Every caller
+    handles a connection error already (kept, and tried again later); now it gets it
+    at once while the server is known to be away.
+
+    Only a command's answer ends an outage: in redis-py 8 a command, a pipeline, a
+    pub/sub call and a health check are the calls made ``with_failure_count``, and the
+    outermost such call on a thread is the command itself. A connection's handshake
+    is a call of its own, outside the command, and a reconnect is one inside it: a
+    server that accepts connections while it loads its data (``LOADING``) is still away.
     """
 
-    def __init__(self, backoff: Any, retries: int, outage: _Outage | None = None) -> None:
-        super().__init__(backoff, retries)
+    def __init__(
+        self,
+        backoff: Any,
+        retries: int,
+        outage: _Outage | None = None,
+        supported_errors: tuple[type[Exception], ...] | None = None,
+    ) -> None:
+        if supported_errors is None:
+            super().__init__(backoff, retries)
+        else:
+            super().__init__(backoff, retries, supported_errors)
         self.outage = outage or _Outage()
+        self._depth = threading.local()  # calls of this retry under way on a thread
 
     def __deepcopy__(self, memo: dict[int, Any]) -> OutageRetry:
         """A copy for a connection: its own back-off, the client's outage."""
-        return OutageRetry(copy.deepcopy(self._backoff, memo), self._retries, self.outage)
+        backoff = copy.deepcopy(self._backoff, memo)
+        return OutageRetry(backoff, self._retries, self.outage, self._supported_errors)
 
     @property
     def away(self) -> bool:
@@ -266,6 +311,23 @@ class OutageRetry(Retry):
         is_retryable: Callable[[Exception], bool] | None = None,
         with_failure_count: bool = False,
     ) -> T:
+        depth = getattr(self._depth, "n", 0)
+        self._depth.n = depth + 1
+        try:
+            result = self._call(do, fail, is_retryable, with_failure_count)
+        finally:
+            self._depth.n = depth
+        if with_failure_count and depth == 0 and self.away:  # a command went through
+            self._came_back()
+        return result
+
+    def _call(
+        self,
+        do: Callable[[], T],
+        fail: Callable[..., Any],
+        is_retryable: Callable[[Exception], bool] | None,
+        with_failure_count: bool,
+    ) -> T:
         if not self.away:
             try:
                 return super().call_with_retry(do, fail, is_retryable, with_failure_count)
@@ -273,30 +335,30 @@ class OutageRetry(Retry):
                 if is_retryable is None or is_retryable(error):
                     self._went_away(error)
                 raise
-        try:
-            result = do()
+        try:  # away: one try
+            return do()
         except self._supported_errors as error:
+            if is_retryable is not None and not is_retryable(error):
+                raise
             if with_failure_count:
                 fail(error, 1)
             else:
                 fail(error)
             raise
-        self._came_back()
-        return result
 
     def _went_away(self, error: Exception) -> None:
-        self.outage.since = time.monotonic()
-        warn_away(
-            logger,
-            "Redis unreachable after %d retries (%s): calls try once until one goes through",
-            self._retries,
-            error,
-        )
+        if self.outage.went_away():
+            warn_away(
+                logger,
+                "Redis unreachable after %d retries (%s): calls try once until one goes through",
+                self._retries,
+                error,
+            )
 
     def _came_back(self) -> None:
-        since, self.outage.since = self.outage.since, None
-        if since is not None:
-            logger.warning("Redis answers again, after %.1f s away", time.monotonic() - since)
+        away = self.outage.came_back()
+        if away is not None:
+            warn_away(logger, "Redis answers again, after %.1f s away", away)
 
 
 def cluster_client(url: MultiHostUrl, params: dict[str, Any]) -> RedisCluster:

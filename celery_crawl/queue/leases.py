@@ -20,6 +20,7 @@ layouts (:mod:`celery_crawl.queue.queues`): nothing outside this package changes
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Self
 
@@ -34,7 +35,7 @@ class LeaseTimes:
     seconds: float = SETTINGS["SCHEDULER_LEASE_SECONDS"].default
 
     def __post_init__(self) -> None:
-        if not self.seconds > 0:  # not NaN either
+        if not (math.isfinite(self.seconds) and self.seconds > 0):
             raise ConfigError(f"SCHEDULER_LEASE_SECONDS is {self.seconds!r}: use seconds above 0")
 
     @classmethod

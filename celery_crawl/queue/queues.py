@@ -264,6 +264,7 @@ class Base:
             **self.leases.lease_args(),
             **self.sites.lease_args(),
         )
+        self.next_ready = None  # a call that fails leaves no due time: nothing to wake for
         members, wait = self._run(LEASE, keys, args)
         self.next_ready = None if int(wait) < 0 else int(wait) / 1000
         return [Lease(m) for m in members]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -35,3 +36,16 @@ def descendants(pid: int) -> set[int]:
             found.add(child)
             todo.append(child)
     return found
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """The CPU time (user and system) the processes ``pids`` have used so far; an ended
+    one counts nothing."""
+    ticks = 0
+    for pid in pids:
+        try:
+            fields = stat_fields(pid)
+        except OSError:
+            continue
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of stat
+    return ticks / os.sysconf("SC_CLK_TCK")

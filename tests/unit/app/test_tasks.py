@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 from celery import Celery
 
 from celery_crawl import create_app
@@ -72,3 +73,32 @@ def test_a_producer_source_names_its_jobs_source() -> None:
     url = source_id("https://news.example/front?page=1")  # a URL is not: its digest
     assert url.startswith("src-") and url == source_id("https://news.example/front?page=1")
     assert check_job("forum", SEEDS, priority=0, job_id="x", limits={}, args={}, source=url)
+
+
+def test_a_redis_error_at_a_progress_report_keeps_the_job_watched(
+    db_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart can cut the report at a progress interval (the result backend's write, the
+    job's status): the task warns and watches on, and returns the job's end; it used to fail
+    outside its body, its result never stored."""
+    from celery_crawl.app import tasks
+
+    monkeypatch.setenv("REDIS_URL", db_url)
+    settings = {"CELERY_CRAWL_KEY_PREFIX": prefix, "CELERY_CRAWL_PROGRESS_INTERVAL": 0.1}
+    app = create_app("p", "tasks.settings", settings=settings)
+    app.conf.task_always_eager = True
+    reports: list[str] = []
+
+    def cut_then_ended(task: Any, status: Any, *args: Any) -> str:
+        reports.append(status.state)
+        if len(reports) == 1:
+            raise redis.ConnectionError("Connection reset by peer")  # the restart
+        project = project_of(app)
+        Job(status.job_id, "forum", project.client, project.keys("forum")).close("enough")
+        return ""
+
+    monkeypatch.setattr(tasks, "report_progress", cut_then_ended)
+    outcome = app.tasks["celery_crawl.crawl"].apply(args=("forum", SEEDS), task_id="cut-report")
+    assert outcome.successful(), outcome.traceback
+    assert outcome.result["state"] == "closed" and outcome.result["reason"] == "enough"
+    assert reports == ["running", "running"]  # watched on after the cut

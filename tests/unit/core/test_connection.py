@@ -94,6 +94,10 @@ class Attempts:
         return "answer"
 
 
+def fail_counted(error: Exception, count: int) -> None:
+    """A command's failure handler (redis-py passes the failure count to it)."""
+
+
 def no_backoff_retry() -> connection.OutageRetry:
     from redis.backoff import NoBackoff
 
@@ -111,11 +115,30 @@ def test_once_a_call_spent_its_retries_calls_try_once_until_one_goes_through() -
     assert down.made == 7 and retry.away  # one try: the server is known to be away
     assert len(failures) == 7  # each failure reached the connection's handler
     back = Attempts(failing=0)
-    assert retry.call_with_retry(back, failures.append) == "answer" and not retry.away
+    assert retry.call_with_retry(back, failures.append) == "answer" and retry.away  # a connect
+    assert retry.call_with_retry(back, fail_counted, with_failure_count=True) == "answer"
+    assert not retry.away  # a command went through
     again = Attempts(failing=100)
     with pytest.raises(redis.ConnectionError):
         retry.call_with_retry(again, failures.append)
     assert again.made == 6  # answered in between: a new outage spends its retries again
+
+
+def test_a_reconnect_inside_a_failing_command_does_not_end_the_outage() -> None:
+    """A server loading its data accepts connections and answers LOADING: the command's
+    reconnect goes through, the command does not; the server is still away."""
+    retry = no_backoff_retry()
+    with pytest.raises(redis.ConnectionError):
+        retry.call_with_retry(Attempts(failing=100), fail_counted, with_failure_count=True)
+    assert retry.away
+
+    def reconnect_then_loading() -> str:
+        retry.call_with_retry(Attempts(failing=0), fail_counted, with_failure_count=True)
+        raise redis.BusyLoadingError("LOADING Redis is loading the dataset in memory")
+
+    with pytest.raises(redis.BusyLoadingError):
+        retry.call_with_retry(reconnect_then_loading, fail_counted, with_failure_count=True)
+    assert retry.away
 
 
 def test_a_blip_within_the_retries_and_a_refusal_leave_the_server_counted_up() -> None:
@@ -138,6 +161,8 @@ def test_every_connection_of_a_client_shares_its_outage(tmp_path: Path) -> None:
             client.ping()
         retries = [client.get_retry(), client.connection_pool.make_connection().retry]
         assert all(isinstance(r, connection.OutageRetry) and r.away for r in retries)
+        with pytest.raises(redis.ConnectionError):  # away: one try, through the client's path
+            client.set("k", "v")
         start_again(server)
         assert client.ping()
         assert not any(r.away for r in retries)
@@ -153,7 +178,12 @@ def test_a_repeated_away_warning_is_said_once_per_interval(
             connection.warn_away(log, message, n)
         monkeypatch.setattr(connection, "AWAY_WARN_SECONDS", 0.0)
         connection.warn_away(log, message, 3)
+        adapter = logging.LoggerAdapter(log, {})  # a spider's logger, say
+        connection.warn_away(adapter, message, 4)
+        connection.warn_away(adapter, message, 5)
     levels = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == log.name]
-    assert [level for level, _ in levels] == ["WARNING", "DEBUG", "DEBUG", "WARNING"]
+    # the last three after the interval was set to 0: each one said
+    assert [level for level, _ in levels] == ["WARNING", "DEBUG", "DEBUG"] + ["WARNING"] * 3
+    assert all(r.funcName.startswith("test_") for r in caplog.records if r.name == log.name)
     assert levels[0][1].endswith(": 0")
-    assert re.search(r": 3 \(and 2 more like it in \d+ s\)$", levels[3][1])
+    assert re.search(r": 3 \(2 more like it since the last, \d+ s ago\)$", levels[3][1])

@@ -37,7 +37,7 @@ class Uneven(LeaseTimes):
         return 30.0
 
 
-@pytest.mark.parametrize("seconds", [0, -1, math.nan])
+@pytest.mark.parametrize("seconds", [0, -1, math.nan, math.inf])
 def test_a_lease_time_not_above_zero_is_refused_naming_its_setting(seconds: float) -> None:
     with pytest.raises(ConfigError, match="SCHEDULER_LEASE_SECONDS"):
         LeaseTimes(seconds)

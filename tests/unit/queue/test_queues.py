@@ -12,7 +12,7 @@ from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.queue.leases import LeaseTimes
 from celery_crawl.queue.queues import Base, FifoQueue, LifoPriorityQueue, LifoQueue, PriorityQueue
-from tests.support.ports import started_valkey
+from tests.support.ports import free_port, started_valkey
 
 QUEUE_CLASSES = [PriorityQueue, FifoQueue, LifoQueue, LifoPriorityQueue]
 
@@ -339,3 +339,14 @@ def test_a_cancel_keeps_the_other_jobs_entries_of_a_list_in_their_order(
     assert Job("a", "c", client, queue.keys).cancel() == 3
     assert [lease.payload for lease in queue.lease(10)] == [b"b1", b"b2"]
     assert client.hget(queue.keys.job("a"), "state") == b"cancelled"
+
+
+def test_a_lease_that_fails_leaves_no_time_to_wake_for() -> None:
+    """Redis away: no due time of a parked site is kept from before, which would have the
+    engine ask again as soon as it passed, again and again, while every ask fails."""
+    client = redis.Redis(port=free_port(), socket_connect_timeout=1, retry=None)
+    queue = PriorityQueue(client, SpiderKeys.build("forum", prefix="away"))
+    queue.next_ready = 0.05  # a parked site's, from the last lease that went through
+    with pytest.raises(redis.ConnectionError):
+        queue.lease()
+    assert queue.next_ready is None
