@@ -83,8 +83,10 @@ def lease_time_uses(path: Path) -> list[str]:
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Attribute):
-            value = node.value
-            on_leases = isinstance(value, ast.Attribute) and value.attr == "leases"
+            value = node.value  # ``x.leases.<attr>``, or ``leases.<attr>`` once bound to a name
+            on_leases = (isinstance(value, ast.Attribute) and value.attr == "leases") or (
+                isinstance(value, ast.Name) and value.id == "leases"
+            )
             if on_leases and node.attr not in ("shortest", "longest"):
                 found.append(f"{path.name}:{node.lineno} .leases.{node.attr}")
             if node.attr == "lease_seconds":
