@@ -207,13 +207,14 @@ class _AwayWarnings:
         self.said: dict[tuple[str, str], tuple[float, int]] = {}
 
 
-_away_warnings = [_AwayWarnings()]
+_away_warnings = _AwayWarnings()
 
 
 def _new_away_warnings() -> None:
-    """In a forked child: a parent's thread may have held the lock at the fork; and the
-    child says its own warnings."""
-    _away_warnings[0] = _AwayWarnings()
+    """In a forked child, as :func:`_new_lock`: a parent's thread may have held the lock at
+    the fork; and the child says its own warnings."""
+    global _away_warnings  # noqa: PLW0603 - rebound in a forked child only
+    _away_warnings = _AwayWarnings()
 
 
 os.register_at_fork(after_in_child=_new_away_warnings)
@@ -224,7 +225,7 @@ def warn_away(log: logging.Logger | logging.LoggerAdapter[Any], message: str, *a
     beat): said at most once per :data:`AWAY_WARN_SECONDS` for each logger and message,
     the ones between at DEBUG; the next warning counts them. An outage is said, and a
     worker hosting dozens of spiders does not fill its log while it lasts."""
-    warnings = _away_warnings[0]
+    warnings = _away_warnings
     key, now = (log.name, message), time.monotonic()
     with warnings.lock:
         last, quiet = warnings.said.get(key, (float("-inf"), 0))

@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 
 from celery_crawl.core import connection
-from celery_crawl.core.connection import TRANSIENT_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +58,7 @@ class Heartbeat:
                 return
             try:
                 self.renew()
-            except TRANSIENT_ERRORS as exc:
+            except connection.TRANSIENT_ERRORS as exc:
                 connection.warn_away(
                     logger, "%s: Redis unreachable, will retry: %s", self.name, exc
                 )

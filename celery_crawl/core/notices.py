@@ -28,7 +28,6 @@ from collections.abc import Callable
 from typing import Any
 
 from celery_crawl.core import connection
-from celery_crawl.core.connection import TRANSIENT_ERRORS
 
 logger = logging.getLogger(__name__)
 
@@ -86,7 +85,7 @@ class Notices:
         while not self._stopped.is_set():
             try:
                 self._serve()
-            except TRANSIENT_ERRORS as exc:
+            except connection.TRANSIENT_ERRORS as exc:
                 connection.warn_away(
                     logger, "Redis unreachable, listening again in %s s: %s", RETRY_SECONDS, exc
                 )
@@ -148,7 +147,7 @@ class Notices:
         for handler in handlers:
             try:
                 handler()
-            except TRANSIENT_ERRORS as exc:
+            except connection.TRANSIENT_ERRORS as exc:
                 logger.warning("a notice on %s not handled, Redis unreachable: %s", channel, exc)
             except Exception:
                 logger.exception("handling a notice on %s failed", channel)
