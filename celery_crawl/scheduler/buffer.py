@@ -10,7 +10,9 @@ never leaves a finished parent whose children are missing. Before a call
 with acks is made, ``before_acks()`` runs once for all of them: the
 scheduler has the items of those pages handed to the OS there
 (:mod:`celery_crawl.hosting.feeds`). If it raises, those acks are not sent: their
-leases expire and the pages are crawled again.
+leases expire and the pages are crawled again. ``let_go(members)`` is told of
+each ack once it is written, or given up so: until then its lease is renewed
+(:mod:`celery_crawl.scheduler.prefetch`).
 
 If Redis is away, or refuses the script (a damaged key: ``on_error`` is
 told, see :mod:`celery_crawl.core.repair`), the buffer keeps the call and sends it
@@ -83,6 +85,7 @@ class WriteBehind:
         call_later: CallLater | None = None,
         on_error: Callable[[Exception], None] | None = None,
         before_acks: Callable[[], None] | None = None,
+        let_go: Callable[[list[bytes]], None] | None = None,
         delay: float,
         batch_size: int,
     ) -> None:
@@ -92,6 +95,7 @@ class WriteBehind:
         self.call_later = call_later
         self.on_error = on_error
         self.before_acks = before_acks  # makes the acked pages' items durable, or raises
+        self.let_go = let_go  # leases whose acks were written, or given up
         self.delay = delay
         self.batch_size = max(1, batch_size)
         self.pending: list[Pending] = []
@@ -171,6 +175,7 @@ class WriteBehind:
                 " so they expire and the pages are crawled again",
                 len(self.acks),
             )
+            self._let_go(self.acks)
             return []
         return self.acks
 
@@ -202,8 +207,13 @@ class WriteBehind:
             self.schedule(RETRY_DELAY)
             return False
         self.unconfirmed = None
+        self._let_go(call.acks)
         self.on_written(call.pending, flags)
         return True
+
+    def _let_go(self, acks: list[bytes]) -> None:
+        if acks and self.let_go is not None:
+            self.let_go(acks)
 
     def _batches(
         self, pending: list[Pending]

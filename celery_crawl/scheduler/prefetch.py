@@ -5,7 +5,10 @@ by one would cost a round trip each, so :class:`Prefetch` leases ``size`` at
 once and hands them out one by one. It also remembers which lease each
 request handed to the engine came from, so that the request's ack finds its
 lease, and so that every lease this process holds can be renewed, or handed
-back at shutdown.
+back at shutdown. A lease is held until its ack is written: a page the engine
+is done with may wait for the write-behind buffer's flush (a reactor held by a
+long callback, items made durable first, Redis away), and its lease must not
+lapse meanwhile, or another process crawls the page again.
 
 The renewal runs in the scheduler's heartbeat thread
 (:mod:`celery_crawl.core.heartbeat`), so :meth:`Prefetch.held` may be called from
@@ -30,7 +33,8 @@ class Prefetch:
         self.lease = lease
         self.size = max(1, size)
         self.waiting: deque[Lease] = deque()  # leased, not yet handed to the engine
-        self.handed: dict[Any, bytes] = {}  # request -> lease member, until acked
+        self.handed: dict[Any, bytes] = {}  # request -> lease member, until the engine is done
+        self.acking: set[bytes] = set()  # done by the engine, their acks not written yet
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -55,14 +59,31 @@ class Prefetch:
             self.handed[request] = lease.member
 
     def finish(self, request: Any) -> bytes | None:
-        """The lease of a request the engine is done with; None if it was not ours."""
+        """The lease of a request the engine is done with, held until :meth:`let_go`;
+        None if it was not ours."""
         with self._lock:
-            return self.handed.pop(request, None)
+            member = self.handed.pop(request, None)
+            if member is not None:
+                self.acking.add(member)
+            return member
+
+    def discard(self, lease: Lease) -> bytes:
+        """A lease taken by :meth:`next`, never handed out, acked unprocessed: held until
+        :meth:`let_go`."""
+        with self._lock:
+            self.acking.add(lease.member)
+            return lease.member
+
+    def let_go(self, members: list[bytes]) -> None:
+        """Leases no longer held here: their acks were written, or they are left to expire."""
+        with self._lock:
+            self.acking.difference_update(members)
 
     def held(self) -> list[bytes]:
-        """Every lease this process holds: waiting, or handed to the engine."""
+        """Every lease this process holds: waiting, handed to the engine, or being acked."""
         with self._lock:
-            return [lease.member for lease in self.waiting] + list(self.handed.values())
+            waiting = [lease.member for lease in self.waiting]
+            return [*waiting, *self.handed.values(), *self.acking]
 
     def holds(self, job: str) -> bool:
         """Whether a lease of ``job`` is held here: waiting, or handed to the engine."""
@@ -75,3 +96,4 @@ class Prefetch:
         with self._lock:
             self.waiting.clear()
             self.handed.clear()
+            self.acking.clear()

@@ -18,7 +18,8 @@ A request's path through it:
    :mod:`celery_crawl.scheduler.engine`), its lease is acked by the next flush, after
    the children, and after the handlers of ``acks_due`` made the items its
    callback yielded durable (the feeds' files flushed: :mod:`celery_crawl.hosting.feeds`).
-5. A process renews the leases it holds from a heartbeat thread
+5. A process renews the leases it holds (prefetched, handed to the engine, or
+   done and waiting for their ack's write) from a heartbeat thread
    (:mod:`celery_crawl.core.heartbeat`); leases whose process stopped beating
    expire (``SCHEDULER_LEASE_SECONDS``, 10 s) and are put back by any running
    scheduler's heartbeat; leases held at close are handed back at once.
@@ -111,9 +112,9 @@ class Scheduler(BaseScheduler):
         self.spider: Spider | None = None
         self.id = uuid.uuid4().hex  # this scheduler's registration among the open ones
         self.engine = EngineHooks(crawler)
+        self.prefetch = Prefetch(queue.lease, self.config.prefetch)
         self.buffer = self._write_behind()
         self.job_stats = self.buffer.job_stats
-        self.prefetch = Prefetch(queue.lease, self.config.prefetch)
         self.dead_letters = DeadLetters(queue, self.buffer, self.stats)
         self.wakeup = Wakeup(queue, self.engine)
         self.heartbeat = Heartbeat(
@@ -145,6 +146,7 @@ class Scheduler(BaseScheduler):
             call_later=reactor_call_later,
             on_error=self._refused,
             before_acks=self._settle_items,
+            let_go=self.prefetch.let_go,
             delay=self.config.flush_delay,
             batch_size=self.config.batch_size,
         )
@@ -504,7 +506,7 @@ class Scheduler(BaseScheduler):
 
     def _discard(self, lease: Lease) -> None:
         """A request of a job that ended after it was leased: finished unprocessed."""
-        self.buffer.ack(lease.member, {(lease.job, "purged"): 1})
+        self.buffer.ack(self.prefetch.discard(lease), {(lease.job, "purged"): 1})
         self._inc("scheduler/discarded/job_ended")
 
     def _decode(self, lease: Lease) -> Request | None:

@@ -112,6 +112,28 @@ def test_a_slow_download_and_a_long_callback_are_never_leased_twice(
     assert b"scheduler/requeued/expired" not in stats
 
 
+def test_a_page_whose_items_take_longer_than_a_lease_to_settle_is_not_leased_twice(
+    app: Celery,
+    workers: Callable[..., Worker],
+    state_client: redis.Redis,
+    paths_site: PathsSite,
+) -> None:
+    """The engine is done with the page, and its ack waits 15 s (longer than a lease) for
+    its items to be made durable, in the reactor, as a feed on a slow disk would.
+
+    Two workers: when the lease lapses, the other takes the page and the site sees it
+    twice. CI met it as a loaded machine's late flushes: pages fetched twice.
+    """
+    workers("one", pool="solo")
+    workers("two", pool="solo")
+    result = crawl("paths", [{"slow_settle": 15, "id": "settle"}], app=app).wait(timeout=60)
+    assert result["state"] == "done", result
+    assert (result["pages"], result["items"]) == (1, 1), (result, paths_site.hits)
+    assert paths_site.hits["/ok/slow-settle-settle"] == 1
+    stats = state_client.hgetall(project_of(app).keys("paths").stats)
+    assert b"scheduler/requeued/expired" not in stats
+
+
 def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "celery_crawl.tools.cli", *args, "--app", WORKER_APP]
     return subprocess.run(

@@ -25,6 +25,7 @@ from scrapy.http import Response
 from scrapy.utils.defer import deferred_from_coro
 
 from celery_crawl import job_args
+from celery_crawl.jobs.signals import acks_due
 
 KINDS = [
     "refused",
@@ -83,6 +84,10 @@ class PathsSpider(Spider):
             url = f"{self.base}/ok/block-{seed['id']}"
             kwargs = {"seconds": float(seed["block"])}
             return Request(url, callback=self.parse_block, cb_kwargs=kwargs, dont_filter=True)
+        if "slow_settle" in seed:  # its items take this many seconds to be made durable
+            url = f"{self.base}/ok/slow-settle-{seed['id']}"
+            kwargs = {"seconds": float(seed["slow_settle"])}
+            return Request(url, callback=self.parse_slow_settle, cb_kwargs=kwargs, dont_filter=True)
         return None
 
     def requests_from_seed(self, seed: dict[str, str]) -> list[Request]:
@@ -120,6 +125,17 @@ class PathsSpider(Spider):
     def parse_block(self, response: Response, seconds: float) -> Iterator[Any]:
         time.sleep(seconds)  # on purpose: no reactor turn, so no renewal from the reactor
         yield {"path": response.url}
+
+    def parse_slow_settle(self, response: Response, seconds: float) -> Iterator[Any]:
+        """Done with the page; the next write of acks first waits ``seconds`` in ``acks_due``,
+        as for a feed on a slow disk: the page's lease is no longer the engine's then."""
+        self.settle_seconds = seconds
+        self.crawler.signals.connect(self.settle_slowly, acks_due)  # once: the same receiver
+        yield {"path": response.url}
+
+    def settle_slowly(self) -> None:
+        seconds, self.settle_seconds = getattr(self, "settle_seconds", 0), 0
+        time.sleep(seconds)  # on purpose: in the reactor, so no renewal from the reactor
 
     def parse_with_args(self, response: Response) -> Iterator[Any]:
         """The child's URL, then the grandchild's, carry what job_args() says."""

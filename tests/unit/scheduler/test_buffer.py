@@ -294,3 +294,32 @@ def test_dead_letters_go_with_the_job_stats_and_the_ack_and_wait_out_an_outage(
     assert live.lrange(queue.keys.deadletter, 0, -1) == [b'{"reason": "unserializable"}']
     job = live.hgetall(queue.keys.job("j"))
     assert (job[b"dropped"], job[b"state"]) == (b"1", b"incomplete")
+
+
+def test_a_lease_is_held_until_its_ack_is_written_or_given_up(queue: Base) -> None:
+    """Done by the engine, a page's lease waits for the flush: still held (renewed by the
+    heartbeat) until its ack is written; let go unsent when its items cannot be kept."""
+    queue.push_many([Entry(f"r{i}".encode(), fingerprint=f"f{i}".encode()) for i in range(3)])
+    prefetch = Prefetch(queue.lease, size=3)
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    buffer.let_go = prefetch.let_go
+    acked, unkept, discarded = (prefetch.next() for _ in range(3))
+    assert acked and unkept and discarded
+    prefetch.hand_out("request-0", acked)
+    prefetch.hand_out("request-1", unkept)
+    buffer.ack(prefetch.finish("request-0") or b"")
+    buffer.ack(prefetch.discard(discarded))  # a request of a job that ended: never handed out
+    assert sorted(prefetch.held()) == sorted([acked.member, unkept.member, discarded.member])
+    live = queue.client
+    queue.client = redis.Redis(port=free_port(), socket_connect_timeout=1)  # Redis away
+    clock.advance(0.01)
+    assert buffer.unconfirmed is not None and len(prefetch.held()) == 3  # kept: still held
+    queue.client = live
+    assert queue.renew(prefetch.held()) == 3  # what the heartbeat renews
+    clock.advance(RETRY_DELAY)
+    assert prefetch.held() == [unkept.member] and queue.in_flight() == 1
+    buffer.before_acks = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    buffer.ack(prefetch.finish("request-1") or b"")
+    clock.advance(0.01)
+    assert prefetch.held() == [] and queue.in_flight() == 1  # not acked: left to expire

@@ -413,6 +413,25 @@ def test_a_scheduler_that_opens_leaves_expired_leases_to_their_holders_for_a_lea
     assert (len(opened.queue), opened.queue.in_flight()) == (1, 0)  # requeued now
 
 
+def test_a_page_done_whose_ack_waits_keeps_its_lease_renewed(make_crawler: Any) -> None:
+    """The engine is done with the page; its ack waits for the next flush (a callback
+    holds the reactor, its items are being made durable, Redis is away): the heartbeat
+    renews its lease, so no scheduler requeues it and no process crawls it again."""
+    scheduler = open_scheduler(make_crawler(SCHEDULER_LEASE_SECONDS=1))
+    scheduler.enqueue_request(Request("http://127.0.0.1/done"))
+    scheduler.flush()
+    request = scheduler.next_request()
+    assert request is not None
+    scheduler.ack(request)  # no reactor runs here: the flush waits to be called
+    for _ in range(4):  # 1.2 s: past the lease time
+        time.sleep(0.3)
+        scheduler.renew()  # the heartbeat: renew, then requeue what expired anywhere
+    assert (len(scheduler.queue), scheduler.queue.in_flight()) == (0, 1)
+    scheduler.flush()
+    assert (len(scheduler.queue), scheduler.queue.in_flight()) == (0, 0)
+    assert scheduler.prefetch.held() == []
+
+
 def test_a_scheduler_opens_over_a_damaged_registration_even_just_after_a_repair(
     make_crawler: Any,
 ) -> None:
