@@ -122,7 +122,7 @@ def test_a_page_whose_items_take_longer_than_a_lease_to_settle_is_not_leased_twi
     its items to be made durable, in the reactor, as a feed on a slow disk would.
 
     Two workers: when the lease lapses, the other takes the page and the site sees it
-    twice. CI met it as a loaded machine's late flushes: pages fetched twice.
+    twice. Before, the lease lapsed at every try: the page was fetched without end.
     """
     workers("one", pool="solo")
     workers("two", pool="solo")
