@@ -141,11 +141,16 @@ def at_interval(
 def write_index(job: Job, key: str, seconds: int) -> None:
     """The job's index entry (job id to spider, :func:`celery_crawl.app.client.find_job`), for
     ``seconds``: written whole, so an entry that a full Redis refused at the start is
-    written now. Still full, its time is only extended (``EXPIRE`` takes no memory)."""
+    written now. Still full, its time is only extended (``EXPIRE`` takes no memory).
+    Redis away (restarting just as the job ended): the entry keeps the time it had, and
+    the task still returns the job's end."""
     try:
-        job.client.set(key, job.spider, ex=seconds)
-    except connection.OUT_OF_MEMORY:
-        job.client.expire(key, seconds)
+        try:
+            job.client.set(key, job.spider, ex=seconds)
+        except connection.OUT_OF_MEMORY:
+            job.client.expire(key, seconds)
+    except connection.TRANSIENT_ERRORS as exc:
+        logger.warning("job %s: its index entry not renewed, Redis unreachable (%s)", job.id, exc)
 
 
 def hand_back_if_stopping(hostname: str) -> None:

@@ -102,3 +102,18 @@ def test_a_redis_error_at_a_progress_report_keeps_the_job_watched(
     assert outcome.successful(), outcome.traceback
     assert outcome.result["state"] == "closed" and outcome.result["reason"] == "enough"
     assert reports == ["running", "running"]  # watched on after the cut
+
+
+def test_the_index_entry_written_as_redis_goes_away_does_not_fail_the_ended_job(
+    app: Celery, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job ended; Redis restarts just as the task renews the job's index entry: the
+    task warns and still returns the job's end (it used to fail, the end never returned)."""
+    from celery_crawl.app.tasks import write_index
+    from tests.support.ports import free_port
+
+    project = project_of(app)
+    gone = redis.Redis(port=free_port(), socket_connect_timeout=1)  # nobody listens
+    job = Job("ended", "forum", gone, project.keys("forum"))
+    write_index(job, "an-index-key", 60)
+    assert "its index entry not renewed, Redis unreachable" in caplog.text
