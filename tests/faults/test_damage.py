@@ -544,8 +544,8 @@ def test_damage_mid_crawl(
     assert worker.proc.poll() is None, "the worker died"
     assert not [line for line in result.log.splitlines() if any(e in line for e in ENGINE_ERRORS)]
     # a lease the process held when its job went is discarded (acked) when its engine next
-    # asks, within Scrapy's 5 s heartbeat; one never acked would stay for the lease time
-    # (10 s): the wait ends before that
+    # asks, within Scrapy's 5 s heartbeat; one its process holds and never acks is renewed
+    # by the process's heartbeat, and stays
     deadline = time.monotonic() + 7
     while sum(state_client.zcard(k.inflight) for k in result.spiders) and (
         time.monotonic() < deadline
