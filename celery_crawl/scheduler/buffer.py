@@ -11,8 +11,9 @@ with acks is made, ``before_acks()`` runs once for all of them: the
 scheduler has the items of those pages handed to the OS there
 (:mod:`celery_crawl.hosting.feeds`). If it raises, those acks are not sent: their
 leases expire and the pages are crawled again. ``let_go(members)`` is told of
-each ack once it is written, or given up so: until then its lease is renewed
-(:mod:`celery_crawl.scheduler.prefetch`).
+each ack once it is written, once its items cannot be made durable, or once
+Redis refuses its call: until then the process renews its lease
+(:mod:`celery_crawl.scheduler.prefetch`). While Redis is away, nothing is let go.
 
 If Redis is away, or refuses the script (a damaged key: ``on_error`` is
 told, see :mod:`celery_crawl.core.repair`), the buffer keeps the call and sends it
@@ -202,8 +203,10 @@ class WriteBehind:
                     len(call.pending),
                     len(call.acks),
                 )
-            elif self.on_error is not None:
-                self.on_error(exc)
+            else:  # refused: its acks no longer held, lest a refusal for good pin their pages
+                self._let_go(call.acks)  # (sent again within their lease time, they land)
+                if self.on_error is not None:
+                    self.on_error(exc)
             self.schedule(RETRY_DELAY)
             return False
         self.unconfirmed = None

@@ -67,7 +67,7 @@ class Prefetch:
                 self.acking.add(member)
             return member
 
-    def discard(self, lease: Lease) -> bytes:
+    def finish_unhanded(self, lease: Lease) -> bytes:
         """A lease taken by :meth:`next`, never handed out, acked unprocessed: held until
         :meth:`let_go`."""
         with self._lock:
@@ -86,7 +86,8 @@ class Prefetch:
             return [*waiting, *self.handed.values(), *self.acking]
 
     def holds(self, job: str) -> bool:
-        """Whether a lease of ``job`` is held here: waiting, or handed to the engine."""
+        """Whether a lease of ``job`` is held here: waiting, or handed to the engine (one
+        being acked is not counted: a process leaving a job flushes its acks first)."""
         with self._lock:
             return any(lease.job == job for lease in self.waiting) or any(
                 job_of(request) == job for request in self.handed

@@ -226,8 +226,9 @@ class Scheduler(BaseScheduler):
             self.limits.start(opened)
 
     def release_held(self) -> None:
-        """Hand the prefetched leases back; a refusal (a damaged key) is repaired, tried
-        once more, and otherwise left to the leases' expiry."""
+        """Hand back every lease still held (prefetched, handed to the engine, or with an
+        ack not written); a refusal (a damaged key) is repaired, tried once more, and
+        otherwise left to the leases' expiry."""
         for attempt in (1, 2):
             try:
                 self.queue.release(self.prefetch.held())
@@ -244,10 +245,10 @@ class Scheduler(BaseScheduler):
         self.wakeup.stop()
         if self._maintenance is not None and self._maintenance.running:
             self._maintenance.stop()
+        self.flush()  # while the heartbeat still renews the leases of the acks it writes
         self.heartbeat.stop()
         if self.limits is not None:
             self.limits.stop()
-        self.flush()
         self.release_held()
         self.prefetch.clear()
         self.job_stats.forget_held()  # fetched again, and counted then
@@ -506,7 +507,8 @@ class Scheduler(BaseScheduler):
 
     def _discard(self, lease: Lease) -> None:
         """A request of a job that ended after it was leased: finished unprocessed."""
-        self.buffer.ack(self.prefetch.discard(lease), {(lease.job, "purged"): 1})
+        member = self.prefetch.finish_unhanded(lease)  # held until its ack is written
+        self.buffer.ack(member, {(lease.job, "purged"): 1})
         self._inc("scheduler/discarded/job_ended")
 
     def _decode(self, lease: Lease) -> Request | None:

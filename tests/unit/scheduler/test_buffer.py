@@ -309,7 +309,7 @@ def test_a_lease_is_held_until_its_ack_is_written_or_given_up(queue: Base) -> No
     prefetch.hand_out("request-0", acked)
     prefetch.hand_out("request-1", unkept)
     buffer.ack(prefetch.finish("request-0") or b"")
-    buffer.ack(prefetch.discard(discarded))  # a request of a job that ended: never handed out
+    buffer.ack(prefetch.finish_unhanded(discarded))  # of a job that ended: never handed out
     assert sorted(prefetch.held()) == sorted([acked.member, unkept.member, discarded.member])
     live = queue.client
     queue.client = redis.Redis(port=free_port(), socket_connect_timeout=1)  # Redis away
@@ -319,7 +319,33 @@ def test_a_lease_is_held_until_its_ack_is_written_or_given_up(queue: Base) -> No
     assert queue.renew(prefetch.held()) == 3  # what the heartbeat renews
     clock.advance(RETRY_DELAY)
     assert prefetch.held() == [unkept.member] and queue.in_flight() == 1
-    buffer.before_acks = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    buffer.before_acks = disk_full
     buffer.ack(prefetch.finish("request-1") or b"")
     clock.advance(0.01)
     assert prefetch.held() == [] and queue.in_flight() == 1  # not acked: left to expire
+
+
+def disk_full() -> None:
+    raise OSError(28, "No space left on device")
+
+
+def test_a_call_redis_refuses_lets_its_acks_go_and_lands_once_repaired(queue: Base) -> None:
+    """Refused (a damaged key), the call is sent again each second; its acks are no longer
+    held, so a refusal for good lets their leases expire instead of pinning their pages."""
+    queue.push_many([Entry(b"r0", fingerprint=b"f0")])
+    prefetch = Prefetch(queue.lease, size=1)
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    buffer.let_go = prefetch.let_go
+    lease = prefetch.next()
+    assert lease is not None
+    prefetch.hand_out("request", lease)
+    buffer.add(pending(1)[0])  # its child
+    buffer.ack(prefetch.finish("request") or b"")
+    queue.client.set(queue.keys.queue, "damaged")  # the priority levels: of the wrong type
+    clock.advance(0.01)
+    assert buffer.unconfirmed is not None and prefetch.held() == []
+    queue.client.delete(queue.keys.queue)  # repaired
+    clock.advance(RETRY_DELAY)
+    assert buffer.unconfirmed is None and queue.in_flight() == 0  # the ack landed
+    assert len(queue) == 1 and written == [(1, [True])]  # with the child

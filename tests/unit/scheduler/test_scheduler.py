@@ -417,14 +417,14 @@ def test_a_page_done_whose_ack_waits_keeps_its_lease_renewed(make_crawler: Any) 
     """The engine is done with the page; its ack waits for the next flush (a callback
     holds the reactor, its items are being made durable, Redis is away): the heartbeat
     renews its lease, so no scheduler requeues it and no process crawls it again."""
-    scheduler = open_scheduler(make_crawler(SCHEDULER_LEASE_SECONDS=1))
+    scheduler = open_scheduler(make_crawler(SCHEDULER_LEASE_SECONDS=2))
     scheduler.enqueue_request(Request("http://127.0.0.1/done"))
     scheduler.flush()
     request = scheduler.next_request()
     assert request is not None
     scheduler.ack(request)  # no reactor runs here: the flush waits to be called
-    for _ in range(4):  # 1.2 s: past the lease time
-        time.sleep(0.3)
+    for _ in range(6):  # 2.4 s: past the lease time
+        time.sleep(0.4)
         scheduler.renew()  # the heartbeat: renew, then requeue what expired anywhere
     assert (len(scheduler.queue), scheduler.queue.in_flight()) == (0, 1)
     scheduler.flush()
