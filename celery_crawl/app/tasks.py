@@ -150,7 +150,9 @@ def write_index(job: Job, key: str, seconds: int) -> None:
         except connection.OUT_OF_MEMORY:
             job.client.expire(key, seconds)
     except connection.TRANSIENT_ERRORS as exc:
-        logger.warning("job %s: its index entry not renewed, Redis unreachable (%s)", job.id, exc)
+        connection.warn_away(
+            logger, "job %s: its index entry not renewed, Redis unreachable (%s)", job.id, exc
+        )
 
 
 def hand_back_if_stopping(hostname: str) -> None:
