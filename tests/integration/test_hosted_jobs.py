@@ -30,7 +30,7 @@ from tests.support import ROOT
 from tests.support.paths_spider import PathsSite
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for
-from tests.support.workers import WORKER_APP, Worker, started_workers
+from tests.support.workers import WORKER_APP, Worker, run_module, started_workers
 
 RECOVERY_TARGET = 15.0  # seconds from kill -9 to the dead worker's requests queued again
 DEFAULTS = (
@@ -135,10 +135,7 @@ def test_a_page_whose_items_take_longer_than_a_lease_to_settle_is_not_leased_twi
 
 
 def cli(env: dict[str, str], *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "celery_crawl.tools.cli", *args, "--app", WORKER_APP]
-    return subprocess.run(
-        command, check=False, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-    )
+    return run_module("celery_crawl.tools.cli", [*args, "--app", WORKER_APP], env, timeout)
 
 
 def test_status_and_the_exporter_list_live_workers_and_waiting_jobs(

@@ -24,7 +24,7 @@ from celery_crawl.hosting.project import project_of
 from tests.support import ROOT
 from tests.support.forum import FORUM, assert_complete_forum_crawl, forum_seeds
 from tests.support.paths_spider import EXPECTED_ITEMS, KINDS, PathsSite
-from tests.support.workers import WORKER_APP, WORKER_SETTINGS, Worker
+from tests.support.workers import WORKER_APP, WORKER_SETTINGS, Worker, run_module, start_process
 
 
 @pytest.mark.parametrize("pool", ["solo", "threads"])
@@ -287,35 +287,16 @@ def wait_for_line(worker: Worker, text: str, seconds: float = 60) -> None:
 def test_cli_crawl_waits_and_exits_zero(
     env: dict[str, str], start_worker: Callable[..., Worker]
 ) -> None:
-    import subprocess
-    import sys
-
     start_worker()
-    command = [sys.executable, "-m", "celery_crawl.tools.cli", "crawl", "forum", *FORUM.forum_ids()]
-    done = subprocess.run(
-        [*command, "--wait", "--json", "-A", WORKER_APP],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    args = ["crawl", "forum", *FORUM.forum_ids(), "--wait", "--json", "-A", WORKER_APP]
+    done = run_module("celery_crawl.tools.cli", args, env, timeout=180)
     assert done.returncode == 0, done.stderr
     results = json.loads(done.stdout)
     assert [r["seeds"] for r in results] == [[{"forum_id": f}] for f in FORUM.forum_ids()]
     assert all(r["state"] == "done" for r in results)
     expected = FORUM.expected()
     assert sum(r["items"] for r in results) == expected.posts + expected.comments
-    bad = subprocess.run(
-        [sys.executable, "-m", "celery_crawl.tools.cli", "crawl", "nope", "1", "-A", WORKER_APP],
-        check=False,
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    bad = run_module("celery_crawl.tools.cli", ["crawl", "nope", "1", "-A", WORKER_APP], env, 60)
     assert bad.returncode == 2 and "unknown spider 'nope'" in bad.stderr
 
 
@@ -366,30 +347,12 @@ def test_celery_beat_produces_a_job_per_forum(
     tmp_path: Path,
 ) -> None:
     """A real ``celery beat`` runs the producer; a real worker crawls what it produces."""
-    import subprocess
-    import sys
-
     from celery_crawl.core.keys import SpiderKeys
 
     start_worker()
-    beat = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            WORKER_APP,
-            "beat",
-            "--loglevel",
-            "INFO",
-            "--schedule",
-            str(tmp_path / "beat-schedule"),
-        ],
-        cwd=ROOT,
-        env={**env, "PRODUCER_PERIOD": "1"},
-        stdout=(tmp_path / "beat.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
+    args = ["-A", WORKER_APP, "beat", "--loglevel", "INFO"]
+    args += ["--schedule", str(tmp_path / "beat-schedule")]
+    beat = start_process("celery", args, {**env, "PRODUCER_PERIOD": "1"}, tmp_path / "beat.log")
     try:
         expected = FORUM.expected()
         client = redis.Redis.from_url(db_url)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -31,7 +30,7 @@ from tests.support.debian_tools import debian_tool
 from tests.support.forum import assert_complete_forum_crawl, forum_seeds
 from tests.support.metrics import scrape, total
 from tests.support.ports import free_port
-from tests.support.workers import WORKER_APP, Worker
+from tests.support.workers import WORKER_APP, Worker, run_module
 
 SPIDERS = ("forum", "forum_detail")
 
@@ -292,10 +291,8 @@ def test_status_json_shows_spiders_jobs_and_workers(
     schedule = project_of(app).schedule("forum")
     schedule.put(Source("late", seeds=["00001"], interval=60))  # no beat: it stays due
     schedule.client.zadd(schedule.keys.schedule_due, {"late": int(time.time() * 1000) - 120_000})
-    command = [sys.executable, "-m", "celery_crawl.tools.cli", "status", "--json", "-A", WORKER_APP]
-    out = subprocess.run(
-        command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60, check=True
-    )
+    args = ["status", "--json", "-A", WORKER_APP]
+    out = run_module("celery_crawl.tools.cli", args, env, timeout=60, check=True)
     data = json.loads(out.stdout)
     spiders = {s["spider"]: s for s in data["spiders"]}
     assert set(spiders) >= set(SPIDERS)
@@ -437,11 +434,8 @@ def healthy_crawl_state(app: Celery, client: redis.Redis) -> tuple[SpiderKeys, l
 
 
 def run_status(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "celery_crawl.tools.cli", "status", *args, "-A", WORKER_APP]
     wide = {**env, "COLUMNS": "400"}  # rich wraps no key in a table cell
-    return subprocess.run(
-        command, env=wide, cwd=ROOT, capture_output=True, text=True, timeout=60, check=False
-    )
+    return run_module("celery_crawl.tools.cli", ["status", *args, "-A", WORKER_APP], wide, 60)
 
 
 @pytest.mark.parametrize("kind", list(DAMAGE))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +13,7 @@ import redis
 
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer.schedule import Schedule, Source
-from tests.support import ROOT
-from tests.support.workers import WORKER_APP, Worker
+from tests.support.workers import WORKER_APP, Process, Worker, run_module, start_process
 
 PERIOD = 1.0  # seconds between beat's ticks
 RUN = 22.0  # seconds beat runs
@@ -41,15 +38,11 @@ def jobs_by_source(client: redis.Redis, keys: SpiderKeys) -> dict[str, list[dict
     return {source: sorted(jobs, key=lambda j: j["start"]) for source, jobs in found.items()}
 
 
-def beat(env: dict[str, str], folder: Path, period: float = PERIOD) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-m", "celery", "-A", WORKER_APP, "beat", "--loglevel", "INFO"]
-    return subprocess.Popen(
-        [*command, "--schedule", str(folder / "beat-schedule")],
-        cwd=ROOT,
-        env={**env, "PRODUCER_PERIOD": str(period)},
-        stdout=(folder / "beat.log").open("w"),
-        stderr=subprocess.STDOUT,
-    )
+def beat(env: dict[str, str], folder: Path, period: float = PERIOD) -> Process:
+    args = ["-A", WORKER_APP, "beat", "--loglevel", "INFO"]
+    args += ["--schedule", str(folder / "beat-schedule")]
+    ticking = {**env, "PRODUCER_PERIOD": str(period)}
+    return start_process("celery", args, ticking, folder / "beat.log")
 
 
 def test_beat_starts_each_source_on_its_own_schedule(
@@ -72,22 +65,15 @@ def test_beat_starts_each_source_on_its_own_schedule(
     start_worker()
     ticking = beat(env, tmp_path)
     try:
-        # from beat's start: a new interpreter, whose imports take seconds on a busy machine
+        # from beat's start, which its app's imports and first connection take on a busy machine
         started = wait_for(lambda: "beat: Starting" in (tmp_path / "beat.log").read_text(), 60)
         assert started, (tmp_path / "beat.log").read_text()[-2000:]
         began = time.time()
         time.sleep(RUN / 3)
         seed = '{"forum_id": "00003"}'
-        command = [sys.executable, "-m", "celery_crawl.tools.cli", "sources", "add", "forum"]
-        command += ["added", "--seed", seed, "--interval", "60", "--arg", "source=added"]
-        added = subprocess.run(
-            [*command, "-A", WORKER_APP],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
+        args = ["sources", "add", "forum", "added", "--seed", seed, "--interval", "60"]
+        args += ["--arg", "source=added", "-A", WORKER_APP]
+        added = run_module("celery_crawl.tools.cli", args, env, timeout=60)
         assert added.returncode == 0, added.stderr
         added_at = time.time()  # added by then; its job starts at the next tick
         time.sleep(max(began + RUN - time.time(), 0))

@@ -8,31 +8,32 @@ each runs in two processes over one shared queue against the static site.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import redis
 
 from celery_crawl.core.keys import SpiderKeys, items_key
 from celery_crawl.queue.queues import PriorityQueue
-from tests.support import ROOT
 from tests.support.scrapy_redis_examples import MyCrawler, MySpider, start_key
 from tests.support.static_site import StaticSite, serve
+from tests.support.workers import killed_at_end, start_process
+
+MODULE = "tests.support.scrapy_redis_examples"  # ``python -m`` it: one ``scrapy crawl``
 
 
 def crawl_twice(spider: str, redis_url: str, prefix: str, site: StaticSite) -> None:
     """Two ``scrapy crawl``-style processes of ``spider``, each to its end (bounded)."""
-    args = [sys.executable, "-m", "tests.support.scrapy_redis_examples", spider]
-    procs = [subprocess.Popen([*args, redis_url, prefix, site.url], cwd=ROOT) for _ in range(2)]
-    try:
-        for proc in procs:
-            assert proc.wait(timeout=240) == 0
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
+    args = [spider, redis_url, prefix, site.url]
+    with tempfile.TemporaryDirectory(prefix="scrapy-redis-examples-") as folder:
+        logs = [Path(folder) / f"{n}.log" for n in range(2)]
+        with killed_at_end() as procs:
+            for log in logs:
+                procs.append(start_process(MODULE, args, dict(os.environ), log))
+            codes = [proc.wait(timeout=240) for proc in procs]
+        assert codes == [0, 0], "\n".join(log.read_text()[-3000:] for log in logs)
 
 
 def stored_items(client: redis.Redis, spider: str, prefix: str) -> list[dict[str, Any]]:

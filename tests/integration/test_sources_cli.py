@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import redis
@@ -12,11 +11,11 @@ import yaml
 
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.producer.schedule import Schedule
+from tests.support.workers import run_module
 
 
 def sources(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "celery_crawl.tools.cli", "sources", *args, "-A", "tasks"]
-    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=60, check=False)
+    return run_module("celery_crawl.tools.cli", ["sources", *args, "-A", "tasks"], env, timeout=60)
 
 
 def test_sources_are_added_listed_paused_resumed_and_removed(

@@ -121,6 +121,41 @@ def start_process(module: str, args: list[str], env: dict[str, str], log: Path) 
     return zygote.spawn(module, args, env, ROOT, log)
 
 
+def run_module(
+    module: str,
+    args: list[str],
+    env: dict[str, str],
+    timeout: float,
+    cwd: Path = ROOT,
+    check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` run to its end, as ``subprocess.run`` with
+    ``capture_output=True, text=True`` runs it (its output and error output apart, a
+    ``TimeoutExpired`` after ``timeout``, ``CalledProcessError`` with ``check``), forked from
+    the zygote as :func:`start_process` does: a command line tool's run costs no import."""
+    command = [sys.executable, "-m", module, *args]
+    zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
+    if zygote is None or startup(env, cwd) != zygote.startup:
+        return subprocess.run(
+            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+            check=check,
+        )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="celery-crawl-run-") as folder:
+        out, err = Path(folder) / "out", Path(folder) / "err"
+        child = zygote.spawn(module, args, env, cwd, out, errors=err)
+        try:
+            code = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)  # its session: what it started too
+            child.wait(10)
+            raise
+        done = subprocess.CompletedProcess(command, code, out.read_text(), err.read_text())
+    if check:
+        done.check_returncode()
+    return done
+
+
 _zygotes: list[Zygote] = []
 _zygote_lock = threading.Lock()
 

@@ -17,8 +17,9 @@ whose start would differ (its ``PYTHON*`` variables, a ``sitecustomize``, the lo
 is unknown and polling it raises; the next start makes a new zygote.
 
 The protocol: one JSON line a request on a pipe, ``{"module", "args", "env", "cwd", "log",
-"status"}``; the zygote answers the child's pid on another, and writes the child's exit
-status (``Popen.returncode``'s convention) to the ``status`` file when it ends.
+"errors", "status"}`` (``errors`` empty: the error output goes to ``log`` too); the zygote
+answers the child's pid on another, and writes the child's exit status
+(``Popen.returncode``'s convention) to the ``status`` file when it ends.
 """
 
 from __future__ import annotations
@@ -144,13 +145,15 @@ def _become(request: dict[str, Any], protocol_fds: tuple[int, ...], ready: int) 
     # as at interpreter start (the zygote ignores SIGINT; SIGPIPE stays ignored, as Python's
     # start leaves it)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)  # made empty by the tests' side
+    # made empty by the tests' side; the error output to its own file when one is named
+    log = os.open(request["log"], os.O_WRONLY | os.O_APPEND)
+    errors = os.open(request["errors"], os.O_WRONLY | os.O_APPEND) if request.get("errors") else log
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
-    os.close(null)
+    os.dup2(errors, 2)
+    for fd in {log, errors, null}:
+        os.close(fd)
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
@@ -317,16 +320,26 @@ class Zygote:
         self._count = 0
 
     def spawn(
-        self, module: str, args: list[str], env: dict[str, str], cwd: Path, log: Path
+        self,
+        module: str,
+        args: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log: Path,
+        errors: Path | None = None,
     ) -> Forked:
+        """``python -m module args``, its output to ``log``, and its error output too unless
+        ``errors`` names a file of its own."""
         with self._lock:
             self._count += 1
             status = log.with_name(f"{log.name}.{os.getpid()}-{self._count}.exit")
             status.unlink(missing_ok=True)
-            log.write_bytes(b"")  # there when this returns, as Popen's output file is
+            for output in (log, errors):  # there when this returns, as Popen's output file is
+                if output is not None:
+                    output.write_bytes(b"")
             request = {
                 "module": module, "args": args, "env": env, "cwd": str(cwd),
-                "log": str(log), "status": str(status),
+                "log": str(log), "errors": str(errors or ""), "status": str(status),
             }  # fmt: skip
             _write_all(self._to_zygote, json.dumps(request).encode() + b"\n")
             ready, _, _ = select.select([self._replies], [], [], 30)
