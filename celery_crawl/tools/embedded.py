@@ -104,11 +104,15 @@ def start(make: Callable[[], Any]) -> Any:
 
 
 def is_ours(server: Any) -> bool:
-    """Whether the server answering on ``server``'s port is ``server`` (its config file)."""
+    """Whether the server answering on ``server``'s port is ``server`` (its config file).
+    Not when none answers: the server started, then ended before the question."""
     import redis
 
-    with redis.Redis(port=server.port, socket_timeout=10) as client:
-        answering = client.info("server").get("config_file")
+    try:
+        with redis.Redis(port=server.port, socket_timeout=10) as client:
+            answering = client.info("server").get("config_file")
+    except (redis.ConnectionError, redis.TimeoutError):
+        return False
     return bool(answering == str(server.data_dir / "valkey.conf"))
 
 

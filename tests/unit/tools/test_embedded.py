@@ -56,6 +56,31 @@ def test_a_server_whose_port_another_server_holds_starts_again_on_another(
     assert redis.Redis(port=other.port).get("whose") == b"other"  # left running
 
 
+def test_a_server_that_ends_as_soon_as_it_started_is_started_again(tmp_path: Path) -> None:
+    made = []
+
+    def make() -> ValkeyServer:
+        made.append(ValkeyServer(port=free_port(), data_dir=tmp_path / f"s{len(made)}"))
+        if len(made) == 1:  # ready, then gone before the check of who answers
+            first = made[0]
+            start = first.start
+
+            def start_then_end() -> None:
+                start()
+                first._process.kill()
+                first._process.wait(10)
+
+            first.start = start_then_end  # type: ignore[method-assign]
+        return made[-1]
+
+    ours = embedded.start(make)
+    try:
+        assert len(made) == 2 and ours is made[1]
+        assert redis.Redis(port=ours.port).ping()
+    finally:
+        ours.stop()
+
+
 def test_a_server_that_fails_to_start_otherwise_is_not_started_again(tmp_path: Path) -> None:
     made = []
 
