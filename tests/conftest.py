@@ -57,6 +57,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.slow)
 
 
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    """Why each rerun test failed its run before (``-rR`` names them only): a measurement
+    taken again (``flaky``) shows which of its bounds the machine missed."""
+    reruns = terminalreporter.stats.get("rerun", [])
+    if reruns:
+        terminalreporter.section("why each rerun ran")
+    for report in reruns:
+        crash = getattr(report.longrepr, "reprcrash", None)
+        reason = crash.message if crash is not None else str(report.longrepr)
+        terminalreporter.line(f"{report.nodeid}: {' '.join(reason.split())[:600]}")
+
+
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     """A plain server: ``REDIS_URL`` when set; otherwise an embedded Valkey on a free port."""
