@@ -10,16 +10,18 @@ client), as in scrapy-redis. ``REDIS_URL`` is one of:
 - ``redis+sentinel://host:port[,host:port...]/service[/db]``: the master of
   ``service`` as the sentinels name it (``Sentinel.master_for``). A command
   that fails on a dead master is retried long enough for the sentinels to
-  promote a replica, and the retry asks them for the new master;
+  promote a replica, and the retry asks them for the new master; past that,
+  the master counts away as one server does (:class:`OutageRetry`);
 - ``rediss+cluster://`` and ``rediss+sentinel://``: the same over TLS (to the
   sentinels too). Certificates and checks come from ``REDIS_PARAMS``
   (``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_cert_reqs``...).
 
 Transient connection errors are retried with jittered exponential backoff; a
-client of one server then counts its server away, and tries each call once until a
-command goes through (:class:`OutageRetry`). What still fails surfaces as a
-connection error, or :class:`~celery_crawl.core.errors.RedisUnavailable`; a caller
-that meets it again and again says so with :func:`warn_away`.
+client of one server, or of a Sentinel service, then counts its server away, and
+tries each call once until a command goes through (:class:`OutageRetry`). What
+still fails surfaces as a connection error, or
+:class:`~celery_crawl.core.errors.RedisUnavailable`; a caller that meets it again
+and again says so with :func:`warn_away`.
 """
 
 from __future__ import annotations
@@ -399,7 +401,8 @@ def sentinel_client(url: MultiHostUrl, params: dict[str, Any]) -> redis.Redis:
     if url.tls:
         to_sentinels["ssl"] = True
     sentinels = Sentinel(url.hosts, sentinel_kwargs=to_sentinels)  # type: ignore[no-untyped-call]
-    retry = Retry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), retries=FAILOVER_RETRIES)
+    # a failover's worth of retries; past them the master counts away, as one server does
+    retry = OutageRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), FAILOVER_RETRIES)
     kwargs = {**params, **url.auth(), "db": db, "retry": retry}
     kwargs["connection_class"] = (
         MasterFollowingSSLConnection if url.tls else MasterFollowingConnection
