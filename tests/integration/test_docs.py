@@ -8,14 +8,12 @@ run alone (a settings file, a class body) is a ```py block.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support import ROOT
-from tests.support.workers import started_workers
+from tests.support.workers import run_module, started_workers
 
 PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
 # the pages whose examples must exist: the front door, and the job lifecycle
@@ -58,15 +56,7 @@ def test_the_example_runs_as_written(
 def run_example(page: str, index: int, env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(python_blocks(page)[index])
-    done = subprocess.run(
-        [sys.executable, str(script)],
-        check=False,
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    done = run_module("", [], env, timeout=180, script=script)
     assert done.returncode == 0, f"{page} example {index}:\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
 

@@ -128,12 +128,14 @@ def run_module(
     timeout: float,
     cwd: Path = ROOT,
     check: bool = False,
+    script: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` run to its end, as ``subprocess.run`` with
-    ``capture_output=True, text=True`` runs it (its output and error output apart, a
-    ``TimeoutExpired`` after ``timeout``, ``CalledProcessError`` with ``check``), forked from
-    the zygote as :func:`start_process` does: a command line tool's run costs no import."""
-    command = [sys.executable, "-m", module, *args]
+    """``python -m module args`` (``python script args`` with ``script``, and ``module``
+    empty) run to its end, as ``subprocess.run`` with ``capture_output=True, text=True``
+    runs it (its output and error output apart, a ``TimeoutExpired`` after ``timeout``,
+    ``CalledProcessError`` with ``check``), forked from the zygote as :func:`start_process`
+    does: a command line tool's run costs no import."""
+    command = [sys.executable, *([str(script)] if script else ["-m", module]), *args]
     zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
     if zygote is None or startup(env, cwd) != zygote.startup:
         return subprocess.run(
@@ -142,7 +144,7 @@ def run_module(
         )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="celery-crawl-run-") as folder:
         out, err = Path(folder) / "out", Path(folder) / "err"
-        child = zygote.spawn(module, args, env, cwd, out, errors=err)
+        child = zygote.spawn(module, args, env, cwd, out, errors=err, script=script)
         try:
             code = child.wait(timeout)
         except subprocess.TimeoutExpired:

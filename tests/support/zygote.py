@@ -17,7 +17,8 @@ whose start would differ (its ``PYTHON*`` variables, a ``sitecustomize``, the lo
 is unknown and polling it raises; the next start makes a new zygote.
 
 The protocol: one JSON line a request on a pipe, ``{"module", "args", "env", "cwd", "log",
-"errors", "status"}`` (``errors`` empty: the error output goes to ``log`` too); the zygote
+"errors", "status", "script"}`` (``errors`` empty: the error output goes to ``log`` too;
+``script`` set: that file is run, as ``python <script>`` runs it, not ``module``); the zygote
 answers the child's pid on another, and writes the child's exit status
 (``Popen.returncode``'s convention) to the ``status`` file when it ends.
 """
@@ -157,11 +158,16 @@ def _become(request: dict[str, Any], protocol_fds: tuple[int, ...], ready: int) 
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    sys.path[0] = request["cwd"]  # as -m sets it; the rest is the zygote's, the same
-    sys.argv = [request["module"], *request["args"]]
     import runpy
 
-    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+    if request.get("script"):  # python <script>: its folder first, as the interpreter sets it
+        sys.path[0] = os.path.dirname(os.path.abspath(request["script"]))
+        sys.argv = [request["script"], *request["args"]]
+        runpy.run_path(request["script"], run_name="__main__")
+    else:
+        sys.path[0] = request["cwd"]  # as -m sets it; the rest is the zygote's, the same
+        sys.argv = [request["module"], *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
     sys.exit(0)
 
 
@@ -327,9 +333,10 @@ class Zygote:
         cwd: Path,
         log: Path,
         errors: Path | None = None,
+        script: Path | None = None,
     ) -> Forked:
-        """``python -m module args``, its output to ``log``, and its error output too unless
-        ``errors`` names a file of its own."""
+        """``python -m module args`` (``python script args`` with ``script``), its output to
+        ``log``, and its error output too unless ``errors`` names a file of its own."""
         with self._lock:
             self._count += 1
             status = log.with_name(f"{log.name}.{os.getpid()}-{self._count}.exit")
@@ -340,6 +347,7 @@ class Zygote:
             request = {
                 "module": module, "args": args, "env": env, "cwd": str(cwd),
                 "log": str(log), "errors": str(errors or ""), "status": str(status),
+                "script": str(script or ""),
             }  # fmt: skip
             _write_all(self._to_zygote, json.dumps(request).encode() + b"\n")
             ready, _, _ = select.select([self._replies], [], [], 30)
