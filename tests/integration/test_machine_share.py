@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import machine_share
 from tests.support.machine_share import CPUS, IDLE_OTHERS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,6 +73,26 @@ def assert_placed(name: str, cpus: list[int], policy: int, during_alone: bool) -
         assert cpus == sorted(CPUS)[:1], (name, cpus)
     elif during_alone:
         assert cpus == sorted(CPUS)[1:], (name, cpus)
+
+
+@pytest.mark.skipif(len(CPUS) < 2, reason="pinning needs two CPUs; one CPU locks instead")
+def test_pinning_a_process_pins_each_of_its_threads() -> None:
+    """Without the right to idle the others, an alone test's processes are pinned: the
+    threads they started before (a crawler's reactor, say) too, not only the main one."""
+    code = "import threading, time\n"
+    code += "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+    code += "print('ready', flush=True)\ntime.sleep(60)\n"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        first = {min(CPUS)}
+        machine_share._pin({proc.pid}, {proc.pid}, first, set(CPUS) - first)
+        threads = machine_share._threads(proc.pid)
+        assert len(threads) == 2
+        assert [os.sched_getaffinity(tid) for tid in threads] == [first, first]
+    finally:
+        proc.kill()
+        proc.wait(10)
 
 
 @pytest.mark.alone(machine=True)  # the run places its own processes: nothing else beside it

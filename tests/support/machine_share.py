@@ -153,10 +153,12 @@ def _tree(root: int) -> set[int]:
 
 
 def _pin(session: set[int], own: set[int], cpus: set[int], others: set[int]) -> None:
-    """``own`` processes to ``cpus``, the rest of ``session`` to ``others``."""
+    """``own`` processes to ``cpus``, the rest of ``session`` to ``others``: each of their
+    threads, as Linux keeps an affinity per thread (a process's own is its main thread's)."""
     for pid in session:
-        with contextlib.suppress(OSError):  # ended meanwhile
-            os.sched_setaffinity(pid, cpus if pid in own else others)
+        for tid in _threads(pid):
+            with contextlib.suppress(OSError):  # ended meanwhile
+                os.sched_setaffinity(tid, cpus if pid in own else others)
 
 
 @contextlib.contextmanager
