@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import ROOT
-from tests.support.workers import run_module, started_workers
+from tests.support.workers import run_script, started_workers
 
 PAGES = ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))]
 # the pages whose examples must exist: the front door, and the job lifecycle
@@ -56,7 +56,7 @@ def test_the_example_runs_as_written(
 def run_example(page: str, index: int, env: dict[str, str], tmp_path: Path) -> None:
     script = tmp_path / "example.py"
     script.write_text(python_blocks(page)[index])
-    done = run_module("", [], env, timeout=180, script=script)
+    done = run_script(script, env, timeout=180)
     assert done.returncode == 0, f"{page} example {index}:\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
 

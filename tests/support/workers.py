@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery
 
 from tests.support import ROOT
-from tests.support.zygote import Forked, Zygote, startup
+from tests.support.zygote import Forked, Zygote
 
 Process = subprocess.Popen[bytes] | Forked
 
@@ -111,7 +111,7 @@ def start_process(module: str, args: list[str], env: dict[str, str], log: Path) 
     the zygote (Celery, Scrapy and Twisted imported once), or with ``CELERY_CRAWL_TEST_ZYGOTE=0``
     started as a new interpreter (so is one whose ``PYTHON*`` variables are not the zygote's)."""
     zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
-    if zygote is None or startup(env, ROOT) != zygote.startup:  # a sitecustomize of its own, say
+    if zygote is None or not zygote.fits(env, ROOT):  # a sitecustomize of its own, say
         command = [sys.executable, "-m", module, *args]
         with log.open("w") as out:
             return subprocess.Popen(
@@ -128,34 +128,59 @@ def run_module(
     timeout: float,
     cwd: Path = ROOT,
     check: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` run to its end, as ``subprocess.run`` with
+    ``capture_output=True, text=True`` runs it (its output and error output apart, a
+    ``TimeoutExpired`` after ``timeout`` with what it wrote, ``CalledProcessError`` with
+    ``check``), forked from the zygote as :func:`start_process` does: a command line tool's
+    run costs no import."""
+    done = _run([sys.executable, "-m", module, *args], env, timeout, cwd, cwd, module=module)
+    if check:
+        done.check_returncode()
+    return done
+
+
+def run_script(
+    script: Path, env: dict[str, str], timeout: float, cwd: Path = ROOT
+) -> subprocess.CompletedProcess[str]:
+    """``python script`` run to its end in ``cwd``, as :func:`run_module` runs a module."""
+    folder = script.resolve().parent  # first on its sys.path
+    return _run([sys.executable, str(script)], env, timeout, cwd, folder, script=script)
+
+
+def _run(
+    command: list[str],
+    env: dict[str, str],
+    timeout: float,
+    cwd: Path,
+    first: Path,
+    module: str = "",
     script: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` (``python script args`` with ``script``, and ``module``
-    empty) run to its end, as ``subprocess.run`` with ``capture_output=True, text=True``
-    runs it (its output and error output apart, a ``TimeoutExpired`` after ``timeout``,
-    ``CalledProcessError`` with ``check``), forked from the zygote as :func:`start_process`
-    does: a command line tool's run costs no import."""
-    command = [sys.executable, *([str(script)] if script else ["-m", module]), *args]
+    """``command`` forked from the zygote when a child whose ``sys.path`` starts with
+    ``first`` would start there as it does in a new interpreter; else run as one."""
     zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
-    if zygote is None or startup(env, cwd) != zygote.startup:
+    if zygote is None or not zygote.fits(env, first):
         return subprocess.run(
-            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
-            check=check,
+            command, check=False, cwd=cwd, env=env, capture_output=True, text=True,
+            timeout=timeout,
         )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="celery-crawl-run-") as folder:
         out, err = Path(folder) / "out", Path(folder) / "err"
+        args = command[3:] if module else command[2:]
         child = zygote.spawn(module, args, env, cwd, out, errors=err, script=script)
         try:
             code = child.wait(timeout)
         except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(child.pid, signal.SIGKILL)  # its session: what it started too
-            child.wait(10)
-            raise
-        done = subprocess.CompletedProcess(command, code, out.read_text(), err.read_text())
-    if check:
-        done.check_returncode()
-    return done
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)  # its session: what it started too
+            with contextlib.suppress(subprocess.TimeoutExpired, RuntimeError):
+                child.wait(10)
+            raise subprocess.TimeoutExpired(
+                command, timeout, out.read_text(), err.read_text()
+            ) from None
+        return subprocess.CompletedProcess(command, code, out.read_text(), err.read_text())
 
 
 _zygotes: list[Zygote] = []

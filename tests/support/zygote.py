@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,8 @@ def _write_status(path: str, code: int) -> None:
 
 
 def _become(request: dict[str, Any], protocol_fds: tuple[int, ...], ready: int) -> None:
-    """In the forked child: become ``python -m module args`` (runs it, then exits)."""
+    """In the forked child: become ``python -m module args``, or ``python script args``
+    (runs it, then exits; never returns into the zygote's loop, whatever it raises)."""
     for fd in protocol_fds:
         os.close(fd)
     os.setsid()
@@ -158,6 +160,22 @@ def _become(request: dict[str, Any], protocol_fds: tuple[int, ...], ready: int) 
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
+    try:
+        _run(request)
+    except SystemExit:
+        raise  # its exit code: the interpreter's normal exit (atexit handlers run)
+    except KeyboardInterrupt:  # as an interpreter does: the traceback, then death by SIGINT
+        traceback.print_exc()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:  # as an interpreter does: the traceback, exit 1
+        traceback.print_exc()
+        sys.exit(1)
+    sys.exit(0)
+
+
+def _run(request: dict[str, Any]) -> None:
     import runpy
 
     if request.get("script"):  # python <script>: its folder first, as the interpreter sets it
@@ -167,8 +185,13 @@ def _become(request: dict[str, Any], protocol_fds: tuple[int, ...], ready: int) 
     else:
         sys.path[0] = request["cwd"]  # as -m sets it; the rest is the zygote's, the same
         sys.argv = [request["module"], *request["args"]]
+        # a preloaded module (the command line's) runs anew as __main__, as in a fresh
+        # interpreter, where it is not imported first (runpy warns of one that is); a
+        # package stays, its __main__ is what runs
+        preloaded = sys.modules.get(request["module"])
+        if preloaded is not None and not hasattr(preloaded, "__path__"):
+            del sys.modules[request["module"]]
         runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
-    sys.exit(0)
 
 
 def _reap(children: dict[int, str]) -> None:
@@ -308,7 +331,7 @@ class Zygote:
     """The tests' handle on one zygote process; ``spawn`` forks a child of it."""
 
     def __init__(self, cwd: Path, env: dict[str, str], log: Path) -> None:
-        self.startup = startup(env, cwd)
+        self.env = env
         self.log = log
         self._to_zygote_r, self._to_zygote = os.pipe()
         self._from_zygote, self._from_zygote_w = os.pipe()
@@ -356,8 +379,13 @@ class Zygote:
                 raise RuntimeError(f"the zygote did not fork (exit {self.proc.poll()})")
             pid = int(self._replies.readline() or 0)
         if pid == 0:
-            raise RuntimeError(f"the zygote could not fork {module} (see {self.log})")
-        return Forked(pid, status, [module, *args], self)
+            raise RuntimeError(f"the zygote could not fork {script or module} (see {self.log})")
+        return Forked(pid, status, [str(script or module), *args], self)
+
+    def fits(self, env: dict[str, str], folder: Path) -> bool:
+        """Whether a child started with ``env`` whose ``sys.path`` starts with ``folder``
+        (the working folder of ``-m``, a script's folder) would start as this zygote did."""
+        return startup(env, folder) == startup(self.env, folder)
 
     def alive(self) -> bool:
         return self.proc.poll() is None
