@@ -38,7 +38,7 @@ from typing import Any, TypeVar, cast
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import redis
-from redis.backoff import ExponentialWithJitterBackoff
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import SSLConnection
 from redis.exceptions import ClusterDownError, TryAgainError
@@ -400,6 +400,10 @@ def sentinel_client(url: MultiHostUrl, params: dict[str, Any]) -> redis.Redis:
     to_sentinels = {k: v for k, v in params.items() if k.startswith(shared)}
     if url.tls:
         to_sentinels["ssl"] = True
+    # no retries of its own for a sentinel's question: the next sentinel is its retry, and
+    # the command's retry asks them all again (with redis-py's default, each sentinel down
+    # cost every try about 4 s)
+    to_sentinels["retry"] = Retry(NoBackoff(), 0)
     sentinels = Sentinel(url.hosts, sentinel_kwargs=to_sentinels)  # type: ignore[no-untyped-call]
     # a failover's worth of retries; past them the master counts away, as one server does
     retry = OutageRetry(ExponentialWithJitterBackoff(base=0.1, cap=2.0), FAILOVER_RETRIES)

@@ -315,6 +315,7 @@ class SentinelSet:
         self.tls = tls
         try:
             data = ["appendonly yes", "appendfsync everysec", *self._tls_links()]
+            self.data = data  # a data server's config
             self.master = self._add(self._server(directory / "master", data))
             replica = [*data, f"replicaof 127.0.0.1 {self.master.port}"]
             self.replica = self._add(self._server(directory / "replica", replica))
@@ -336,6 +337,12 @@ class SentinelSet:
     def _server(self, directory: Path, config: list[str], sentinel: bool = False) -> Server:
         binary = debian_redis_server() if self.tls else None
         return started(directory, config, sentinel, binary=binary, tls=self.tls)
+
+    def start_again(self, server: Server) -> Server:
+        """``server``, killed, started again on its port with its data, as a master."""
+        binary = debian_redis_server() if self.tls else None
+        again = Server(server.directory, server.port, self.data, binary=binary, tls=self.tls)
+        return self._add(again)
 
     def _tls_links(self) -> list[str]:
         """Replicas and sentinels reach their master over TLS too."""
