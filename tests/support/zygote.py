@@ -7,13 +7,17 @@ library's, and those of the components Scrapy's defaults name), but never the te
 settings, which read the environment on import, and never Twisted's reactor. Then it freezes
 its heap out of the garbage collector's reach, as ``gc.freeze``'s documentation advises
 before a fork, and forks on request. A forked child is the process ``python -m <module>
-<args>`` would be: its own session, the test's environment, working folder and log,
-``sys.argv`` and ``sys.path`` set as ``-m`` sets them, and a normal interpreter exit (atexit
-handlers run). What differs: the imports are done already and frozen, the hash seed is the
-zygote's, the parent is the zygote, and ``/proc/PID/cmdline`` names the zygote, so a test
-that looks a process up by its command line must start it as a new interpreter. A child
-whose start would differ (its ``PYTHON*`` variables, a ``sitecustomize``, the locale:
-:func:`startup`) is started as a new interpreter anyway. If the zygote dies, a child's exit
+<args>`` (or ``python <script> <args>``) would be: its own session, the test's environment,
+working folder and output, ``sys.argv`` and ``sys.path`` set as the interpreter sets them,
+the module run anew as ``__main__`` even if preloaded, an uncaught exception's traceback and
+exit 1, and a normal interpreter exit (atexit handlers run). What differs: the imports are
+done already and frozen, a script's globals are freed as it returns (``runpy.run_path``),
+not at interpreter shutdown (a test of what happens at shutdown starts a new interpreter),
+the hash seed is the zygote's, the parent is the zygote, and ``/proc/PID/cmdline`` names the
+zygote, so a test that looks a process up by its command line must start it as a new
+interpreter. A child whose start would differ (its ``PYTHON*`` variables, a
+``sitecustomize``, the locale, its first ``sys.path`` folder: :func:`startup`) is started
+as a new interpreter anyway. If the zygote dies, a child's exit
 is unknown and polling it raises; the next start makes a new zygote.
 
 The protocol: one JSON line a request on a pipe, ``{"module", "args", "env", "cwd", "log",
