@@ -272,8 +272,9 @@ class OutageRetry(Retry):
 
     A process makes many calls of its own accord: every hosted spider's heartbeat,
     maintenance, stats flush, leases. With each one spending its retries (about 1.5 s
-    of back-off on average) one after another, a Redis outage kept a worker's reactor
-    asleep, and a worker hosting 22 spiders took a minute to stop. Every caller
+    of back-off on average for one server, about 20 s for a Sentinel service, whose
+    retries ride out a failover) one after another, a Redis outage kept a worker's
+    reactor asleep, and a worker hosting 22 spiders took a minute to stop. Every caller
     handles a connection error already (kept, and tried again later); now it gets it
     at once while the server is known to be away.
 
