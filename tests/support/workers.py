@@ -134,7 +134,7 @@ def run_module(
     ``TimeoutExpired`` after ``timeout`` with what it wrote, ``CalledProcessError`` with
     ``check``), forked from the zygote as :func:`start_process` does: a command line tool's
     run costs no import."""
-    done = _run([sys.executable, "-m", module, *args], env, timeout, cwd, cwd, module=module)
+    done = _run(args, env, timeout, cwd, cwd, module=module)
     if check:
         done.check_returncode()
     return done
@@ -145,11 +145,11 @@ def run_script(
 ) -> subprocess.CompletedProcess[str]:
     """``python script`` run to its end in ``cwd``, as :func:`run_module` runs a module."""
     folder = script.resolve().parent  # first on its sys.path
-    return _run([sys.executable, str(script)], env, timeout, cwd, folder, script=script)
+    return _run([], env, timeout, cwd, folder, script=script)
 
 
 def _run(
-    command: list[str],
+    args: list[str],
     env: dict[str, str],
     timeout: float,
     cwd: Path,
@@ -157,8 +157,10 @@ def _run(
     module: str = "",
     script: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``command`` forked from the zygote when a child whose ``sys.path`` starts with
-    ``first`` would start there as it does in a new interpreter; else run as one."""
+    """``python -m module args`` or ``python script args``, forked from the zygote when a
+    child whose ``sys.path`` starts with ``first`` would start there as it does in a new
+    interpreter; else run as one."""
+    command = [sys.executable, *([str(script)] if script else ["-m", module]), *args]
     zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
     if zygote is None or not zygote.fits(env, first):
         return subprocess.run(
@@ -167,7 +169,6 @@ def _run(
         )  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="celery-crawl-run-") as folder:
         out, err = Path(folder) / "out", Path(folder) / "err"
-        args = command[3:] if module else command[2:]
         child = zygote.spawn(module, args, env, cwd, out, errors=err, script=script)
         try:
             code = child.wait(timeout)
