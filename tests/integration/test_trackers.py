@@ -67,6 +67,13 @@ def test_a_warm_shutdown_hands_a_running_job_task_to_the_next_worker(
     assert stopping.proc.wait(timeout=60) == 0
     assert long.status().state == "running"  # handed back, not ended
     start_worker(f"next-{pool}", pool=pool, concurrency=1)
+    # revoked before the next worker has taken it, the task would be dropped on receipt
+    # (Celery's own revoke: TaskRevokedError), not run to return the cancelled job
+    wait_for(
+        lambda: tracked.state == "PROGRESS" and f"next-{pool}@" in str(tracked.worker),
+        60,
+        "the next worker's task reports progress",
+    )
     app.control.revoke(long.id)
     ended = tracked.get(timeout=60)  # returned by the next worker's task
     assert ended["state"] == "cancelled" and ended["pages"] < LONG_CHAIN
