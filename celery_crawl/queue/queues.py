@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 import redis
@@ -72,10 +72,12 @@ ENQUEUE = Argv(
         "writer_number",
         "milliseconds_record_kept",
         "participant_id",
+        "acked_stat_changes",
     ),
     (
         ENTRY_ARGV,
         ("job_id", "field", "delta"),
+        ("lease_number", "job_id", "field", "delta"),
         ("lease_members",),
         ("dead_letter_records",),
         DUPEFILTER_PARAMETERS,
@@ -144,6 +146,7 @@ class Base:
         routed: Sequence[tuple[Base, Sequence[Entry]]] = (),
         dead_letters: Sequence[str] = (),
         *,
+        ack_stats: Sequence[Mapping[tuple[str, str], int]] = (),
         call: tuple[str, int] | None = None,
         participant: str = "",
     ) -> list[bool]:
@@ -168,11 +171,22 @@ class Base:
         ``participant`` is the writer's scheduler id: ``job_stats`` of a job that
         has ended, when it is not among the job's participants (cut off, back
         late), are kept apart in the job's ``late/*`` fields, and logged.
+
+        ``ack_stats[i]`` are the stats of ``acks[i]``'s page, ``{(job, field): delta}``:
+        they count only if that lease is still held. One that lapsed was requeued and
+        is acked by the fetch that holds it now, so these go to ``late/*``: the page
+        counts once.
         """
         batches = [entries, *(batch for _, batch in routed)]
         count = sum(len(batch) for batch in batches)
         if not (count or acks or job_stats or dead_letters):
             return []
+        acked = [
+            (i, job, field, delta)
+            for i, stats in enumerate(ack_stats, 1)
+            for (job, field), delta in stats.items()
+            if delta
+        ]
         writer, number = call if call else ("", "")
         args = ENQUEUE.build(
             requests=count,
@@ -184,12 +198,15 @@ class Base:
             writer_number=number,
             milliseconds_record_kept=WRITTEN_KEPT_MS,
             participant_id=participant,
+            acked_stat_changes=len(acked),
         )
         for lane, batch in enumerate(batches):
             for entry in batch:
                 args += entry.args(self.uses_priority, lane)  # ENTRY_ARGV
         for stat in job_stats:
             args += stat  # (job id, field, delta): JobStats.drain's tuples
+        for change in acked:
+            args += change  # (lease number, job id, field, delta)
         args += [*acks, *dead_letters, *self.dedup.params]
         keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
         keys += [self.keys.site_prefix]

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from typing import Any, NamedTuple, Protocol
 
@@ -70,6 +69,7 @@ class Call(NamedTuple):
     number: int
     pending: list[Pending]
     acks: list[bytes]
+    ack_stats: list[Deltas]  # each ack's page's stats: counted only if its lease is held
     job_stats: list[tuple[str, str, int]]
     dead_letters: list[str]
 
@@ -103,7 +103,7 @@ class WriteBehind:
         self.acks: list[bytes] = []
         self.dead_letters: list[str] = []
         self.job_stats = JobStats()
-        self.acked_stats: Counter[tuple[str, str]] = Counter()  # the stats of ``acks``' pages
+        self.ack_stats: list[Deltas] = []  # the stats of each of ``acks``' pages
         self.writer = uuid.uuid4().hex  # numbers this buffer's calls (``Base.push_many``)
         self.participant = ""  # its scheduler's id once it joins jobs: judges late stats
         self.unconfirmed: Call | None = None  # sent, not known to be applied: sent again first
@@ -123,10 +123,10 @@ class WriteBehind:
 
     def ack(self, member: bytes, stats: Deltas | None = None) -> None:
         """Finish this lease at the next flush, after any request buffered before it; its
-        page's job stats (:meth:`JobStats.release`) are written with it, or not at all."""
+        page's job stats (:meth:`JobStats.release`) are written with it, or not at all, and
+        count only if the lease is still held then (``queue/lua/enqueue.lua``)."""
         self.acks.append(member)
-        if stats:
-            self.acked_stats.update(stats)
+        self.ack_stats.append(stats or {})
         self.schedule(self.delay)
 
     def dead_letter(self, record: str) -> None:
@@ -151,16 +151,15 @@ class WriteBehind:
         """Everything buffered, as the next call (None: nothing to write)."""
         acks = self._settled()
         # the acks' own stats go with them: an ack left out leaves its page's stats out too
-        if acks:
-            self.job_stats.add_all(self.acked_stats)
-        self.acked_stats = Counter()
+        ack_stats = self.ack_stats if acks else []
+        self.ack_stats = []
         job_stats = self.job_stats.drain()
         if not (self.pending or acks or job_stats or self.dead_letters):
             self.acks = []
             return None
         pending = sorted(self.pending, key=lambda p: p.target or "")  # own first, then by target
         self._calls += 1
-        call = Call(self._calls, pending, acks, job_stats, self.dead_letters)
+        call = Call(self._calls, pending, acks, ack_stats, job_stats, self.dead_letters)
         self.pending, self.acks, self.dead_letters = [], [], []
         return call
 
@@ -190,6 +189,7 @@ class WriteBehind:
                 call.job_stats,
                 routed,
                 call.dead_letters,
+                ack_stats=call.ack_stats,
                 call=(self.writer, call.number),
                 participant=self.participant,
             )

@@ -35,6 +35,7 @@
 -- ARGV[8]  milliseconds the writer's record is kept
 -- ARGV[9]  the writer's participant id (its scheduler's id, jobs/lua/job_join.lua); '' = none:
 --          its job stats are never judged late
+-- ARGV[10] number of acked stat changes a (a page's stats, written only with its ack)
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
 --          payload, lane (0 = this spider's queue), site ('' = none: no site limits)
 -- then s groups: job id, field, delta; a job that has ended (or is gone) takes them as
@@ -43,6 +44,11 @@
 --          may have returned. They go to its fields late/<field>, its counters untouched
 --          (purged, the count of its requests discarded after its end, is its own). A
 --          participant closing its part of the job still adds to its counters.
+-- then a groups: lease number i (the i-th lease member below), job id, field, delta: a
+--          change that counts only if that lease is still held when the call runs. A lease
+--          that lapsed (its process cut off or paused, the request requeued and fetched
+--          again) is acked by the fetch that holds it: this one's changes go to the job's
+--          fields late/<field>, so the page is counted once.
 -- then m lease members to ack
 -- then d dead-letter records (JSON text), pushed in order
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
@@ -61,8 +67,9 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 10
-local DEDUP_ARGV = FIRST + 6 * n + 3 * s + m + d
+local a = tonumber(ARGV[10])
+local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 11
+local DEDUP_ARGV = FIRST + 6 * n + 3 * s + 4 * a + m + d
 --!slot dupefilter
 --!include jobs
 --!include push
@@ -83,12 +90,15 @@ for j = 1, (#KEYS - 9) / 4 do
     local at = 6 + 4 * j
     lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
 end
-local base = FIRST + 6 * n
+local base = FIRST + 6 * n  -- the job stat changes
+local acked = base + 3 * s  -- the acked stat changes
+local members = acked + 4 * a  -- the lease members
 -- every key it writes checked first (include/keytypes.lua): refused whole, or run whole
 local spec = {}
 spec_add(spec, KEYS[7], 'list')
 for i = 0, s - 1 do job_guard(spec, ARGV[base + 3 * i]) end
-ack_guard(spec, KEYS[5], KEYS[9], ARGV, base + 3 * s, base + 3 * s + m - 1)
+for i = 0, a - 1 do job_guard(spec, ARGV[acked + 4 * i + 1]) end
+ack_guard(spec, KEYS[5], KEYS[9], ARGV, members, members + m - 1)
 push_guard(spec, lanes, ARGV, FIRST, n)
 local refused = refuse_damaged(spec)
 if refused then return refused end
@@ -97,28 +107,48 @@ if refused then return refused end
 -- participants (cut off, back late) are kept apart: decided per job before any write,
 -- so a limit this call reaches keeps its own call's changes on the job
 local late, late_jobs = {}, {}
-for i = 0, s - 1 do
-    local job = ARGV[base + 3 * i]
+local function judge(job)
     if late[job] == nil then
         late[job] = PARTICIPANT ~= '' and job_late(job, PARTICIPANT)
         if late[job] then late_jobs[#late_jobs + 1] = job end
     end
 end
-local accepted = push_requests(lanes, ARGV, FIRST, n)
+for i = 0, s - 1 do judge(ARGV[base + 3 * i]) end
+for i = 0, a - 1 do judge(ARGV[acked + 4 * i + 1]) end
+-- which leases are still held, before the acks below finish them
+local held = {}
+for i = 1, m do held[i] = redis.call('ZSCORE', KEYS[5], ARGV[members + i - 1]) ~= false end
+
+-- the changes summed per job and field, in the order met: each counter is written once
+local sums, order = {}, {}
+local function gather(job, field, delta, lapsed)
+    if lapsed or (late[job] and field ~= 'purged') then field = 'late/' .. field end
+    sums[job] = sums[job] or {}
+    if sums[job][field] == nil then order[#order + 1] = {job, field} end
+    sums[job][field] = (sums[job][field] or 0) + tonumber(delta)
+end
 for i = 0, s - 1 do
-    local job, field = ARGV[base + 3 * i], ARGV[base + 3 * i + 1]
-    if late[job] and field ~= 'purged' then
-        job_add(job, 'late/' .. field, ARGV[base + 3 * i + 2])
-    else
-        job_add(job, field, ARGV[base + 3 * i + 2])
-        job_check_limits(job, field)
+    local at = base + 3 * i
+    gather(ARGV[at], ARGV[at + 1], ARGV[at + 2], false)
+end
+for i = 0, a - 1 do
+    local at = acked + 4 * i
+    gather(ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], not held[tonumber(ARGV[at])])
+end
+
+local accepted = push_requests(lanes, ARGV, FIRST, n)
+for _, change in ipairs(order) do
+    local job, field = change[1], change[2]
+    local delta = sums[job][field]
+    if delta ~= 0 then
+        job_add(job, field, delta)
+        job_check_limits(job, field)  -- (a late/<field> is no limit)
     end
 end
-local letters = base + 3 * s + m
+local letters = members + m
 for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
 if d > 0 then redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[5]) - 1) end
-base = base + 3 * s
-ack_leases(KEYS[1], KEYS[5], KEYS[9], ARGV, base, base + m - 1)
+ack_leases(KEYS[1], KEYS[5], KEYS[9], ARGV, members, members + m - 1)
 if CALL ~= '' then
     redis.call('SET', KEYS[8], CALL .. ':' .. table.concat(accepted), 'PX', ARGV[8])
 end

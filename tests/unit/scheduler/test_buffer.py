@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -13,6 +14,7 @@ from scrapy import Request
 from celery_crawl.core.connection import get_redis
 from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
+from celery_crawl.queue.leases import LeaseTimes
 from celery_crawl.queue.queues import Base, PriorityQueue
 from celery_crawl.scheduler.buffer import RETRY_DELAY, Pending, WriteBehind
 from celery_crawl.scheduler.prefetch import Prefetch
@@ -178,6 +180,30 @@ def test_a_pages_stats_go_with_its_ack_only(queue: Base) -> None:
     assert trips.count == 1
     job = queue.client.hgetall(queue.keys.job("j"))
     assert (job[b"pages"], job[b"items"], job[b"retries"], job[b"done"]) == (b"1", b"2", b"1", b"1")
+
+
+def test_a_page_whose_lease_lapsed_and_was_fetched_again_counts_once(queue: Base) -> None:
+    """A process that could not renew a lease (Redis away, the process paused) acks it
+    after the lease was requeued and leased again: the page counts once, the late
+    ack's stats kept apart in ``late/*``. One call acks a lapsed lease and a held one."""
+    queue.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {"spider": "buffered"})
+    queue.leases = LeaseTimes(0.05)
+    [lapsed] = queue.lease(1)
+    time.sleep(0.1)
+    assert queue.requeue_expired() == 1
+    queue.leases = LeaseTimes(60)
+    fetched_again, other = sorted(queue.lease(2), key=lambda lease: lease.payload)
+    assert (fetched_again.payload, other.payload) == (lapsed.payload, b"b")
+    clock, written = FakeClock(), Written()
+    late, holder = make_buffer(queue, clock, written), make_buffer(queue, clock, written)
+    late.ack(lapsed.member, Counter({("j", "pages"): 1, ("j", "items"): 2}))
+    late.ack(other.member, Counter({("j", "pages"): 1, ("j", "items"): 5}))
+    clock.advance(0.01)
+    holder.ack(fetched_again.member, Counter({("j", "pages"): 1, ("j", "items"): 2}))
+    clock.advance(0.01)
+    job = {k.decode(): v.decode() for k, v in queue.client.hgetall(queue.keys.job("j")).items()}
+    assert (job["state"], job["pages"], job["items"], job["done"]) == ("done", "2", "7", "2")
+    assert (job["late/pages"], job["late/items"]) == ("1", "2")
 
 
 def test_redis_away_keeps_everything_and_retries_a_second_later(queue: Base) -> None:
