@@ -1,4 +1,6 @@
-"""Every Redis key celery_crawl uses, defined in this one module.
+"""Every Redis key celery_crawl uses, defined in this one module, but for the names of a
+dedup filter's keys under its ``dupefilter`` key, which vary with its kind
+(:mod:`celery_crawl.dupefilter.keys`).
 
 Templates use the ``%(name)s`` style of scrapy-redis so that its settings
 (``SCHEDULER_QUEUE_KEY = "%(spider)s:requests"``) carry over unchanged. The
@@ -15,8 +17,6 @@ that count a job stay within one slot. A spider outside any group is its own.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,111 +60,14 @@ SITE_LIMITS = "~limits"
 # which only the script knows (``stats/lua/stats_update.lua``, :func:`lua_stats_keys`)
 STATS_RATE = ":rate:"
 
-# the parts of a dedup filter's key names: each key is D:<name> under the spider's
-# dupefilter key D; the names below and the Lua that builds them (:func:`lua_dedup_keys`)
-# are made from these
-DEDUP_KIND_KEY = "kind"  # the filter kind claimed by the first process that opens it
-DEDUP_COUNT = "count"  # fingerprints ever added to a set of buckets
-DEDUP_REMOVED = "removed"  # of those, removed since: <count>:removed
-DEDUP_BLOOM = "bloom"  # a bloom filter's geometry; its sub-filters are bloom:<i>
-DEDUP_EXPIRING = "expiring"  # an expiring filter's geometry
-DEDUP_TIME = "t"  # an expiring filter's time bucket t:<t>, a set of buckets with its count
-DEDUP_HITS = "hits"  # a hit-expiring filter's parameters (crawls)
-DEDUP_CRAWLS = "crawls"  # a hit-expiring filter's crawls so far, by source
-DEDUP_CRAWL = "h"  # a hit-expiring filter's crawl h:<source>:<n>: a set
+# a dedup filter's count of fingerprints, D:count under the spider's dupefilter key D (the
+# scripts take it in KEYS); the filter's other keys are its package's
+# (``celery_crawl.dupefilter.keys``)
+DEDUP_COUNT = "count"
 
 
 def _name(*parts: str) -> str:
     return ":".join(parts)
-
-
-# the keys of a dedup filter, by kind, with the type each holds (as
-# core/lua/include/keytypes.lua names them). <n> in a name stands for a number: a
-# generation, a bucket, a sub-filter, a time bucket. None: the filter's key, left to the
-# script that names it when damaged (a bloom sub-filter's bits, sized by its hash). The
-# kinds are those of ``celery_crawl.dupefilter.filters.KINDS``, whose fragments write
-# these keys; ``""`` holds the keys of every kind.
-_BUCKETS = _name("<n>", "<n>")  # a set of buckets: <generation>:<bucket> under its base
-_TIME_BASE = _name(DEDUP_TIME, "<n>")
-DEDUP_KEYS: dict[str, dict[str, str | None]] = {
-    "": {DEDUP_KIND_KEY: "string"},
-    "exact": {
-        _BUCKETS: "set",
-        DEDUP_COUNT: "counter",
-        _name(DEDUP_COUNT, DEDUP_REMOVED): "counter",
-    },
-    "bloom": {
-        DEDUP_COUNT: "counter",
-        DEDUP_BLOOM: "numbers",
-        _name(DEDUP_BLOOM, "<n>"): None,
-    },
-    "expiring": {
-        DEDUP_EXPIRING: "numbers",
-        _name(_TIME_BASE, _BUCKETS): "set",
-        _name(_TIME_BASE, DEDUP_COUNT): "counter",
-        _name(_TIME_BASE, DEDUP_COUNT, DEDUP_REMOVED): "counter",
-    },
-    "hits": {
-        DEDUP_COUNT: "counter",
-        DEDUP_HITS: "numbers",
-        DEDUP_CRAWLS: "hash",
-        _name(DEDUP_CRAWL, "<source>", "<n>"): "set",
-    },
-}
-
-
-def lua_dedup_keys() -> str:
-    """The Lua functions that name a dedup filter's keys (``dupefilter/lua/include``), made
-    from the same parts as :data:`DEDUP_KEYS`: ``dedup`` is a dupefilter key, ``base`` the
-    base of a set of buckets (the filter's key, or an expiring filter's time bucket)."""
-    sep = lua_value(":")
-    functions = {
-        "dedup_kind_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_KIND_KEY)}",
-        "sets_bucket_key(base, generation, bucket)": (
-            f"base .. {sep} .. generation .. {sep} .. bucket"
-        ),
-        "sets_count_key(base)": f"base .. {lua_value(':' + DEDUP_COUNT)}",
-        "sets_removed_key(count)": f"count .. {lua_value(':' + DEDUP_REMOVED)}",
-        "bloom_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_BLOOM)}",
-        "bloom_filter_key(bloom, i)": f"bloom .. {sep} .. i",
-        "expiring_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_EXPIRING)}",
-        "expiring_base_key(dedup, t)": (
-            f"dedup .. {lua_value(':' + DEDUP_TIME + ':')} .. string.format('%d', t)"
-        ),
-        "hits_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_HITS)}",
-        "hits_crawls_key(dedup)": f"dedup .. {lua_value(':' + DEDUP_CRAWLS)}",
-        "hits_base_key(dedup, source, n)": (
-            f"dedup .. {lua_value(':' + DEDUP_CRAWL + ':')} .. source .. {sep}"
-            " .. string.format('%d', n)"
-        ),
-    }
-    return "\n".join(
-        f"local function {head}\n    return {body}\nend" for head, body in functions.items()
-    )
-
-
-def dedup_key_types(dupefilter: str, names: Iterable[str]) -> dict[str, str]:
-    """Those of ``names`` that are keys of the dedup filter at ``dupefilter``, of whichever
-    kind, with the type each must hold (:data:`DEDUP_KEYS`); the others are left out."""
-    layouts = [
-        (re.compile(re.escape(f"{dupefilter}:") + _dedup_pattern(name)), kind)
-        for layout in DEDUP_KEYS.values()
-        for name, kind in layout.items()
-        if kind is not None
-    ]
-    found: dict[str, str] = {}
-    for key in names:
-        kind = next((kind for pattern, kind in layouts if pattern.fullmatch(key)), None)
-        if kind is not None:
-            found[key] = kind
-    return found
-
-
-def _dedup_pattern(name: str) -> str:
-    """A regular expression for a name of :data:`DEDUP_KEYS`: ``<n>`` is a number,
-    ``<source>`` a source id (no colon) or ``-``, no source."""
-    parts = {"<n>": r"\d+", "<source>": r"[A-Za-z0-9_.-]+"}
-    return ":".join(parts.get(part, re.escape(part)) for part in name.split(":"))
 
 
 # a writer's record of its last numbered call (``written``, ``stats_written``): kept past

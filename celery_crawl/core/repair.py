@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 import redis
 
 from celery_crawl.core import scripts
-from celery_crawl.core.keys import SpiderKeys, dedup_key_types
+from celery_crawl.core.keys import SpiderKeys
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -85,8 +85,24 @@ def _members(client: redis.Redis, key: str, command: str) -> list[str]:
     return [text(m) for m in found]
 
 
+# Keys of packages above this layer that the data names, with their types: each package
+# hands its finder over as it is imported (a dedup filter's keys, of whichever kind:
+# ``celery_crawl.dupefilter.keys``, imported by every process that builds the scripts
+# that write them)
+KeyFinder = Callable[[redis.Redis, SpiderKeys], dict[str, str]]
+_finders: list[KeyFinder] = []
+
+
+def find_keys_with(finder: KeyFinder) -> KeyFinder:
+    """Have :func:`dynamic_keys` ask ``finder`` too (a decorator)."""
+    if finder not in _finders:
+        _finders.append(finder)
+    return finder
+
+
 def dynamic_keys(client: redis.Redis, keys: SpiderKeys) -> dict[str, str]:
-    """Keys named by the data: level lists, parked sites' lists, jobs, dedup keys."""
+    """Keys named by the data: level lists, parked sites' lists, jobs, and those the
+    packages above find (:func:`find_keys_with`): the dedup filter's."""
     found: dict[str, str] = {}
     for level in _members(client, keys.queue, "zset"):
         found[f"{keys.queue}:{level}"] = "list"
@@ -97,12 +113,13 @@ def dynamic_keys(client: redis.Redis, keys: SpiderKeys) -> dict[str, str]:
             found[f"{site_levels}:{level}"] = "list"
     for job in _members(client, keys.active_jobs, "set"):
         found[keys.job(job)] = "job"
-    # the dedup filter's keys, of whichever kind, each with its type (core/keys.py)
-    found.update(dedup_key_types(keys.dupefilter, _scan(client, keys.dupefilter + ":*")))
+    for finder in _finders:
+        found.update(finder(client, keys))
     return found
 
 
-def _scan(client: redis.Redis, match: str) -> Iterable[str]:
+def scan_keys(client: redis.Redis, match: str) -> Iterable[str]:
+    """The keys matching ``match``, at most :data:`MAX_DYNAMIC_KEYS`, none moved aside."""
     for i, key in enumerate(client.scan_iter(match=match, count=1000)):
         if i >= MAX_DYNAMIC_KEYS:
             return

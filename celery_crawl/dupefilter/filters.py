@@ -19,7 +19,8 @@ use outside a scheduler. The layouts are described in the Lua fragments:
 
 :data:`KINDS` is the registry of the kinds: each one's name, class, fragment and how
 its size is read; every other place that knows the kinds derives from it (its keys
-are named in ``celery_crawl.core.keys.DEDUP_KEYS``, for the repair of damaged keys).
+are named in :data:`celery_crawl.dupefilter.keys.DEDUP_KEYS`, for the repair of damaged
+keys).
 
 A filter's parameters (:class:`BloomParams`, :class:`ExpiringParams`) travel
 as the tail of every script's ARGV and are stored in Redis when the filter is
@@ -40,8 +41,9 @@ from scrapy import Request, Spider
 from celery_crawl.core import connection, scripts
 from celery_crawl.core.defaults import SETTINGS, setting
 from celery_crawl.core.errors import ConfigError
-from celery_crawl.core.keys import DEDUP_KEYS, SpiderKeys
+from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import Repairer, retried
+from celery_crawl.dupefilter.keys import DEDUP_KEYS
 
 if TYPE_CHECKING:
     from scrapy.crawler import Crawler
@@ -339,8 +341,9 @@ class Kind:
     counter at ``D:count``, or ``"own"``, counted by its fragment's ``dedup_count()``
     (``dupefilter/lua/include/dedup_size.lua`` includes such a fragment for the
     exporter); its memory is ``MEMORY USAGE`` over the keys its ``dedup_each_key``
-    visits. Its keys and their types are named in ``celery_crawl.core.keys.DEDUP_KEYS``,
-    where the repair of damaged keys (layer 0) reads them.
+    visits. Its keys and their types are named in
+    :data:`celery_crawl.dupefilter.keys.DEDUP_KEYS`, which the repair of damaged keys is
+    handed.
     """
 
     name: str

@@ -312,6 +312,7 @@ def test_generated_tables_are_what_python_holds(client: redis.Redis, folder: Pat
 
 def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
     from celery_crawl.core import keys
+    from celery_crawl.dupefilter import keys as dedup_keys
     from celery_crawl.jobs import limits, store
 
     copies = [limit.reason for limit in limits.LIMITS.values() if limit.reason]
@@ -322,8 +323,9 @@ def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
     queue_keys = (keys.PARKED, keys.SIGNAL, keys.SITE_LEASES, keys.SITE_WAITING)
     copies += [f"'{suffix}" for suffix in (*queue_keys, keys.SITE_KNOWN, keys.SITE_LIMITS)]
     copies += [f"'{keys.STATS_RATE}'"]
-    dedup_keys = (keys.DEDUP_KIND_KEY, keys.DEDUP_COUNT, keys.DEDUP_REMOVED, keys.DEDUP_BLOOM)
-    copies += [f"':{part}" for part in (*dedup_keys, keys.DEDUP_EXPIRING, keys.DEDUP_TIME)]
+    dedup = (dedup_keys.DEDUP_KIND_KEY, keys.DEDUP_COUNT, dedup_keys.DEDUP_REMOVED)
+    dedup += (dedup_keys.DEDUP_BLOOM, dedup_keys.DEDUP_EXPIRING, dedup_keys.DEDUP_TIME)
+    copies += [f"':{part}" for part in dedup]
     files = [*scripts.files("").values(), *scripts.files("include").values()]
     for file in files:
         text = re.sub(r"--.*", "", file.read_text())  # the code: comments may name them
@@ -379,57 +381,6 @@ def test_the_generated_stats_rate_key_is_the_one_python_names(
         "return stats_rate_key(KEYS[1], 29412345)\n"
     )
     assert client.eval(scripts.source("main"), 1, keys.stats).decode() == keys.stats_rate(29412345)
-
-
-def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
-    client: redis.Redis, folder: Path
-) -> None:
-    """Literal names: filters written before keep being found (``DEDUP_KEYS`` and the Lua
-    are made from the same parts, so only a literal pins the stored layout)."""
-    from celery_crawl.core.keys import DEDUP_KEYS, SpiderKeys
-
-    d = SpiderKeys.build("spider", prefix="p").dupefilter
-    (folder / "main.lua").write_text(
-        "local d = KEYS[1]\n"
-        "--!generated celery_crawl.core.keys:lua_dedup_keys\n"
-        "return {dedup_kind_key(d), sets_bucket_key(d, 2, 17), sets_count_key(d),"
-        " sets_removed_key(sets_count_key(d)), bloom_key(d), bloom_filter_key(bloom_key(d), 3),"
-        " expiring_key(d), expiring_base_key(d, 12345),"
-        " sets_bucket_key(expiring_base_key(d, 12345), 0, 5), hits_key(d), hits_crawls_key(d),"
-        " hits_base_key(d, 'busy-board', 7)}\n"
-    )
-    found = [key.decode() for key in client.eval(scripts.source("main"), 1, d)]
-    assert found == [
-        f"{d}:kind",
-        f"{d}:2:17",
-        f"{d}:count",
-        f"{d}:count:removed",
-        f"{d}:bloom",
-        f"{d}:bloom:3",
-        f"{d}:expiring",
-        f"{d}:t:12345",
-        f"{d}:t:12345:0:5",
-        f"{d}:hits",
-        f"{d}:crawls",
-        f"{d}:h:busy-board:7",
-    ]
-    assert DEDUP_KEYS == {
-        "": {"kind": "string"},
-        "exact": {"<n>:<n>": "set", "count": "counter", "count:removed": "counter"},
-        "bloom": {"count": "counter", "bloom": "numbers", "bloom:<n>": None},
-        "expiring": {
-            "expiring": "numbers",
-            "t:<n>:<n>:<n>": "set",
-            "t:<n>:count": "counter",
-            "t:<n>:count:removed": "counter",
-        },
-        "hits": {
-            "count": "counter",
-            "hits": "numbers",
-            "crawls": "hash",
-            "h:<source>:<n>": "set",
-        },
-    }
 
 
 def test_a_generated_directive_names_a_library_function(folder: Path) -> None:

@@ -3,7 +3,7 @@
 For each kind of ``celery_crawl.dupefilter.filters.KINDS``, on a real server: its
 fragment loads into every script with a dupefilter slot and records its kind; the
 exporter's size script measures it; the keys it writes are the ones
-``celery_crawl.core.keys.DEDUP_KEYS`` names, of the types repair checks, and its
+``celery_crawl.dupefilter.keys.DEDUP_KEYS`` names, of the types repair checks, and its
 memory covers them all; its class is a settings path and the docs list it. A fourth
 kind that misses one of these fails here.
 """
@@ -21,9 +21,10 @@ import redis
 import celery_crawl.dupefilter
 from celery_crawl.core import scripts
 from celery_crawl.core.defaults import SETTINGS
-from celery_crawl.core.keys import DEDUP_KEYS, SpiderKeys, dedup_key_types
+from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import dynamic_keys
 from celery_crawl.dupefilter.filters import DUPEFILTER_CLASSES, KINDS, Kind, RFPDupeFilter
+from celery_crawl.dupefilter.keys import DEDUP_KEYS, dedup_key_types
 from celery_crawl.tools import exporter
 from tests.unit.test_settings_paths import PATHS
 
@@ -98,7 +99,7 @@ def test_repair_knows_the_type_of_every_key_it_writes(
     }
     for key in keys:
         wanted = [w for pattern, w in declared.items() if re.fullmatch(pattern, key)]
-        assert wanted, f"{key} is not among the keys of {kind.name} (core/keys.py DEDUP_KEYS)"
+        assert wanted, f"{key} is not among the keys of {kind.name} (dupefilter/keys.py DEDUP_KEYS)"
         if wanted[0] is not None:
             assert client.type(key) == REDIS_TYPES[wanted[0]], key
             assert dynamic_keys(client, df.keys)[key] == wanted[0]

@@ -1,5 +1,5 @@
 -- The names of a dedup filter's keys: included, never run alone. Generated from
--- celery_crawl.core.keys, where each form is defined once (DEDUP_KEYS lists the
+-- celery_crawl.dupefilter.keys, where each form is defined once (DEDUP_KEYS lists the
 -- same names, with their types, for the repair of damaged keys).
 --
 -- Uses: nothing from the including script.
@@ -8,4 +8,4 @@
 -- bloom_filter_key(bloom, i), expiring_key(dedup), expiring_base_key(dedup, t),
 -- hits_key(dedup), hits_crawls_key(dedup), hits_base_key(dedup, source, n).
 
---!generated celery_crawl.core.keys:lua_dedup_keys
+--!generated celery_crawl.dupefilter.keys:lua_dedup_keys
