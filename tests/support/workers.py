@@ -110,8 +110,8 @@ def start_process(module: str, args: list[str], env: dict[str, str], log: Path) 
     """``python -m module args`` in a session of its own, its output to ``log``: forked from
     the zygote (Celery, Scrapy and Twisted imported once), or with ``CELERY_CRAWL_TEST_ZYGOTE=0``
     started as a new interpreter (so is one whose ``PYTHON*`` variables are not the zygote's)."""
-    zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
-    if zygote is None or not zygote.fits(env, ROOT):  # a sitecustomize of its own, say
+    zygote = _zygote_fitting(env, ROOT)
+    if zygote is None:  # the zygote off, or a sitecustomize of its own, say
         command = [sys.executable, "-m", module, *args]
         with log.open("w") as out:
             return subprocess.Popen(
@@ -161,8 +161,8 @@ def _run(
     child whose ``sys.path`` starts with ``first`` would start there as it does in a new
     interpreter; else run as one."""
     command = [sys.executable, *([str(script)] if script else ["-m", module]), *args]
-    zygote = _zygote() if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") != "0" else None
-    if zygote is None or not zygote.fits(env, first):
+    zygote = _zygote_fitting(env, first)
+    if zygote is None:
         return subprocess.run(
             command, check=False, cwd=cwd, env=env, capture_output=True, text=True,
             timeout=timeout,
@@ -182,6 +182,16 @@ def _run(
                 command, timeout, out.read_text(), err.read_text()
             ) from None
         return subprocess.CompletedProcess(command, code, out.read_text(), err.read_text())
+
+
+def _zygote_fitting(env: dict[str, str], first: Path) -> Zygote | None:
+    """The zygote, if it is on (``CELERY_CRAWL_TEST_ZYGOTE`` is not ``0``) and a child
+    with ``env`` whose ``sys.path`` starts with ``first`` would start there as it does in
+    a new interpreter (:meth:`Zygote.fits`); else None."""
+    if os.environ.get("CELERY_CRAWL_TEST_ZYGOTE", "1") == "0":
+        return None
+    zygote = _zygote()
+    return zygote if zygote.fits(env, first) else None
 
 
 _zygotes: list[Zygote] = []
