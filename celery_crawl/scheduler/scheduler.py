@@ -29,7 +29,7 @@ are dead-lettered (:mod:`celery_crawl.scheduler.dead_letters`). When nothing can
 be leased the engine waits, and is woken when work may be there
 (:mod:`celery_crawl.scheduler.wakeup`). A flush is run by name only: before
 leasing (our own children first), before counting what is pending (our own
-acks first), before a job is ended here, at close, and in the maintenance.
+acks first), before a job is ended here or left, at close, and in the maintenance.
 
 Several processes may share the queue. One has work pending while anything is
 queued or leased anywhere (a leased request may still yield children), so a
@@ -135,7 +135,7 @@ class Scheduler(BaseScheduler):
             self.job_stats,
             crawler=self.crawler,
             holds=self.prefetch.holds,
-            flush=self.flush,
+            flush=self.buffer.flush,
         )
 
     def _write_behind(self) -> WriteBehind:
