@@ -94,10 +94,16 @@ local base = FIRST + 6 * n  -- the job stat changes
 local acked = base + 3 * s  -- the acked stat changes
 local members = acked + 4 * a  -- the lease members
 -- every key it writes checked first (include/keytypes.lua): refused whole, or run whole
-local spec = {}
+local spec, guarded = {}, {}
+local function guard(job)  -- once per job: its guard reads the job's participants
+    if not guarded[job] then
+        guarded[job] = true
+        job_guard(spec, job)
+    end
+end
 spec_add(spec, KEYS[7], 'list')
-for i = 0, s - 1 do job_guard(spec, ARGV[base + 3 * i]) end
-for i = 0, a - 1 do job_guard(spec, ARGV[acked + 4 * i + 1]) end
+for i = 0, s - 1 do guard(ARGV[base + 3 * i]) end
+for i = 0, a - 1 do guard(ARGV[acked + 4 * i + 1]) end
 ack_guard(spec, KEYS[5], KEYS[9], ARGV, members, members + m - 1)
 push_guard(spec, lanes, ARGV, FIRST, n)
 local refused = refuse_damaged(spec)

@@ -297,8 +297,13 @@ end
 local function ack_guard(spec, inflight, sites, args, first, last)
     spec_add(spec, inflight, 'zset')
     job_guard(spec, '')
+    local jobs = {}  -- each job guarded once: its guard reads the job's participants
     for i = first, last do
-        job_guard(spec, entry_job(args[i], 13))
+        local job = entry_job(args[i], 13)
+        if not jobs[job] then
+            jobs[job] = true
+            job_guard(spec, job)
+        end
         local site = site_counted(args[i])
         if site then
             spec_add(spec, site_leases_key(sites, site), 'zset')
