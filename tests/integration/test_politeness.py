@@ -223,7 +223,8 @@ def test_a_retry_after_seen_by_one_worker_holds_back_every_worker(
     assert refused[0].started <= paused_at < refused[0].started + 1.0
     grace = 0.05  # requests that had passed the check before the pause, still on their way
     during = [a for a in arrivals if paused_at + grace < a.started < refused[0].started + 2.0]
-    assert not during, f"{len(during)} requests within the 2 s of Retry-After"
+    offsets = [round(a.started - paused_at, 3) for a in during]  # when, after the pause
+    assert not during, f"{len(during)} requests within the 2 s of Retry-After, at {offsets} s"
     after = [a for a in arrivals if a.started >= refused[0].started + 2.0]
     assert after and {a.status for a in after} <= {200, 404}  # then on, the retry included
     assert len(arrivals) == 401  # every page once, and the refused one again
