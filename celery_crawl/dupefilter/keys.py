@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import redis
 
-from celery_crawl.core.keys import DEDUP_COUNT, SpiderKeys, _name
+from celery_crawl.core.keys import DEDUP_COUNT, SpiderKeys
 from celery_crawl.core.repair import find_keys_with, scan_keys
 from celery_crawl.core.scripts import lua_value
 
@@ -34,6 +34,11 @@ DEDUP_TIME = "t"  # an expiring filter's time bucket t:<t>, a set of buckets wit
 DEDUP_HITS = "hits"  # a hit-expiring filter's parameters (crawls)
 DEDUP_CRAWLS = "crawls"  # a hit-expiring filter's crawls so far, by source
 DEDUP_CRAWL = "h"  # a hit-expiring filter's crawl h:<source>:<n>: a set
+
+
+def _name(*parts: str) -> str:
+    return ":".join(parts)
+
 
 # The keys of a dedup filter, by kind, with the type each holds (as
 # core/lua/include/keytypes.lua names them). <n> in a name stands for a number: a

@@ -173,12 +173,14 @@ class Base:
         late), are kept apart in the job's ``late/*`` fields, and logged.
 
         ``ack_stats[i]`` are the stats of ``acks[i]``'s page, ``{(job, field): delta}``:
-        they count only if that lease is still held. One that lapsed was requeued and
-        is acked by the fetch that holds it now, so these go to ``late/*``: the page
-        counts once.
+        they count only if that lease is still held, or its job has ended. One that
+        lapsed while its job runs was requeued and is acked by the fetch that holds it
+        now, so these go to ``late/*``: the page counts once.
         """
         batches = [entries, *(batch for _, batch in routed)]
         count = sum(len(batch) for batch in batches)
+        if len(ack_stats) > len(acks):
+            raise ValueError(f"the stats of {len(ack_stats)} acks, for {len(acks)} acks")
         if not (count or acks or job_stats or dead_letters):
             return []
         acked = [

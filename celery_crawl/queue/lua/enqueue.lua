@@ -45,10 +45,11 @@
 --          (purged, the count of its requests discarded after its end, is its own). A
 --          participant closing its part of the job still adds to its counters.
 -- then a groups: lease number i (the i-th lease member below), job id, field, delta: a
---          change that counts only if that lease is still held when the call runs. A lease
---          that lapsed (its process cut off or paused, the request requeued and fetched
---          again) is acked by the fetch that holds it: this one's changes go to the job's
---          fields late/<field>, so the page is counted once.
+--          change that counts only if that lease is still held when the call runs, or its
+--          job has ended (then as the job stats above). A lease that lapsed while its job
+--          runs (its process cut off or paused) was requeued, and is acked by the fetch
+--          that holds it: this one's changes go to the job's fields late/<field>, so the
+--          page is counted once.
 -- then m lease members to ack
 -- then d dead-letter records (JSON text), pushed in order
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
@@ -94,16 +95,10 @@ local base = FIRST + 6 * n  -- the job stat changes
 local acked = base + 3 * s  -- the acked stat changes
 local members = acked + 4 * a  -- the lease members
 -- every key it writes checked first (include/keytypes.lua): refused whole, or run whole
-local spec, guarded = {}, {}
-local function guard(job)  -- once per job: its guard reads the job's participants
-    if not guarded[job] then
-        guarded[job] = true
-        job_guard(spec, job)
-    end
-end
+local spec = {}
 spec_add(spec, KEYS[7], 'list')
-for i = 0, s - 1 do guard(ARGV[base + 3 * i]) end
-for i = 0, a - 1 do guard(ARGV[acked + 4 * i + 1]) end
+for i = 0, s - 1 do job_guard(spec, ARGV[base + 3 * i]) end
+for i = 0, a - 1 do job_guard(spec, ARGV[acked + 4 * i + 1]) end
 ack_guard(spec, KEYS[5], KEYS[9], ARGV, members, members + m - 1)
 push_guard(spec, lanes, ARGV, FIRST, n)
 local refused = refuse_damaged(spec)
@@ -121,14 +116,24 @@ local function judge(job)
 end
 for i = 0, s - 1 do judge(ARGV[base + 3 * i]) end
 for i = 0, a - 1 do judge(ARGV[acked + 4 * i + 1]) end
--- which leases are still held, before the acks below finish them
-local held = {}
-for i = 1, m do held[i] = redis.call('ZSCORE', KEYS[5], ARGV[members + i - 1]) ~= false end
+-- which leases are still held, before the acks below finish them. One that lapsed while
+-- its job runs was queued again (requeue.lua): the fetch that acks it counts the page, so
+-- this ack's page stats are kept apart. Once its job has ended, its entry may have been
+-- dropped unfetched (requeue.lua, a purge, a cancel): they count as an ended job's do.
+local held, running = {}, {}
+if a > 0 then
+    for i = 1, m do held[i] = redis.call('ZSCORE', KEYS[5], ARGV[members + i - 1]) ~= false end
+end
+local function lapsed(lease, job)
+    if held[lease] then return false end
+    if running[job] == nil then running[job] = job_running(job) end
+    return running[job]
+end
 
 -- the changes summed per job and field, in the order met: each counter is written once
 local sums, order = {}, {}
-local function gather(job, field, delta, lapsed)
-    if lapsed or (late[job] and field ~= 'purged') then field = 'late/' .. field end
+local function gather(job, field, delta, apart)
+    if field ~= 'purged' and (apart or late[job]) then field = 'late/' .. field end
     sums[job] = sums[job] or {}
     if sums[job][field] == nil then order[#order + 1] = {job, field} end
     sums[job][field] = (sums[job][field] or 0) + tonumber(delta)
@@ -139,7 +144,7 @@ for i = 0, s - 1 do
 end
 for i = 0, a - 1 do
     local at = acked + 4 * i
-    gather(ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], not held[tonumber(ARGV[at])])
+    gather(ARGV[at + 1], ARGV[at + 2], ARGV[at + 3], lapsed(tonumber(ARGV[at]), ARGV[at + 1]))
 end
 
 local accepted = push_requests(lanes, ARGV, FIRST, n)

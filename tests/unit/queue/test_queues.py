@@ -288,6 +288,35 @@ def test_a_participant_closing_its_part_of_an_ended_job_still_counts(
     assert not [k for k in counts if k.startswith("late/")]
 
 
+def test_a_lapsed_lease_of_an_ended_job_still_counts_for_its_participant(
+    queue: Base, client: redis.Redis
+) -> None:
+    """A participant paused past its leases while its job ended: the reaper dropped their
+    entries unfetched, so its late acks are the only count of the page it fetched and of
+    the request it discarded (``purged``)."""
+    queue.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {"spider": "forum"})
+    queue.job_store.join("j", "worker")
+    queue.leases = LeaseTimes(0.05)
+    fetched, discarded = queue.pop(count=2)
+    assert queue.job_store.end("j", "enough")
+    time.sleep(0.1)
+    queue.requeue_expired()  # the job has ended: its entries are finished, not queued again
+    assert (len(queue), queue.in_flight()) == (0, 0)
+    stats = [{("j", "pages"): 1, ("j", "items"): 2}, {("j", "purged"): 1}]
+    queue.push_many(
+        [], acks=[fetched.member, discarded.member], ack_stats=stats, participant="worker"
+    )
+    counts = job_counts(client, queue, "j")
+    assert (counts["state"], counts["pages"], counts["items"]) == ("closed", "1", "2")
+    assert counts["purged"] == "1"
+    assert not [k for k in counts if k.startswith("late/")]
+
+
+def test_more_acks_stats_than_acks_is_refused(queue: Base) -> None:
+    with pytest.raises(ValueError, match="the stats of 2 acks, for 1 acks"):
+        queue.push_many([], acks=[b"m"], ack_stats=[{}, {}])
+
+
 def test_a_call_that_closes_a_job_by_its_limit_keeps_its_own_stats(
     queue: Base, client: redis.Redis
 ) -> None:

@@ -280,7 +280,8 @@ end
 local function job_guard(spec, job)
     spec_add(spec, JOB_STATES_KEY, 'hash')
     spec_add(spec, ACTIVE_JOBS_KEY, 'set')
-    if job == '' then return end
+    -- once per job and spec: the participants it reads (HKEYS) are read once
+    if job == '' or spec[job_participants_key(job)] then return end
     spec_add(spec, job_participants_key(job), 'hash')
     spec_add(spec, job_done_key(job), 'list')
     -- job_notify pushes onto each participant's list of ended jobs
@@ -297,13 +298,8 @@ end
 local function ack_guard(spec, inflight, sites, args, first, last)
     spec_add(spec, inflight, 'zset')
     job_guard(spec, '')
-    local jobs = {}  -- each job guarded once: its guard reads the job's participants
     for i = first, last do
-        local job = entry_job(args[i], 13)
-        if not jobs[job] then
-            jobs[job] = true
-            job_guard(spec, job)
-        end
+        job_guard(spec, entry_job(args[i], 13))
         local site = site_counted(args[i])
         if site then
             spec_add(spec, site_leases_key(sites, site), 'zset')
