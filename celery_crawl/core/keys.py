@@ -66,7 +66,8 @@ STATS_RATE = ":rate:"
 DEDUP_COUNT = "count"
 
 
-def _name(*parts: str) -> str:
+def key_name(*parts: str) -> str:
+    """A key's name from its parts, joined by ``:`` as every key of the project is."""
     return ":".join(parts)
 
 
@@ -358,7 +359,7 @@ class SpiderKeys:
 
     @property
     def dupefilter_count(self) -> str:
-        return _name(self.dupefilter, DEDUP_COUNT)
+        return key_name(self.dupefilter, DEDUP_COUNT)
 
     @property
     def stats_types(self) -> str:

@@ -22,7 +22,7 @@ from collections.abc import Iterable
 
 import redis
 
-from celery_crawl.core.keys import DEDUP_COUNT, SpiderKeys
+from celery_crawl.core.keys import DEDUP_COUNT, SpiderKeys, key_name
 from celery_crawl.core.repair import find_keys_with, scan_keys
 from celery_crawl.core.scripts import lua_value
 
@@ -36,39 +36,35 @@ DEDUP_CRAWLS = "crawls"  # a hit-expiring filter's crawls so far, by source
 DEDUP_CRAWL = "h"  # a hit-expiring filter's crawl h:<source>:<n>: a set
 
 
-def _name(*parts: str) -> str:
-    return ":".join(parts)
-
-
 # The keys of a dedup filter, by kind, with the type each holds (as
 # core/lua/include/keytypes.lua names them). <n> in a name stands for a number: a
 # generation, a bucket, a sub-filter, a time bucket. None: the filter's key, left to the
 # script that names it when damaged (a bloom sub-filter's bits, sized by its hash).
-_BUCKETS = _name("<n>", "<n>")  # a set of buckets: <generation>:<bucket> under its base
-_TIME_BASE = _name(DEDUP_TIME, "<n>")
+_BUCKETS = key_name("<n>", "<n>")  # a set of buckets: <generation>:<bucket> under its base
+_TIME_BASE = key_name(DEDUP_TIME, "<n>")
 DEDUP_KEYS: dict[str, dict[str, str | None]] = {
     "": {DEDUP_KIND_KEY: "string"},
     "exact": {
         _BUCKETS: "set",
         DEDUP_COUNT: "counter",
-        _name(DEDUP_COUNT, DEDUP_REMOVED): "counter",
+        key_name(DEDUP_COUNT, DEDUP_REMOVED): "counter",
     },
     "bloom": {
         DEDUP_COUNT: "counter",
         DEDUP_BLOOM: "numbers",
-        _name(DEDUP_BLOOM, "<n>"): None,
+        key_name(DEDUP_BLOOM, "<n>"): None,
     },
     "expiring": {
         DEDUP_EXPIRING: "numbers",
-        _name(_TIME_BASE, _BUCKETS): "set",
-        _name(_TIME_BASE, DEDUP_COUNT): "counter",
-        _name(_TIME_BASE, DEDUP_COUNT, DEDUP_REMOVED): "counter",
+        key_name(_TIME_BASE, _BUCKETS): "set",
+        key_name(_TIME_BASE, DEDUP_COUNT): "counter",
+        key_name(_TIME_BASE, DEDUP_COUNT, DEDUP_REMOVED): "counter",
     },
     "hits": {
         DEDUP_COUNT: "counter",
         DEDUP_HITS: "numbers",
         DEDUP_CRAWLS: "hash",
-        _name(DEDUP_CRAWL, "<source>", "<n>"): "set",
+        key_name(DEDUP_CRAWL, "<source>", "<n>"): "set",
     },
 }
 

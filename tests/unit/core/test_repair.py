@@ -514,10 +514,9 @@ def case_scheduler_join(client: redis.Redis, prefix: str) -> Any:
 
 
 def _filter(client: redis.Redis, prefix: str, kind: str) -> Any:
-    from celery_crawl.dupefilter.filters import BloomDupeFilter, ExpiringDupeFilter, RFPDupeFilter
+    from celery_crawl.dupefilter.filters import KINDS
 
-    classes = {"exact": RFPDupeFilter, "bloom": BloomDupeFilter, "expiring": ExpiringDupeFilter}
-    df = classes[kind](client, SpiderKeys.build("r", prefix=prefix), None)
+    df = KINDS[kind].filter(client, SpiderKeys.build("r", prefix=prefix), None)
     assert df.add_fingerprints([b"\x00" * 20]) == [True]  # the filter exists
     return df
 

@@ -4,7 +4,7 @@ For each kind of ``celery_crawl.dupefilter.filters.KINDS``, on a real server: it
 fragment loads into every script with a dupefilter slot and records its kind; the
 exporter's size script measures it; the keys it writes are the ones
 ``celery_crawl.dupefilter.keys.DEDUP_KEYS`` names, of the types repair checks, and its
-memory covers them all; its class is a settings path and the docs list it. A fourth
+memory covers them all; its class is a settings path and the docs list it. A new
 kind that misses one of these fails here.
 """
 

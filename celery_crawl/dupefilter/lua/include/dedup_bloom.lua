@@ -33,7 +33,8 @@
 -- keys dedup_add meets (with fps empty, the count and parameters every function
 -- reads: a script calls it before it uses the filter at all), and
 -- dedup_use(dedup_key, count_key), which points the functions at another
--- spider's filter of the same kind.
+-- spider's filter of the same kind; dedup_source, dedup_crawl_start and
+-- dedup_crawl_guard do nothing here (include/dedup_exact.lua tells why).
 local DEDUP_KIND = 'bloom' -- claimed in D:kind by the first process that opens the filter
 --!include keytypes
 --!include dedup_keys

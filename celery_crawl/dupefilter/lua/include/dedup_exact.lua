@@ -13,7 +13,10 @@
 -- dedup_guard(spec, fps), which adds to a guard spec (include/keytypes.lua) the
 -- keys dedup_add meets for each of fps, and
 -- dedup_use(dedup_key, count_key), which points the functions at another
--- spider's filter of the same kind.
+-- spider's filter of the same kind; and dedup_source(source),
+-- dedup_crawl_start(source) and dedup_crawl_guard(spec), which count a source's
+-- crawls apart in a kind that does (include/dedup_hits.lua) and do nothing here.
+-- Every fragment defines all of these: the scripts with the slot call them.
 --!include bucketed_sets
 
 local DEDUP_KIND = 'exact' -- claimed in D:kind by the first process that opens the filter

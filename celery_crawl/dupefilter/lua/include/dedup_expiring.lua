@@ -26,7 +26,8 @@
 -- keys dedup_add meets for each of fps (with fps empty, the geometry and the counts
 -- every other function reads: a script calls it before it uses the filter), and
 -- dedup_use(dedup_key, count_key), which points the functions at another
--- spider's filter of the same kind.
+-- spider's filter of the same kind; dedup_source, dedup_crawl_start and
+-- dedup_crawl_guard do nothing here (include/dedup_exact.lua tells why).
 --!include bucketed_sets
 --!include dedup_keys
 

@@ -29,9 +29,9 @@
 -- Defines: DEDUP_KIND, dedup_add(fp), dedup_seen(fp), dedup_remove(fp) (true when a
 -- live crawl held it), dedup_count(), dedup_config(), dedup_each_key(visit),
 -- dedup_guard(spec, fps), dedup_use(dedup_key, count_key), as every fragment does
--- (include/dedup_exact.lua tells what each does); and the two every fragment has for
--- this kind: dedup_source(source), which the other functions then work for (push.lua
--- sets it for each request's job), dedup_crawl_start(source), which job_start.lua
+-- (include/dedup_exact.lua tells what each does); and three that every fragment
+-- defines and this kind alone uses: dedup_source(source), which the other functions
+-- then work for (push.lua sets it for each request's job), dedup_crawl_start(source), which job_start.lua
 -- calls as a job of the source starts, and dedup_crawl_guard(spec), the keys that
 -- dedup_crawl_start writes for the current source (a no-op in the other kinds).
 --
