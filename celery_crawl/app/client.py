@@ -64,11 +64,12 @@ def crawl(
     gives them: attributes of the spider that makes the seed requests, and
     ``celery_crawl.job_args(response)`` in every callback of the job.
 
-    ``limits`` end the job ``closed`` once reached, with Scrapy's meanings:
-    ``pages``, ``items``, ``seconds``, ``errors`` (callback errors); by default
-    the spider's ``CLOSESPIDER_PAGECOUNT``, ``_ITEMCOUNT``, ``_TIMEOUT`` and
-    ``_ERRORCOUNT``. ``depth`` is the job's ``DEPTH_LIMIT``: deeper requests are
-    not followed (by default the spider's ``DEPTH_LIMIT``).
+    ``limits`` are the job's own, by name, each with the meaning of the Scrapy
+    setting that gives the spider's default (``pages`` is ``CLOSESPIDER_PAGECOUNT``,
+    ``depth`` is ``DEPTH_LIMIT``, and so on: :data:`celery_crawl.jobs.limits.LIMITS`
+    is the table, and ``celery-crawl crawl --help`` lists it). A limit reached ends
+    the job ``closed`` with Scrapy's reason, but ``depth``: deeper requests are not
+    followed. 0 lifts the spider's own limit.
 
     ``source`` names what the job crawls again and again (a source of the producer's
     schedule sets its own): a hit-expiring filter (``HitExpiringDupeFilter``) counts

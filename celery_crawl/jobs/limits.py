@@ -23,6 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
+from celery_crawl.core.defaults import SETTINGS, setting
 from celery_crawl.core.errors import BadInput, quote
 from celery_crawl.jobs.signals import JOB_DEPTH_META
 
@@ -30,15 +31,16 @@ from celery_crawl.jobs.signals import JOB_DEPTH_META
 class Limit(NamedTuple):
     setting: str  # the CLOSESPIDER_* (or DEPTH_LIMIT) setting that gives a spider's default
     reason: str  # a closed job's reason when reached, Scrapy's; "" for no reason to close
+    counts: str  # what it counts, for help texts (:func:`describe`)
 
 
 LIMITS = {
-    "pages": Limit("CLOSESPIDER_PAGECOUNT", "closespider_pagecount"),
-    "items": Limit("CLOSESPIDER_ITEMCOUNT", "closespider_itemcount"),
-    "seconds": Limit("CLOSESPIDER_TIMEOUT", "closespider_timeout"),
-    "errors": Limit("CLOSESPIDER_ERRORCOUNT", "closespider_errorcount"),
+    "pages": Limit("CLOSESPIDER_PAGECOUNT", "closespider_pagecount", "pages crawled"),
+    "items": Limit("CLOSESPIDER_ITEMCOUNT", "closespider_itemcount", "items scraped"),
+    "seconds": Limit("CLOSESPIDER_TIMEOUT", "closespider_timeout", "seconds since the start"),
+    "errors": Limit("CLOSESPIDER_ERRORCOUNT", "closespider_errorcount", "callback errors"),
     # not a reason to close: requests deeper than this are not followed (DEPTH_LIMIT)
-    "depth": Limit("DEPTH_LIMIT", ""),
+    "depth": Limit("DEPTH_LIMIT", "", "links followed from a seed"),
 }
 # the limits Redis checks as the job's field of that name grows (errors: callback errors)
 COUNTED = ("pages", "items", "errors")
@@ -60,8 +62,31 @@ def limit_fields(limits: dict[str, float]) -> dict[str, str]:
 
 
 def from_settings(settings: Any) -> dict[str, float]:
-    """A spider's own limits, from its ``CLOSESPIDER_*`` and ``DEPTH_LIMIT`` settings."""
-    return {name: settings.getfloat(limit.setting) for name, limit in LIMITS.items()}
+    """A spider's own limits, from its ``CLOSESPIDER_*`` and ``DEPTH_LIMIT`` settings (or
+    a setting of ours, with its default, for a limit Scrapy has none for)."""
+    return {name: float(_read(settings, limit.setting)) for name, limit in LIMITS.items()}
+
+
+def _read(settings: Any, name: str) -> Any:
+    entry = SETTINGS.get(name)
+    ours = entry is not None and entry.scrapy
+    return setting(settings, name) if ours else settings.getfloat(name)
+
+
+def describe() -> str:
+    """The limits, for help texts: each name, what it counts, the setting of its default,
+    and what reaching it does."""
+    each = ", ".join(f"{name} ({limit.counts}, {limit.setting})" for name, limit in LIMITS.items())
+    closing = _listed([name for name, limit in LIMITS.items() if limit.reason])
+    others = _listed([name for name, limit in LIMITS.items() if not limit.reason])
+    return (
+        f"{each}. Reaching {closing} ends the job closed, with Scrapy's reason;"
+        f" beyond {others}, requests are not followed"
+    )
+
+
+def _listed(names: list[str]) -> str:
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 def time_limited(limits: dict[str, float] | None, finished: bool) -> float:

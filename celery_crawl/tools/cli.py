@@ -35,6 +35,7 @@ from typer.core import TyperGroup
 from typer.main import get_command as click_command_of
 
 from celery_crawl.core.errors import CeleryCrawlError, quote
+from celery_crawl.jobs.limits import describe as describe_limits
 from celery_crawl.tools import sources_cli
 from celery_crawl.tools.app_option import APP_ENVVAR, AppOption, err, load_app, open_app
 
@@ -139,9 +140,7 @@ def crawl(
         list[str] | None,
         typer.Option(
             "--limit",
-            help="a job limit, NAME=NUMBER: pages, items, seconds or errors, as Scrapy's"
-            " CLOSESPIDER_* settings mean them (the job ends closed when one is reached), or"
-            " depth, as DEPTH_LIMIT means it (repeatable)",
+            help=f"a job limit, NAME=NUMBER (repeatable): {describe_limits()}",
         ),
     ] = None,
     argument: Annotated[

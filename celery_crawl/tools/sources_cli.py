@@ -22,6 +22,7 @@ from typing import Annotated, Any
 import typer
 
 from celery_crawl.core.errors import CeleryCrawlError
+from celery_crawl.jobs.limits import describe as describe_limits
 from celery_crawl.producer import sources_file
 from celery_crawl.producer.schedule import Source, SourceState
 from celery_crawl.tools import app_option as base
@@ -84,7 +85,10 @@ def add(
     max_interval: Annotated[float | None, typer.Option(help="adaptive: longest")] = None,
     priority: Annotated[int, typer.Option(help="the jobs' priority")] = 0,
     arg: Annotated[list[str] | None, typer.Option(help="spider argument NAME=VALUE")] = None,
-    limit: Annotated[list[str] | None, typer.Option(help="job limit NAME=N (pages, items)")] = None,
+    limit: Annotated[
+        list[str] | None,
+        typer.Option(help=f"a job limit, NAME=NUMBER (repeatable): {describe_limits()}"),
+    ] = None,
     paused: Annotated[bool, typer.Option(help="paused: no job until resumed")] = False,
     app: base.AppOption = None,
 ) -> None:

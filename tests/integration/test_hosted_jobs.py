@@ -26,6 +26,7 @@ from celery_crawl.core.defaults import SETTINGS
 from celery_crawl.core.errors import ConfigError
 from celery_crawl.hosting.project import project_of
 from celery_crawl.hosting.registry import Registry
+from celery_crawl.jobs.limits import LIMITS
 from tests.support import ROOT
 from tests.support.paths_spider import PathsSite
 from tests.support.ports import free_port
@@ -302,7 +303,7 @@ def test_the_cli_takes_job_limits(live_env: dict[str, str], workers: Callable[..
     assert done.returncode == 1  # not done: closed early
     bad = cli(live_env, "crawl", "paths", '{"probe": "x"}', "--limit", "width=2")
     assert bad.returncode == 2
-    assert "the limits are pages, items, seconds, errors, depth" in bad.stderr
+    assert f"the limits are {', '.join(LIMITS)}" in bad.stderr
 
 
 def test_a_jobs_depth_limit_holds_for_that_job_only(

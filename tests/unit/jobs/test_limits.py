@@ -6,7 +6,7 @@ import pytest
 
 from celery_crawl.hosting.project import Project
 from celery_crawl.jobs.handle import parse_status
-from celery_crawl.jobs.limits import limit_fields
+from celery_crawl.jobs.limits import LIMITS, Limit, describe, from_settings, limit_fields
 
 
 def project(**settings: object) -> Project:
@@ -39,3 +39,28 @@ def test_depth_and_errors_take_depth_limit_and_closespider_errorcount() -> None:
     assert limited.job_limits("paths", None) == {"depth": 3.0, "errors": 2.0}
     assert limited.job_limits("paths", {"depth": 0}) == {"errors": 2.0}  # 0: no limit
     assert limit_fields({"depth": 1, "errors": 4}) == {"limit/depth": "1", "limit/errors": "4"}
+
+
+def test_the_help_text_names_every_limit_with_its_setting() -> None:
+    text = describe()
+    for name, limit in LIMITS.items():
+        assert f"{name} ({limit.counts}, {limit.setting})" in text
+    assert "Reaching pages, items, seconds or errors ends the job closed" in text
+    assert text.endswith("beyond depth, requests are not followed")
+
+
+def test_a_limit_whose_setting_is_ours_takes_its_registered_default(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A limit Scrapy has no setting for reads one of ours, with the registry's default."""
+    from scrapy.settings import Settings
+
+    from celery_crawl.core.defaults import SETTINGS
+    from celery_crawl.jobs import limits
+
+    ours = Limit("SCHEDULER_LEASE_SECONDS", "", "a stand-in")
+    monkeypatch.setattr(limits, "LIMITS", {**LIMITS, "stand_in": ours})
+    found = from_settings(Settings({"CLOSESPIDER_PAGECOUNT": 5}))
+    assert found["stand_in"] == float(SETTINGS["SCHEDULER_LEASE_SECONDS"].default)
+    assert found["pages"] == 5.0
+    assert from_settings(Settings({"SCHEDULER_LEASE_SECONDS": 7}))["stand_in"] == 7.0
