@@ -149,8 +149,8 @@ def start_job(
     (:func:`celery_crawl.app.tasks.write_index`), so the start goes on without it.
     """
     crawler = crawler if crawler is not None else project.crawler(spider)
-    entries = project.seed_entries(crawler, seeds, job_id, priority, args or {})
     queue = project.queue(crawler)
+    entries = project.seed_entries(crawler, seeds, job_id, priority, args or {}, queue=queue)
     fields = {"spider": spider, "seeds": json.dumps(seeds, separators=(",", ":"))}
     fields["keep"] = str(int(project.job_keep(crawler)))
     fields.update(limit_fields(limits or {}))

@@ -18,6 +18,11 @@ MAX_JOB_ID = 63  # bytes; an entry's length byte keeps two bits: fingerprint and
 ENTRY_ARGV = ("priority", "fingerprint", "job_id", "payload", "lane", "site")
 
 
+def lua_entry_args() -> str:
+    """``ENTRY_WIDTH``, the size of :data:`ENTRY_ARGV` (``core/lua/include/entry_args.lua``)."""
+    return f"local ENTRY_WIDTH = {len(ENTRY_ARGV)}  -- {', '.join(ENTRY_ARGV)}"
+
+
 @dataclass(frozen=True)
 class Lease:
     """A request taken from the queue but not yet acknowledged."""

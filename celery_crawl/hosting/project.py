@@ -32,7 +32,6 @@ from celery_crawl.dupefilter.filters import RFPDupeFilter
 from celery_crawl.hosting.spiders import RedisMixin
 from celery_crawl.jobs.limits import from_settings as limits_from_settings
 from celery_crawl.jobs.signals import JOB_ARGS_META, JOB_DEPTH_META, JOB_META, JOB_PRIORITY_META
-from celery_crawl.politeness.sites import SitePolicy
 from celery_crawl.producer.schedule import Schedule
 from celery_crawl.queue.queues import Base
 from celery_crawl.scheduler.components import Components
@@ -228,8 +227,11 @@ class Project:
         job_id: str,
         priority: int,
         args: dict[str, str] | None = None,
+        *,
+        queue: Base | None = None,
     ) -> list[Entry]:
-        """The seed requests of a job, encoded; raises :class:`BadSeed` on bad input.
+        """The seed requests of a job, as entries of ``queue`` (by default the spider's
+        :meth:`queue`); raises :class:`BadSeed` on bad input.
 
         No seeds: the requests of the spider's ``start()`` (its ``start_urls``).
         """
@@ -239,7 +241,7 @@ class Project:
         fingerprinter = build_from_crawler(
             load_object(crawler.settings["REQUEST_FINGERPRINTER_CLASS"]), crawler
         )
-        policy = SitePolicy.from_settings(crawler.settings)
+        queue = queue if queue is not None else self.queue(crawler)
         made = [r for seed in seeds for r in seed_requests(instance, seed)]
         requests = made if seeds else start_requests_of(instance)
         entries = []
@@ -249,20 +251,19 @@ class Project:
             request.meta[JOB_META] = job_id
             request.meta[JOB_PRIORITY_META] = priority
             request.priority += priority
-            entries.append(self._entry(instance, request, fingerprinter, job_id, policy))
+            entries.append(self._entry(instance, request, fingerprinter, job_id, queue))
         return entries
 
     def _entry(
-        self, spider: Spider, request: Request, fingerprinter: Any, job: str, policy: SitePolicy
+        self, spider: Spider, request: Request, fingerprinter: Any, job: str, queue: Base
     ) -> Entry:
         try:
             payload = self.codec.encode(request, spider)
-            site = policy.site_of(request)
+            fingerprint = None if request.dont_filter else bytes(fingerprinter.fingerprint(request))
+            return queue.entry(request, payload, fingerprint, job)
         except (EncodeError, ConfigError) as exc:
             what = f"seed request {cut(str(request))}"
             raise BadSeed(f"{what} cannot be queued: {cut(str(exc))}") from exc
-        fingerprint = None if request.dont_filter else bytes(fingerprinter.fingerprint(request))
-        return Entry(payload, request.priority, fingerprint, job, site)
 
 
 def project_of(app: Any) -> Project:

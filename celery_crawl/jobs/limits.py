@@ -23,7 +23,7 @@ import math
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from celery_crawl.core.defaults import SETTINGS, setting
+from celery_crawl.core.defaults import SETTINGS
 from celery_crawl.core.errors import BadInput, quote
 from celery_crawl.jobs.signals import JOB_DEPTH_META
 
@@ -64,13 +64,12 @@ def limit_fields(limits: dict[str, float]) -> dict[str, str]:
 def from_settings(settings: Any) -> dict[str, float]:
     """A spider's own limits, from its ``CLOSESPIDER_*`` and ``DEPTH_LIMIT`` settings (or
     a setting of ours, with its default, for a limit Scrapy has none for)."""
-    return {name: float(_read(settings, limit.setting)) for name, limit in LIMITS.items()}
+    return {name: _read(settings, limit.setting) for name, limit in LIMITS.items()}
 
 
-def _read(settings: Any, name: str) -> Any:
-    entry = SETTINGS.get(name)
-    ours = entry is not None and entry.scrapy
-    return setting(settings, name) if ours else settings.getfloat(name)
+def _read(settings: Any, name: str) -> float:
+    entry = SETTINGS.get(name)  # ours: its registered default; Scrapy's: 0, none
+    return float(settings.getfloat(name, entry.default if entry is not None else 0.0))
 
 
 def describe() -> str:

@@ -12,10 +12,14 @@ Code outside this package sees two bounds only, never a lease's own time:
 - :attr:`LeaseTimes.longest`: any lease not renewed for that long has lapsed (the
   waits for lost requests, and after an out of memory, cover it).
 
-So a policy that gives each lease its own time (per request, per site) is a
-subclass here, with its setting read in :meth:`LeaseTimes.from_settings`, and the
-two scripts that set deadlines (``lease.lua``, ``renew.lua``) with their ARGV
-layouts (:mod:`celery_crawl.queue.queues`): nothing outside this package changes.
+So a policy that gives each lease its own time is a subclass here, with its setting
+read in :meth:`LeaseTimes.from_settings`, and the two scripts that set deadlines
+(``lease.lua``, ``renew.lua``) with their ARGV layouts (:mod:`celery_crawl.queue.queues`).
+A time by what an entry carries (its site, job or priority) changes nothing outside
+this package. A time by request (a ``Request.meta`` key) is also a field of the
+entry: :meth:`celery_crawl.queue.queues.Base.entry` is where entries are made from
+requests, and the entry's wire format, :mod:`celery_crawl.core.entries`, is the one
+module outside the package that changes (its size in Lua is generated from it).
 """
 
 from __future__ import annotations

@@ -264,6 +264,13 @@ class Base:
         """Run ``layout``'s script with ``args`` built from it."""
         return self._script(layout.script, **includes)(keys=keys, args=args)
 
+    def entry(self, request: Any, payload: bytes, fingerprint: bytes | None, job: str) -> Entry:
+        """``request``, encoded as ``payload``, as this queue takes it: with its priority,
+        and the site it counts against when site limits are on. The one place where an
+        entry is made from a request (the scheduler's children, a job's seeds); raises
+        :class:`~celery_crawl.core.errors.ConfigError` for a site that cannot be one."""
+        return Entry(payload, request.priority, fingerprint, job, self.sites.site_of(request))
+
     def push(self, payload: bytes, priority: int = 0, fingerprint: bytes | None = None) -> bool:
         return self.push_many([Entry(payload, priority, fingerprint)])[0]
 

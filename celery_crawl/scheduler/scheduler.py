@@ -55,7 +55,7 @@ from twisted.python.failure import Failure
 from celery_crawl.codec.serializer import Codec, codec_from_settings
 from celery_crawl.cookies.middleware import check_installed
 from celery_crawl.core import compat, connection
-from celery_crawl.core.entries import Entry, Lease
+from celery_crawl.core.entries import Lease
 from celery_crawl.core.errors import ConfigError, DecodeError, EncodeError
 from celery_crawl.core.heartbeat import Heartbeat
 from celery_crawl.core.keys import SpiderKeys
@@ -382,9 +382,11 @@ class Scheduler(BaseScheduler):
             self.codec.policy.check(request)
         except DecodeError as exc:
             return self.dead_letters.drop(request, exc.kind, exc)
+        job = job_of(request)
         try:
             payload = self.codec.encode(request, self.spider)
-            site = self.queue.sites.site_of(request)
+            fingerprint = None if request.dont_filter else self.df.fingerprint(request)
+            entry = self.queue.entry(request, payload, fingerprint, job)
         except (EncodeError, ConfigError) as exc:
             return self.dead_letters.drop(request, drop_kind(exc, "unserializable"), exc)
         target = target_of(request, self.spider.name)
@@ -393,11 +395,8 @@ class Scheduler(BaseScheduler):
                 self._check_route(target)
             except ConfigError as exc:
                 return self.dead_letters.drop(request, "unroutable", exc)
-        fingerprint = None if request.dont_filter else self.df.fingerprint(request)
-        job = job_of(request)
         if request.meta.get("retry_times"):
             self.job_stats.add(job, "retries")
-        entry = Entry(payload, request.priority, fingerprint, job, site)
         self.buffer.add(Pending(request, entry, target))
         return True
 

@@ -23,7 +23,8 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local job, n, f, SCOPE = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local DEDUP_ARGV = 5 + 6 * n + 2 * f
+--!include entry_args
+local DEDUP_ARGV = 5 + ENTRY_WIDTH * n + 2 * f
 --!slot dupefilter
 --!include jobs
 --!include push
@@ -31,7 +32,7 @@ local DEDUP_ARGV = 5 + 6 * n + 2 * f
 local key = JOB_PREFIX .. job
 if redis.call('EXISTS', key) == 1 then return {0, 0} end
 
-local fields_at = 5 + 6 * n
+local fields_at = 5 + ENTRY_WIDTH * n
 for i = fields_at, fields_at + 2 * f - 1, 2 do
     if ARGV[i] == 'source' then JOB_SOURCES[job] = ARGV[i + 1] end  -- before its hash exists
 end

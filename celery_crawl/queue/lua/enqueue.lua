@@ -70,7 +70,8 @@ local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local a = tonumber(ARGV[10])
 local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 11
-local DEDUP_ARGV = FIRST + 6 * n + 3 * s + 4 * a + m + d
+--!include entry_args
+local DEDUP_ARGV = FIRST + ENTRY_WIDTH * n + 3 * s + 4 * a + m + d
 --!slot dupefilter
 --!include jobs
 --!include push
@@ -91,7 +92,7 @@ for j = 1, (#KEYS - 9) / 4 do
     local at = 6 + 4 * j
     lanes[j] = {KEYS[at], KEYS[at + 1], KEYS[at + 2], KEYS[at + 3]}
 end
-local base = FIRST + 6 * n  -- the job stat changes
+local base = FIRST + ENTRY_WIDTH * n  -- the job stat changes
 local acked = base + 3 * s  -- the acked stat changes
 local members = acked + 4 * a  -- the lease members
 -- every key it writes checked first (include/keytypes.lua): refused whole, or run whole

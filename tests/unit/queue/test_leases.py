@@ -105,3 +105,26 @@ def test_outside_the_queue_package_only_the_two_bounds_are_read() -> None:
     assert lease_time_uses(LIBRARY / "queue" / "queues.py")  # the owner's are found
     scheduler = (LIBRARY / "scheduler" / "scheduler.py").read_text()
     assert "leases.shortest" in scheduler and "leases.longest" in scheduler
+
+
+def entries_made_from_requests(path: Path) -> list[str]:
+    """``Entry(...)`` calls in ``path`` that read a request (a name ``request`` in them)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "Entry":
+            names = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+            if "request" in names:
+                found.append(f"{path.relative_to(LIBRARY)}:{node.lineno}")
+    return found
+
+
+def test_entries_are_made_from_requests_in_one_place(client: redis.Redis) -> None:
+    """So a lease time per request is read in one method, ``Base.entry``."""
+    made = [where for path in LIBRARY.rglob("*.py") for where in entries_made_from_requests(path)]
+    assert len(made) == 1 and made[0].startswith("queue/queues.py:"), made
+    keys = SpiderKeys.build("s", prefix="p")
+    from scrapy import Request
+
+    request = Request("https://Example.com/a", priority=3)
+    entry = PriorityQueue(client, keys).entry(request, b"payload", None, "j")
+    assert (entry.priority, entry.job, entry.site) == (3, "j", "")  # site limits off

@@ -7,7 +7,8 @@
 -- job's source (a hit-expiring filter keeps each source's apart). Requests of no
 -- job always use the spider's filter. Includes keys (the key names).
 -- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
--- fingerprint, job id, payload, lane, site) from args starting at index first, and
+-- fingerprint, job id, payload, lane, site: celery_crawl.core.entries.ENTRY_ARGV, whose
+-- size is ENTRY_WIDTH, include/entry_args.lua) from args starting at index first, and
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
 -- queue of another spider of the group, each {levels, signal, dupefilter,
 -- dupefilter count}. Returns a list of n flags, 1 = enqueued.
@@ -18,6 +19,7 @@
 -- any spider of the group refuses the call whole, and names that key.
 
 --!include keys
+--!include entry_args
 
 local SIGNAL_CAP = 64
 
@@ -30,7 +32,7 @@ end
 local function push_guard(spec, lanes, args, first, n)
     local fps = {}  -- per lane, per source: the fingerprints that meet its filter
     for i = 0, n - 1 do
-        local at = first + 6 * i
+        local at = first + ENTRY_WIDTH * i
         local fp, job, lane = args[at + 1], args[at + 2], tonumber(args[at + 4])
         local keys = lanes[lane]
         spec_add(spec, keys[1], 'zset')
@@ -59,7 +61,7 @@ end
 local function push_requests(lanes, args, first, n)
     local accepted, added, current = {}, {}, 0
     for i = 0, n - 1 do
-        local at = first + 6 * i
+        local at = first + ENTRY_WIDTH * i
         local priority, fp, job, payload = args[at], args[at + 1], args[at + 2], args[at + 3]
         local lane, site = tonumber(args[at + 4]), args[at + 5]
         local keys = lanes[lane]
