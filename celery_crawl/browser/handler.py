@@ -19,7 +19,9 @@ several spiders:
   (out of memory, a crash) is started again by scrapy-playwright, but the pages it was
   rendering could wait forever: in a hosted worker, whose leases are renewed while it
   lives, that request was never finished, and its job never ended. Past the deadline the
-  render fails with Scrapy's ``DownloadTimeoutError``.
+  render fails with Scrapy's ``DownloadTimeoutError``, and its page is closed, which
+  gives its place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` back (a page still being
+  made then is made, then closed: :func:`made_whole`).
 - **A failed render is a failed download.** Playwright's errors (a browser that closed,
   a navigation that failed or timed out) become Scrapy's ``DownloadFailedError``, which
   the retry middleware retries (``RETRY_TIMES``), as it does a connection lost by plain
@@ -52,7 +54,7 @@ from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Coroutine
 
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
@@ -82,6 +84,37 @@ def descendants_rss_mb(root: int) -> float:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return sum(pages.get(pid, 0) for pid in found) * PAGE_SIZE / 2**20
+
+
+async def made_whole(creating: Coroutine[Any, Any, Any], closing: set[asyncio.Task[None]]) -> Any:
+    """The page ``creating`` makes; if the caller is cancelled meanwhile (a render past
+    its deadline), the page is still made, then closed, in a task kept in ``closing``.
+
+    scrapy-playwright takes a place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` before it
+    asks the browser for a page, and gives it back when the page closes, or when the ask
+    raises an ``Exception``. A cancel is not one: cancelled during the ask, the place
+    would be kept for good, and once every place of the context was kept so, each later
+    render would wait for one until its deadline (slow pages under a loaded machine did
+    this)."""
+    task = asyncio.ensure_future(creating)
+    try:
+        return await asyncio.shield(task)
+    except asyncio.CancelledError:
+        closer = asyncio.ensure_future(_close_when_made(task))
+        closing.add(closer)
+        closer.add_done_callback(closing.discard)
+        raise
+
+
+async def _close_when_made(task: asyncio.Future[Any]) -> None:
+    try:
+        page = await task
+    except Exception:  # scrapy-playwright gave its place back itself
+        return
+    try:
+        await page.close()  # which gives its place back
+    except PlaywrightError:  # its browser is gone: so is the page
+        return
 
 
 class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[misc]
@@ -114,6 +147,7 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         # scrapy-playwright makes its provider from this at engine start: the shared one
         self.browser_provider_cls = lambda _config: SharedProvider(self.shared)
         self._pages: dict[int, Any] = {}  # id of a request being rendered -> its page
+        self._closing: set[asyncio.Task[None]] = set()  # pages made past their deadline
 
     async def _download_request(self, request: Request, spider: Spider | None = None) -> Response:
         await self._admit()
@@ -183,8 +217,10 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
             await self.browser_provider.close()
 
     async def _create_page(self, request: Request, spider: Spider) -> Any:
-        """scrapy-playwright's new page for ``request``, remembered for its deadline."""
-        page = await super()._create_page(request=request, spider=spider)
+        """scrapy-playwright's new page for ``request``, remembered for its deadline; made
+        to the end even when the deadline passes meanwhile (:func:`made_whole`)."""
+        creating = super()._create_page(request=request, spider=spider)
+        page = await made_whole(creating, self._closing)
         self._pages[id(request)] = page
         return page
 
