@@ -94,8 +94,7 @@ async def made_whole(creating: Coroutine[Any, Any, Any], closing: set[asyncio.Ta
     asks the browser for a page, and gives it back when the page closes, or when the ask
     raises an ``Exception``. A cancel is not one: cancelled during the ask, the place
     would be kept for good, and once every place of the context was kept so, each later
-    render would wait for one until its deadline (slow pages under a loaded machine did
-    this)."""
+    render would wait for one until its deadline."""
     task = asyncio.ensure_future(creating)
     try:
         return await asyncio.shield(task)

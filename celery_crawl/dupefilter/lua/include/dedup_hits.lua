@@ -31,9 +31,10 @@
 -- dedup_guard(spec, fps), dedup_use(dedup_key, count_key), as every fragment does
 -- (include/dedup_exact.lua tells what each does); and three that every fragment
 -- defines and this kind alone uses: dedup_source(source), which the other functions
--- then work for (push.lua sets it for each request's job), dedup_crawl_start(source), which job_start.lua
--- calls as a job of the source starts, and dedup_crawl_guard(spec), the keys that
--- dedup_crawl_start writes for the current source (a no-op in the other kinds).
+-- then work for (push.lua sets it for each request's job), dedup_crawl_start(source),
+-- which job_start.lua calls as a job of the source starts, and dedup_crawl_guard(spec),
+-- the keys that dedup_crawl_start writes for the current source (no-ops in the other
+-- kinds).
 --
 -- Damage: a field of D:crawls that is not a number counts as 0, so its source's
 -- crawls start again from 1 and meet the sets h:<s>:1.. still there; what they hold
