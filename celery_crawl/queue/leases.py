@@ -19,7 +19,8 @@ A time by what an entry carries (its site, job or priority) changes nothing outs
 this package. A time by request (a ``Request.meta`` key) is also a field of the
 entry: :meth:`celery_crawl.queue.queues.Base.entry` is where entries are made from
 requests, and the entry's wire format, :mod:`celery_crawl.core.entries`, is the one
-module outside the package that changes (its size in Lua is generated from it).
+library module outside the package that changes (its size in Lua is generated from
+it; two tests outside the package pin the entry's layout too).
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ def test_a_job_that_crawl_started_is_found_and_its_seeds_are_not_made_again(
     queue = project.queue("forum")
     queue.client.delete(*queue.client.keys(f"{queue.keys.queue}*"))  # its seeds taken
 
-    def made_again(*args: Any) -> None:
+    def made_again(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("the task made the started job's seeds again")
 
     monkeypatch.setattr(Project, "seed_entries", made_again)
