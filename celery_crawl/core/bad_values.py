@@ -21,7 +21,7 @@ MAX_KEYS = 100  # keys named one by one; beyond, they are counted under OTHER_KE
 OTHER_KEYS = "(other keys)"
 
 
-def key_name(key: str | bytes) -> str:
+def _text(key: str | bytes) -> str:
     """A key as text, whatever its bytes: a site's key holds the site name Redis was given."""
     if isinstance(key, bytes):
         return key.decode("utf-8", "backslashreplace")
@@ -36,7 +36,7 @@ class BadValues:
         self.reasons: dict[str, str] = {}
 
     def note(self, key: str | bytes, reason: str) -> None:
-        name = key_name(key)
+        name = _text(key)
         if name not in self.counts and len(self.counts) >= MAX_KEYS:
             name = OTHER_KEYS
         if name not in self.counts:

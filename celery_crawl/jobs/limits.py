@@ -76,11 +76,12 @@ def describe() -> str:
     """The limits, for help texts: each name, what it counts, the setting of its default,
     and what reaching it does."""
     each = ", ".join(f"{name} ({limit.counts}, {limit.setting})" for name, limit in LIMITS.items())
-    closing = _listed([name for name, limit in LIMITS.items() if limit.reason])
+    closing = {name: limit.reason for name, limit in LIMITS.items() if limit.reason}
     others = _listed([name for name, limit in LIMITS.items() if not limit.reason])
     return (
-        f"{each}. Reaching {closing} ends the job closed, with Scrapy's reason;"
-        f" beyond {others}, requests are not followed"
+        f"{each}. Reaching {_listed(list(closing))} ends the job closed, with that"
+        f" limit's reason ({', '.join(closing.values())}); beyond {others}, requests are"
+        " not followed"
     )
 
 

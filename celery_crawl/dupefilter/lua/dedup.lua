@@ -5,9 +5,9 @@
 -- ARGV[1]  command:
 --          'add': records the fingerprints; returns a flag per fingerprint, 1 = new
 --          'seen': records nothing; returns a flag per fingerprint, 1 = seen before
---          'count': returns the number of fingerprints (an estimate for a bloom filter)
+--          'count': returns the number of fingerprints (an estimate for some kinds)
 --          'config': creates the filter's stored parameters if missing; returns them
---                    as a flat list of name, value (empty for the exact filter)
+--                    as a flat list of name, value (empty for a kind with none)
 --          'clear': deletes every key of the filter, its kind too; returns the number deleted
 --          'claim': records the filter's kind (DEDUP_KIND) at KEYS[1]:kind unless a kind
 --                   is there already; returns the kind that was there, or nil

@@ -3,8 +3,8 @@
 -- Requests of the job already in flight finish normally; their children are
 -- refused because the job no longer runs. Other jobs' requests are untouched.
 -- Under the spider dedup scope, the fingerprints the purged requests carry
--- (entry_fp, include/jobs.lua) leave their spider's filter, so a later job
--- can crawl those URLs; a bloom filter cannot forget one (dedup_remove).
+-- (entry_fp, include/entries.lua) leave their spider's filter, so a later job
+-- can crawl those URLs, unless its kind cannot forget one (its dedup_remove).
 --
 -- KEYS[1]  job key prefix: a job's hash is KEYS[1] .. job id
 -- KEYS[2]  the group's site prefix (include/sites.lua): sites' keys are derived from it

@@ -11,7 +11,7 @@
 -- then n groups: priority, fingerprint, job id, payload, lane 0, site (as in enqueue.lua)
 -- then f pairs: field, value (spider, seeds, priority, source, ...); with the spider
 --          dedup scope, a job with a source starts a crawl of it in the filter
---          (dedup_crawl_start: a hit-expiring filter counts the source's crawls), in
+--          (dedup_crawl_start: a kind that counts a source's crawls counts it), in
 --          the filter of every spider of the group
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  {1, accepted seeds} for a new job, {0, 0} when it already existed; an

@@ -7,8 +7,8 @@
 -- ARGV     none
 -- Returns  {queued requests, fingerprints}: the dedup size as the dupefilter's
 --          fragment include/dedup_size.lua reads it, whatever the filter's kind
---          (the exact count, the bloom filter's estimate, the expiring filter's
---          count over its live time buckets)
+--          (KEYS[3], or the count of a kind that keeps its own: Kind.size in
+--          dupefilter/filters.py)
 
 local DEDUP_KEY, COUNT_KEY, DEDUP_ARGV = KEYS[2], KEYS[3], 1
 --!include levels

@@ -2,10 +2,11 @@
 
 For each kind of ``celery_crawl.dupefilter.filters.KINDS``, on a real server: its
 fragment loads into every script with a dupefilter slot and records its kind; the
-exporter's size script measures it; the keys it writes are the ones
-``celery_crawl.dupefilter.keys.DEDUP_KEYS`` names, of the types repair checks, and its
-memory covers them all; its class is a settings path and the docs list it. A new
-kind that misses one of these fails here.
+exporter's size script measures it; the keys it writes, those a job's source ties to it
+included, are the ones ``celery_crawl.dupefilter.keys.DEDUP_KEYS`` names, of the types
+repair checks; each of them, damaged, is moved aside and the call goes through; its
+memory covers them all; its class is a settings path and the docs list it. A new kind
+that misses one of these fails here.
 """
 
 from __future__ import annotations
@@ -21,16 +22,27 @@ import redis
 import celery_crawl.dupefilter
 from celery_crawl.core import scripts
 from celery_crawl.core.defaults import SETTINGS
+from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
-from celery_crawl.core.repair import dynamic_keys
+from celery_crawl.core.repair import REFUSAL_TYPES, dynamic_keys
 from celery_crawl.dupefilter.filters import DUPEFILTER_CLASSES, KINDS, Kind, RFPDupeFilter
 from celery_crawl.dupefilter.keys import DEDUP_KEYS, dedup_key_types
+from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.tools import exporter
 from tests.unit.test_settings_paths import PATHS
 
 ROOT = Path(__file__).resolve().parents[3]
 # the type Redis reports for each type repair checks (core/lua/repair.lua)
-REDIS_TYPES = {"counter": b"string", "numbers": b"hash", "string": b"string", "set": b"set"}
+REDIS_TYPES = {
+    "counter": b"string",
+    "numbers": b"hash",
+    "string": b"string",
+    "set": b"set",
+    "hash": b"hash",
+    "zset": b"zset",
+    "list": b"list",
+}
+SOURCED = 5  # of a filter's fingerprints, those a job of a source adds (its children)
 
 
 @pytest.fixture(params=list(KINDS.values()), ids=lambda kind: kind.name)
@@ -39,13 +51,36 @@ def kind(request: pytest.FixtureRequest) -> Kind:
     return found
 
 
+def fingerprints(count: int) -> list[bytes]:
+    rng = random.Random(7)
+    return [rng.randbytes(20) for _ in range(count)]
+
+
 def filled(kind: Kind, client: redis.Redis, prefix: str, count: int = 300) -> RFPDupeFilter:
-    """A filter of ``kind`` with ``count`` fingerprints, opened (its kind recorded)."""
+    """A filter of ``kind`` with ``count`` fingerprints, opened (its kind recorded): the
+    last ``SOURCED`` of them a job's children, so that keys tied to a source are written."""
     df = kind.filter(client, SpiderKeys.build("forum", prefix=prefix), None)
     df.open()
-    rng = random.Random(7)
-    assert all(df.add_fingerprints([rng.randbytes(20) for _ in range(count)]))
+    fps = fingerprints(count)
+    assert all(df.add_fingerprints(fps[:-SOURCED]))
+    assert all(crawl(df, "job-1", fps[-SOURCED:]))
     return df
+
+
+def crawl(df: RFPDupeFilter, job: str, children: list[bytes]) -> list[bool]:
+    """A job of source ``board`` (spider scope: its children meet the spider's filter)
+    whose seed has ``children``; every request leased and acked. Which children were new."""
+    queue = PriorityQueue(df.client, df.keys, dedup=df.script, dedup_scope="spider")
+    fields = {"spider": df.keys.spider, "source": "board"}
+    assert queue.start_job(job, [Entry(b"seed", 0, None, job)], fields)[0]
+    flags = queue.push_many([Entry(b"child", 0, fp, job) for fp in children])
+    for _ in range(len(children) + 1):  # bounded: the seed and each child, once
+        leases = queue.lease(100)
+        if not leases:
+            break
+        queue.ack([lease.member for lease in leases])
+    assert len(queue) == queue.in_flight() == 0
+    return flags
 
 
 def written(client: redis.Redis, df: RFPDupeFilter) -> list[str]:
@@ -69,7 +104,7 @@ def test_its_fragment_loads_in_every_script_with_a_dupefilter_slot(
 
 
 def test_it_records_its_name_as_its_kind(kind: Kind, client: redis.Redis, prefix: str) -> None:
-    df = filled(kind, client, prefix, 1)
+    df = filled(kind, client, prefix, SOURCED)
     assert df.kind == kind.name
     assert client.get(df.keys.dupefilter + ":kind") == kind.name.encode()
 
@@ -103,6 +138,51 @@ def test_repair_knows_the_type_of_every_key_it_writes(
         if wanted[0] is not None:
             assert client.type(key) == REDIS_TYPES[wanted[0]], key
             assert dynamic_keys(client, df.keys)[key] == wanted[0]
+
+
+def test_repair_knows_every_type_a_kind_declares() -> None:
+    declared = {wanted for kind in KINDS.values() for wanted in kind.keys.values()}
+    assert declared - {None} <= set(REFUSAL_TYPES.values()) == set(REDIS_TYPES)
+
+
+def damage(client: redis.Redis, key: str, wanted: str) -> None:
+    """``key`` rewritten as a value of another type than ``wanted``."""
+    client.delete(key)
+    if REDIS_TYPES[wanted] == b"string":
+        client.rpush(key, "damaged")
+    else:
+        client.set(key, "damaged")
+
+
+def test_each_key_it_writes_damaged_is_moved_aside_and_the_calls_go_through(
+    kind: Kind, client: redis.Redis, prefix: str
+) -> None:
+    """For one key of each name it declares and ``filled`` writes (not the counts of what a
+    cancelled job removed): a filter's own calls and a job's both repair it."""
+    probe = filled(kind, client, f"{prefix}probe")
+    base = probe.keys.dupefilter + ":"
+    patterns = {
+        name.replace("<n>", r"\d+").replace("<source>", r"[A-Za-z0-9_.-]+"): wanted
+        for name, wanted in kind.keys.items()
+        if wanted is not None
+    }
+    found = {
+        name: key.removeprefix(base)
+        for name in patterns
+        for key in written(client, probe)
+        if re.fullmatch(name, key.removeprefix(base))
+    }
+    assert len(found) >= len(patterns) - 1, f"only {sorted(found)} were written: see filled()"
+    fps = fingerprints(300)
+    for number, (name, suffix) in enumerate(found.items()):
+        df = filled(kind, client, f"{prefix}{number}")
+        key = f"{df.keys.dupefilter}:{suffix}"
+        damage(client, key, patterns[name])
+        again = kind.filter(client, df.keys, None)  # a repairer of its own: not just used
+        again.add_fingerprints(fps[:-SOURCED])
+        crawl(again, "job-2", fps[-SOURCED:])
+        assert client.exists(key + "~damaged"), key
+        assert client.type(key) in (b"none", REDIS_TYPES[patterns[name]]), key
 
 
 def test_its_memory_covers_every_key_it_writes(

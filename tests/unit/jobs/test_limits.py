@@ -46,7 +46,18 @@ def test_the_help_text_names_every_limit_with_its_setting() -> None:
     for name, limit in LIMITS.items():
         assert f"{name} ({limit.counts}, {limit.setting})" in text
     assert "Reaching pages, items, seconds or errors ends the job closed" in text
+    assert "reason (closespider_pagecount, closespider_itemcount, closespider_timeout," in text
     assert text.endswith("beyond depth, requests are not followed")
+
+
+def test_the_producers_limits_setting_names_every_limit() -> None:
+    """The settings registry sits below this package and lists the names itself: a new
+    limit is added to its meaning too, or this fails."""
+    from celery_crawl.core.defaults import SETTINGS
+
+    assert f"as crawl(limits=...) takes them: {', '.join(LIMITS)} (" in (
+        SETTINGS["PRODUCER_LIMITS"].meaning
+    )
 
 
 def test_a_limit_whose_setting_is_ours_takes_its_registered_default(

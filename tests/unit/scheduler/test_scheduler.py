@@ -13,6 +13,7 @@ from scrapy import Request
 
 from celery_crawl.core.entries import Entry
 from celery_crawl.core.errors import ConfigError, RedisUnavailable
+from celery_crawl.dupefilter.filters import KINDS
 from celery_crawl.jobs.handle import Job
 from celery_crawl.jobs.signals import JOB_META
 from celery_crawl.queue.queues import FifoQueue, LifoQueue, PriorityQueue
@@ -88,15 +89,12 @@ def test_acks_finish_leases_after_the_children(make_crawler: Any) -> None:
     assert len(scheduler.queue) == 1
 
 
-@pytest.mark.parametrize("dedup", ["RFPDupeFilter", "BloomDupeFilter", "ExpiringDupeFilter"])
+@pytest.mark.parametrize("dedup", [kind.path for kind in KINDS.values()])
 def test_routed_children_and_the_parents_ack_are_one_atomic_call(
     make_crawler: Any, dedup: str
 ) -> None:
     """Children for another spider of the group go in the parent's enqueue+ack script."""
-    crawler = make_crawler(
-        CELERY_CRAWL_SPIDER_GROUPS={"detail": "forum"},
-        DUPEFILTER_CLASS=f"celery_crawl.dupefilter.filters.{dedup}",
-    )
+    crawler = make_crawler(CELERY_CRAWL_SPIDER_GROUPS={"detail": "forum"}, DUPEFILTER_CLASS=dedup)
     scheduler = open_scheduler(crawler)
     scheduler.enqueue_request(Request("http://127.0.0.1/list"))
     scheduler.flush()
