@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from celery_crawl.tools import embedded
 from tests.support.ports import free_port
 from tests.support.procs import command_line, descendants, stat_fields
 
@@ -360,7 +361,8 @@ def test_a_demo_killed_with_sigkill_mid_crawl_leaves_no_process(tmp_path: Path) 
         assert len(roles) >= 6, (roles, out.read_text()[-3000:])
         demo.kill()  # a job runs: its crawl is under way
         demo.wait()
-    deadline = time.monotonic() + 60  # Redis waits 30 s at most for the others to leave
+    # Redis waits DRAIN_SECONDS at most for the others to leave
+    deadline = time.monotonic() + embedded.DRAIN_SECONDS + 30
     while [pid for pid in processes if alive(pid)] and time.monotonic() < deadline:
         time.sleep(0.2)
     left = [pid for pid in processes if alive(pid)]
