@@ -238,7 +238,12 @@ def install_cooperative_revoke(app: Any) -> None:
 
 
 def cooperative_revoke(state: Any, task_id: Any, terminate: bool = False, **kwargs: Any) -> Any:
-    """``revoke`` for job tasks: cancel the job in Redis; never kill a process."""
+    """``revoke`` for job tasks: cancel the job in Redis; never kill a process.
+
+    A job task is not revoked in Celery's sense: one that no worker has taken yet still
+    runs when taken, and returns its cancelled job as a running one does (Celery's own
+    revoke would drop it on receipt, and its result would be ``TaskRevokedError``).
+    Other tasks get Celery's own revoke."""
     from celery.utils.functional import maybe_list
 
     builtin = _builtin_revoke[0]
@@ -250,7 +255,8 @@ def cooperative_revoke(state: Any, task_id: Any, terminate: bool = False, **kwar
         purged = job.cancel()
         logger.info("job %s cancelled by revoke; %d queued requests purged", job.id, purged)
     others = [i for i in ids if i not in {job.id for job in jobs}]
-    builtin(state, ids, terminate=terminate and not jobs and bool(others), **kwargs)
+    if others:
+        builtin(state, others, terminate=terminate, **kwargs)
     return {"ok": f"jobs cancelled: {[j.id for j in jobs]}; tasks revoked: {others}"}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 from collections.abc import Callable
 
 import pytest
@@ -54,6 +55,27 @@ def test_producer_runs_their_jobs_and_a_short_task_run_while_a_long_job_runs(
     assert worker.proc.poll() is None
 
 
+def test_a_job_task_revoked_before_any_worker_took_it_returns_its_cancelled_job(
+    app: Celery, start_worker: Callable[..., Worker]
+) -> None:
+    """The revoke cancels the job in Redis at once; its task, taken later, is not dropped
+    on receipt (Celery's own revoke: ``TaskRevokedError``) but returns the job, cancelled."""
+    worker = start_worker("revoked-queued", pool="solo", concurrency=1, queues="elsewhere")
+    job = crawl("paths", [{"chain": "revoked-queued", "length": 3}], app=app)
+    tracked = AsyncResult(job.id, app=app)
+    replies = app.control.revoke(job.id, reply=True, timeout=10)
+    assert f"jobs cancelled: [{job.id!r}]; tasks revoked: []" in str(replies), replies
+    assert job.status().state == "cancelled"
+    assert tracked.state == "PENDING"  # still in the broker: no worker consumes its queue
+    destination = [f"{worker.name}@{socket.gethostname()}"]
+    added = app.control.add_consumer(
+        app.conf.task_default_queue, destination=destination, reply=True, timeout=10
+    )
+    assert added, "the worker did not answer add_consumer"
+    ended = tracked.get(timeout=60)
+    assert (ended["state"], ended["pages"]) == ("cancelled", 0)
+
+
 @pytest.mark.parametrize("pool", ["prefork", "solo"])
 def test_a_warm_shutdown_hands_a_running_job_task_to_the_next_worker(
     app: Celery, start_worker: Callable[..., Worker], pool: str
@@ -67,8 +89,7 @@ def test_a_warm_shutdown_hands_a_running_job_task_to_the_next_worker(
     assert stopping.proc.wait(timeout=60) == 0
     assert long.status().state == "running"  # handed back, not ended
     start_worker(f"next-{pool}", pool=pool, concurrency=1)
-    # revoked before the next worker has taken it, the task would be dropped on receipt
-    # (Celery's own revoke: TaskRevokedError), not run to return the cancelled job
+    # the next worker has taken the task: the result below is the one it returns
     wait_for(
         lambda: tracked.state == "PROGRESS" and f"next-{pool}@" in str(tracked.worker),
         60,
