@@ -68,7 +68,8 @@ class Entry:
     site: str = ""  # held to that site's limits; "" none (celery_crawl.politeness.sites)
 
     def args(self, uses_priority: bool, lane: int = 0) -> list[Any]:
-        """The six script arguments of this entry (see ``queue/lua/include/push.lua``).
+        """The script arguments of this entry, as :data:`ENTRY_ARGV` names them (see
+        ``queue/lua/include/push.lua``).
 
         ``lane`` 0 is the script's own queue; ``lane`` j > 0 the j-th routed queue.
         """

@@ -239,7 +239,7 @@ class RFPDupeFilter:
 
     @property
     def kind(self) -> str:
-        """``exact``, ``bloom``, ``expiring`` or ``hits``: the kind the filter records in Redis."""
+        """The kind the filter records in Redis: its name in :data:`KINDS`."""
         return self.lua.removeprefix("dedup_")
 
     def open(self) -> None:

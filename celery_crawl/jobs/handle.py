@@ -83,7 +83,7 @@ class JobStatus:
     finished_at: float | None
     read_at: float  # the server's clock when the job was read: a running job's duration ends here
     reason: str = ""  # why a closed job was closed
-    limits: dict[str, float] | None = None  # pages, items, seconds
+    limits: dict[str, float] | None = None  # by name, as jobs.limits.LIMITS
     args: dict[str, str] | None = None  # spider arguments
     # stats that came after the job ended (a worker cut off, back late): kept apart
     late: dict[str, int] | None = None
@@ -344,7 +344,7 @@ class Job:
         """Stop the job and purge its queued requests; other jobs are untouched.
 
         Under the spider dedup scope, the purged requests' fingerprints leave
-        the spiders' filters (exact and expiring; a bloom filter keeps them),
+        the spiders' filters (unless their kind cannot forget one: bloom's keeps them),
         so that later jobs can crawl those URLs: the job's ``unfiltered`` field
         counts them. Returns how many requests were purged. A damaged key of any
         spider it spans is refused before anything is purged, repaired with its

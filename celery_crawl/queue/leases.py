@@ -15,12 +15,14 @@ Code outside this package sees two bounds only, never a lease's own time:
 So a policy that gives each lease its own time is a subclass here, with its setting
 read in :meth:`LeaseTimes.from_settings`, and the two scripts that set deadlines
 (``lease.lua``, ``renew.lua``) with their ARGV layouts (:mod:`celery_crawl.queue.queues`).
-A time by what an entry carries (its site, job or priority) changes nothing outside
-this package. A time by request (a ``Request.meta`` key) is also a field of the
-entry: :meth:`celery_crawl.queue.queues.Base.entry` is where entries are made from
-requests, and the entry's wire format, :mod:`celery_crawl.core.entries`, is the one
-library module outside the package that changes (its size in Lua is generated from
-it; two tests outside the package pin the entry's layout too).
+A time by what an entry carries (its priority, its job id, or its site, which it
+carries when site limits are on) changes no code outside this package. A time by
+request (a ``Request.meta`` key) is also a field of the entry:
+:meth:`celery_crawl.queue.queues.Base.entry` is where entries are made from requests,
+and the entry's wire format, :mod:`celery_crawl.core.entries`, is the one Python module
+of the library outside the package that changes (its size in Lua is generated from
+it; ``jobs/lua/job_start.lua``'s header names its fields). ``docs/architecture.md``
+walks the change, file by file.
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@
 --          it reads or writes is damaged (include/keytypes.lua): every queue key of
 --          every spider it spans, their filters' keys the purged fingerprints meet, the
 --          job's bookkeeping. Its counters heal (include/counters.lua).
--- Slot     dupefilter: the configured filter's fragment (every spider of a group
---          has the same kind)
+-- Slot     dupefilter: the configured filter's fragment, that of its kind in
+--          celery_crawl.dupefilter.filters.KINDS (every spider of a group has the same kind)
 --
 -- Cost: one pass over the queued requests (LRANGE of every level), parked ones included;
 -- one TYPE a key it may write. The lists are read (and the job's fingerprints found)

@@ -323,9 +323,8 @@ def test_no_lua_file_holds_a_copy_of_a_python_table() -> None:
     queue_keys = (keys.PARKED, keys.SIGNAL, keys.SITE_LEASES, keys.SITE_WAITING)
     copies += [f"'{suffix}" for suffix in (*queue_keys, keys.SITE_KNOWN, keys.SITE_LIMITS)]
     copies += [f"'{keys.STATS_RATE}'"]
-    dedup = (dedup_keys.DEDUP_KIND_KEY, keys.DEDUP_COUNT, dedup_keys.DEDUP_REMOVED)
-    dedup += (dedup_keys.DEDUP_BLOOM, dedup_keys.DEDUP_EXPIRING, dedup_keys.DEDUP_TIME)
-    copies += [f"':{part}" for part in dedup]
+    dedup = [value for name, value in vars(dedup_keys).items() if name.startswith("DEDUP_")]
+    copies += [f"':{part}" for part in (keys.DEDUP_COUNT, *dedup) if isinstance(part, str)]
     files = [*scripts.files("").values(), *scripts.files("include").values()]
     for file in files:
         text = re.sub(r"--.*", "", file.read_text())  # the code: comments may name them

@@ -1,5 +1,5 @@
 -- Scalable bloom filter on plain bitmaps, no Redis module needed. Fills the
--- dupefilter slot of enqueue.lua, job_start.lua and dedup.lua; never run alone.
+-- dupefilter slot of every script with one; never run alone.
 --
 -- Layout, all under the dupefilter key D (one hash tag, so one cluster slot):
 -- - D:bloom       hash: the parameters the filter was created with (capacity,

@@ -1,5 +1,5 @@
--- Exact dedup on bucketed sets. Fills the dupefilter slot of enqueue.lua,
--- job_start.lua and dedup.lua; never run alone.
+-- Exact dedup on bucketed sets. Fills the dupefilter slot of every script with
+-- one; never run alone.
 --
 -- The fingerprints are one bucketed set (include/bucketed_sets.lua has the
 -- layout) under the dupefilter key, with their exact count at COUNT_KEY.

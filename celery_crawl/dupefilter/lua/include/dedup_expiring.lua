@@ -1,5 +1,5 @@
 -- Expiring exact dedup, for incremental crawls. Fills the dupefilter slot of
--- enqueue.lua, job_start.lua and dedup.lua, and include/dedup_size.lua includes
+-- every script with one, and include/dedup_size.lua includes
 -- it for the exporter's count; never run alone.
 --
 -- A fingerprint is remembered for at least the window after it was added, and

@@ -1,6 +1,6 @@
 -- Hit-expiring exact dedup, for recrawls of sources whose pages scroll away (a
--- forum's rolling listing). Fills the dupefilter slot of enqueue.lua,
--- job_start.lua, job_cancel.lua, scheduler_leave.lua and dedup.lua; never run alone.
+-- forum's rolling listing). Fills the dupefilter slot of every
+-- script with one; never run alone.
 --
 -- A fingerprint is forgotten once N crawls of its source in a row did not meet it:
 -- a page that a crawl links again (a hit) is kept, one no longer linked is dropped

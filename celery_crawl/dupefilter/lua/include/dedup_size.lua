@@ -5,8 +5,7 @@
 -- fingerprints it took as new) unless its size is its own ("own" in
 -- celery_crawl.dupefilter.filters.KINDS): then its fragment is included here, and
 -- a filter whose stored parameters exist is measured by its dedup_count(), over
--- those parameters (no ARGV needed). Expiring is the one such kind: its count is
--- the sum of its live time buckets'.
+-- those parameters (no ARGV needed).
 --
 -- Uses: DEDUP_KEY, COUNT_KEY and DEDUP_ARGV of the including script (DEDUP_ARGV past
 -- the end of ARGV: the stored parameters are read, never created).

@@ -30,8 +30,8 @@
 -- holds the ids of the queued and running jobs.
 --
 -- A job ends closed (field reason) when it reaches one of its limits (fields
--- limit/pages, limit/items, limit/errors: checked by job_check_limits as its stats
--- grow), or
+-- limit/<name> of the limits Redis checks, celery_crawl.jobs.limits.COUNTED: checked
+-- by job_check_limits as its stats grow), or
 -- when a callback raised CloseSpider (jobs/lua/job_end.lua): at once, with its
 -- queued requests left behind to be discarded when a lease reaches them.
 --
@@ -238,7 +238,7 @@ function job_end(job, reason)
 end
 
 -- After the job's stat field grew: close the job if it reached that field's limit
--- (LIMITED, from celery_crawl.jobs.limits: pages, items, errors, with Scrapy's reasons).
+-- (LIMITED, generated from celery_crawl.jobs.limits.COUNTED, with each limit's reason).
 local function job_check_limits(job, field)
     if not LIMITED[field] or not job_exists(job) then return end
     local values = redis.call('HMGET', JOB_PREFIX .. job, 'limit/' .. field, field)
