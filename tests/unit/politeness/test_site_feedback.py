@@ -139,7 +139,9 @@ def test_a_site_that_answers_only_errors_is_slowed_again_up_to_the_longest(
     slowed: list[int] = []
     for _ in range(4):  # bounded: each window of errors slows it further, up to 100 ms
         slowed += [ms for ms in site.answer("x" * 21) if ms]
-        if slowed and slowed[-1] == 100:
+        # slowed again, to the longest: a loaded machine's slow first window may reach it
+        # at once (the interval follows the time the window took), so two at least
+        if len(slowed) >= 2 and slowed[-1] == 100:
             break
     assert len(slowed) >= 2 and slowed == sorted(slowed) and slowed[-1] == 100
     assert "until" not in site.fields()
