@@ -11,6 +11,7 @@ from celery_crawl.core.errors import ConfigError
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.filters import HitExpiringDupeFilter, HitsParams
 from celery_crawl.queue.queues import Base, PriorityQueue
+from tests.support.source_crawls import crawl_source
 
 LISTING = b"listing"  # each crawl's seed: not filtered, as Scrapy's start requests
 
@@ -33,14 +34,7 @@ class Forum:
     def crawl(self, source: str, posts: list[int]) -> list[bool]:
         """One crawl of ``source`` that links ``posts``: which of them are new (fetched)."""
         self.jobs += 1
-        job = f"{source}-{self.jobs}"
-        fields = {"spider": "forum", "source": source}
-        created, _ = self.queue.start_job(job, [Entry(LISTING, 0, None, job)], fields)
-        assert created
-        flags = self.queue.push_many([Entry(b"p", 0, post(n), job) for n in posts])
-        while leases := self.queue.lease(100):  # every request fetched: the job ends
-            self.queue.ack([lease.member for lease in leases])
-        return flags
+        return crawl_source(self.queue, f"{source}-{self.jobs}", source, [post(n) for n in posts])
 
 
 def test_a_post_lives_while_linked_and_is_forgotten_n_crawls_after_the_last_link(

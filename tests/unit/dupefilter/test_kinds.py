@@ -22,13 +22,13 @@ import redis
 import celery_crawl.dupefilter
 from celery_crawl.core import scripts
 from celery_crawl.core.defaults import SETTINGS
-from celery_crawl.core.entries import Entry
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.core.repair import REFUSAL_TYPES, dynamic_keys
 from celery_crawl.dupefilter.filters import DUPEFILTER_CLASSES, KINDS, Kind, RFPDupeFilter
 from celery_crawl.dupefilter.keys import DEDUP_KEYS, DEDUP_REMOVED, dedup_key_types
 from celery_crawl.queue.queues import PriorityQueue
 from celery_crawl.tools import exporter
+from tests.support.source_crawls import crawl_source
 from tests.unit.test_settings_paths import PATHS
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -69,18 +69,9 @@ def filled(kind: Kind, client: redis.Redis, prefix: str, count: int = 300) -> RF
 
 def crawl(df: RFPDupeFilter, job: str, children: list[bytes]) -> list[bool]:
     """A job of source ``board`` (spider scope: its children meet the spider's filter)
-    whose seed has ``children``; every request leased and acked. Which children were new."""
+    whose seed has ``children``. Which children were new."""
     queue = PriorityQueue(df.client, df.keys, dedup=df.script, dedup_scope="spider")
-    fields = {"spider": df.keys.spider, "source": "board"}
-    assert queue.start_job(job, [Entry(b"seed", 0, None, job)], fields)[0]
-    flags = queue.push_many([Entry(b"child", 0, fp, job) for fp in children])
-    for _ in range(len(children) + 1):  # bounded: the seed and each child, once
-        leases = queue.lease(100)
-        if not leases:
-            break
-        queue.ack([lease.member for lease in leases])
-    assert len(queue) == queue.in_flight() == 0
-    return flags
+    return crawl_source(queue, job, "board", children)
 
 
 def written(client: redis.Redis, df: RFPDupeFilter) -> list[str]:
