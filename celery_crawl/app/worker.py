@@ -49,6 +49,8 @@ OPEN_RETRY_MOST = 10.0
 # seconds a prefork child may take beyond its wait for Redis: one opening (60 s at
 # most) and the closing of a half-opened one (10 s at most), with room to spare
 OPEN_ALLOWANCE = 90.0
+# seconds a worker's shutdown gives its crawlers to stop and hand back their leases
+HOSTING_STOP_SECONDS = 60.0
 
 
 class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -183,7 +185,7 @@ class CrawlerHosting(bootsteps.StartStopStep):  # type: ignore[misc]
         self.host = CrawlerHost(self.project.settings, spiders, self.hostname)
         self.host.start()
 
-    def stop_hosting(self, timeout: float = 60.0) -> None:
+    def stop_hosting(self, timeout: float = HOSTING_STOP_SECONDS) -> None:
         if self.host is not None:
             self.host.stop(timeout)
             self.host = None

@@ -44,13 +44,13 @@ LIMITS = {
 }
 # the limits Redis checks as the job's field of that name grows (errors: callback errors)
 COUNTED = ("pages", "items", "errors")
-FRACTIONAL_LIMITS = ("seconds",)  # the others count pages, items, errors or levels
+FRACTIONAL_LIMITS = ("seconds",)  # the others count whole things (check_limits)
 MAX_LIMIT = 2**53  # Lua counts in doubles: exact up to here
 FIELD_PREFIX = "limit/"  # a job hash's field of a limit: limit/<name>
 
 
 def limit_fields(limits: dict[str, float]) -> dict[str, str]:
-    """The job hash fields of ``limits`` (pages, items, seconds); 0 or None means no limit."""
+    """The job hash fields of ``limits`` (names of :data:`LIMITS`); 0 or None means no limit."""
     unknown = set(limits) - set(LIMITS)
     if unknown:
         raise ValueError(f"unknown job limits {sorted(unknown)}: use {', '.join(LIMITS)}")

@@ -30,7 +30,7 @@ STOP_SECONDS = 5.0
 # a server whose starter is gone waits this long, at most, for its other clients to leave:
 # longer than a worker's warm shutdown may take (its job tasks get 30 s to hand their
 # messages back, app/trackers.py STOP_WAIT_SECONDS; then its crawlers 60 s to stop and
-# hand back their leases, CrawlerHosting.stop_hosting), so that no worker stops against
+# hand back their leases, app/worker.py HOSTING_STOP_SECONDS), so that no worker stops against
 # a server already gone
 DRAIN_SECONDS = 120.0
 DRAIN_POLL = 0.2

@@ -6,9 +6,9 @@
 -- job's own set (job_seen_add), 'spider' against the spider's filter, for the
 -- job's source (a hit-expiring filter keeps each source's apart). Requests of no
 -- job always use the spider's filter. Includes keys (the key names).
--- Defines: push_requests(lanes, args, first, n): reads n groups of (priority,
--- fingerprint, job id, payload, lane, site: celery_crawl.core.entries.ENTRY_ARGV, whose
--- size is ENTRY_WIDTH, include/entry_args.lua) from args starting at index first, and
+-- Defines: push_requests(lanes, args, first, n): reads n groups, each the fields of
+-- celery_crawl.core.entries.ENTRY_ARGV in its order (ENTRY_WIDTH of them,
+-- include/entry_args.lua), from args starting at index first, and
 -- pushes each into its lane: lanes[0] is the script's own queue, lanes[j] the
 -- queue of another spider of the group, each {levels, signal, dupefilter,
 -- dupefilter count}. Returns a list of n flags, 1 = enqueued.
