@@ -22,7 +22,7 @@ its size is read; every other place that knows the kinds derives from it (its ke
 are named in :data:`celery_crawl.dupefilter.keys.DEDUP_KEYS`, for the repair of damaged
 keys).
 
-A filter's parameters (:class:`BloomParams`, :class:`ExpiringParams`) travel
+A filter's parameters (its kind's params class, such as :class:`BloomParams`) travel
 as the tail of every script's ARGV and are stored in Redis when the filter is
 created; the stored ones win, and ``open`` warns when the settings differ.
 """

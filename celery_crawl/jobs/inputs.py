@@ -5,11 +5,12 @@ task (whose arguments come from a Celery message) all check a job's input
 with :func:`check_job`; a refusal raises :class:`~celery_crawl.core.errors.BadInput`
 (a ``ValueError``) and writes nothing to Redis, nor sends a task.
 
-- **Job ids**: 1 to 63 characters (a queue entry's limit) of ``A-Z a-z 0-9 _ . -``, the first a
-  letter or digit. Ids never start with ``~`` nor hold ``:``, so no id names
-  one of the job prefix's own keys (``~states``, ``~active``, ``~ended:…``) or
-  another job's (``<id>:participants``, ``<id>:done``): ids have their own
-  namespace. uuid4 strings, with or without dashes, are ids.
+- **Job ids**: 1 to :data:`~celery_crawl.core.entries.MAX_JOB_ID` (63) characters (a queue
+  entry's limit) of ``A-Z a-z 0-9 _ . -``, the first a letter or digit. Ids never
+  start with ``~`` nor hold ``:``, so no id names one of the job prefix's own keys
+  (``~states``, ``~active``, ``~ended:…``) or another job's (``<id>:participants``,
+  ``<id>:done``): ids have their own namespace. uuid4 strings, with or without
+  dashes, are ids.
 - **Seeds**: a list (or tuple) of at most :data:`MAX_SEEDS` JSON values, each
   at most :data:`MAX_SEED_BYTES` as JSON, all together :data:`MAX_SEEDS_BYTES`:
   a string is not a list of seeds.

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
+
 import redis
 
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.dupefilter.keys import DEDUP_KEYS, lua_dedup_keys
+from tests.support import ROOT
 
 STORED = ("exact", "bloom", "expiring", "hits")  # the kinds that filters in Redis may hold
 
@@ -57,3 +60,13 @@ def test_the_generated_dedup_keys_keep_the_names_stored_filters_use(
             "h:<source>:<n>": "set",
         },
     }
+
+
+def test_the_generated_fragments_header_names_every_function_it_defines() -> None:
+    """``dedup_keys.lua``'s header is written by hand: a new key's function is named there."""
+    fragment = ROOT / "celery_crawl" / "dupefilter" / "lua" / "include" / "dedup_keys.lua"
+    header = fragment.read_text().split("\n\n", 1)[0]
+    listed = " ".join(line.removeprefix("--").strip() for line in header.splitlines())
+    defined = re.findall(r"local function (\w+\([^)]*\))", lua_dedup_keys())
+    named = re.findall(r"\w+\([^)]*\)", listed.split("Defines: ", 1)[1])
+    assert named == defined
