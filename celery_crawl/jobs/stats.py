@@ -32,11 +32,6 @@ class JobStats:
             into = self._deltas if request is None else self._held.get(request, self._deltas)
             into[(job, field)] = into.get((job, field), 0) + delta
 
-    def add_all(self, deltas: Deltas) -> None:
-        """Count ``deltas`` (released, or never held) at the next flush."""
-        for (job, field), delta in deltas.items():
-            self.add(job, field, delta)
-
     def hold(self, request: Any) -> None:
         """Keep ``request``'s changes until :meth:`release`: its lease is not acked yet."""
         self._held[request] = {}

@@ -73,6 +73,7 @@ ENQUEUE = Argv(
         "milliseconds_record_kept",
         "participant_id",
         "acked_stat_changes",
+        "jobs_to_end",
     ),
     (
         ENTRY_ARGV,
@@ -80,6 +81,7 @@ ENQUEUE = Argv(
         ("lease_number", "job_id", "field", "delta"),
         ("lease_members",),
         ("dead_letter_records",),
+        ("job_id", "reason"),
         DUPEFILTER_PARAMETERS,
     ),
 )
@@ -147,10 +149,12 @@ class Base:
         dead_letters: Sequence[str] = (),
         *,
         ack_stats: Sequence[Mapping[tuple[str, str], int]] = (),
+        ends: Sequence[tuple[str, str]] = (),
         call: tuple[str, int] | None = None,
         participant: str = "",
     ) -> list[bool]:
-        """Enqueue ``entries``, add ``job_stats``, keep ``dead_letters``, then ack ``acks``.
+        """Enqueue ``entries``, add ``job_stats``, keep ``dead_letters``, end ``ends``'
+        jobs, then ack ``acks``.
 
         One atomic round trip. ``routed`` holds requests for the queues of
         other spiders of the same group (same hash tag, same dupefilter
@@ -176,12 +180,16 @@ class Base:
         they count only if that lease is still held, or its job has ended. One that
         lapsed while its job runs was requeued and is acked by the fetch that holds it
         now, so these go to ``late/*``: the page counts once.
+
+        ``ends`` are ``(job, reason)``: jobs a callback asked to end (``CloseSpider``).
+        Each running one ends ``closed`` after this call's stats count in it and before
+        its acks, so that the ack of the page that asked does not end it ``done``.
         """
         batches = [entries, *(batch for _, batch in routed)]
         count = sum(len(batch) for batch in batches)
         if len(ack_stats) > len(acks):
             raise ValueError(f"the stats of {len(ack_stats)} acks, for {len(acks)} acks")
-        if not (count or acks or job_stats or dead_letters):
+        if not (count or acks or job_stats or dead_letters or ends):
             return []
         acked = [
             (i, job, field, delta)
@@ -201,6 +209,7 @@ class Base:
             milliseconds_record_kept=WRITTEN_KEPT_MS,
             participant_id=participant,
             acked_stat_changes=len(acked),
+            jobs_to_end=len(ends),
         )
         for lane, batch in enumerate(batches):
             for entry in batch:
@@ -209,7 +218,10 @@ class Base:
             args += stat  # (job id, field, delta): JobStats.drain's tuples
         for change in acked:
             args += change  # (lease number, job id, field, delta)
-        args += [*acks, *dead_letters, *self.dedup.params]
+        args += [*acks, *dead_letters]
+        for end in ends:
+            args += end  # (job id, reason)
+        args += self.dedup.params
         keys = [*self._push_keys(), self.keys.deadletter, self.keys.written(writer)]
         keys += [self.keys.site_prefix]
         keys += [key for queue, _ in routed for key in queue._lane_keys()]

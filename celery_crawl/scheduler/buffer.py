@@ -1,8 +1,9 @@
 """The scheduler's write-behind buffer: requests, acks, job stats and dead letters, together.
 
 The requests one callback yields, the acks of the responses whose processing
-finished, and the job stat changes and dead-letter records (requests that
-could not be queued) of the same moment reach Redis in one script call
+finished, the job stat changes and dead-letter records (requests that
+could not be queued), and the jobs a callback asked to end, of the same moment,
+reach Redis in one script call
 (:meth:`celery_crawl.queue.Base.push_many`), ``delay`` seconds after the
 first of them was buffered, or at once when ``batch_size`` requests wait.
 The children always go in before, or with, their parent's ack, so a crash
@@ -72,6 +73,7 @@ class Call(NamedTuple):
     ack_stats: list[Deltas]  # each ack's page's stats: counted only if its lease is held
     job_stats: list[tuple[str, str, int]]
     dead_letters: list[str]
+    ends: list[tuple[str, str]]  # (job, reason): ended after the stats, before the acks
 
 
 class WriteBehind:
@@ -102,6 +104,7 @@ class WriteBehind:
         self.pending: list[Pending] = []
         self.acks: list[bytes] = []
         self.dead_letters: list[str] = []
+        self.ends: list[tuple[str, str]] = []
         self.job_stats = JobStats()
         self.ack_stats: list[Deltas] = []  # the stats of each of ``acks``' pages
         self.writer = uuid.uuid4().hex  # numbers this buffer's calls (``Base.push_many``)
@@ -134,6 +137,12 @@ class WriteBehind:
         self.dead_letters.append(record)
         self.schedule(self.delay)
 
+    def end_job(self, job: str, reason: str) -> None:
+        """End ``job`` (``closed``, ``reason``) at the next flush: after the stats of that
+        call count in it, before its acks, so that an ack sent with it cannot end it done."""
+        self.ends.append((job, reason))
+        self.schedule(self.delay)
+
     def schedule(self, delay: float) -> None:
         if self.call_later is None or (self._timer is not None and self._timer.active()):
             return
@@ -154,13 +163,13 @@ class WriteBehind:
         ack_stats = self.ack_stats if acks else []
         self.ack_stats = []
         job_stats = self.job_stats.drain()
-        if not (self.pending or acks or job_stats or self.dead_letters):
+        if not (self.pending or acks or job_stats or self.dead_letters or self.ends):
             self.acks = []
             return None
         pending = sorted(self.pending, key=lambda p: p.target or "")  # own first, then by target
         self._calls += 1
-        call = Call(self._calls, pending, acks, ack_stats, job_stats, self.dead_letters)
-        self.pending, self.acks, self.dead_letters = [], [], []
+        call = Call(self._calls, pending, acks, ack_stats, job_stats, self.dead_letters, self.ends)
+        self.pending, self.acks, self.dead_letters, self.ends = [], [], [], []
         return call
 
     def _settled(self) -> list[bytes]:
@@ -190,6 +199,7 @@ class WriteBehind:
                 routed,
                 call.dead_letters,
                 ack_stats=call.ack_stats,
+                ends=call.ends,
                 call=(self.writer, call.number),
                 participant=self.participant,
             )

@@ -279,17 +279,6 @@ class Scheduler(BaseScheduler):
         """
         self._ending[job_of(response)] = reason
 
-    def _end_job(self, job: str, reason: str) -> None:
-        try:
-            self.flush()  # the job's counts first
-            ended = self.queue.job_store.end(job, reason)
-        except connection.TRANSIENT_ERRORS as exc:  # tried again at the job's next ack
-            logger.warning("Redis unreachable, job %s not ended yet: %s", job, exc)
-            self._ending[job] = reason
-            return
-        if ended:
-            logger.info("job %s ended by its spider: %s", job, reason)
-
     def clear(self) -> None:
         """Forget the queue and the dedup filter (``SCHEDULER_FLUSH_ON_START``)."""
         retried(self.repairer, self.queue.clear)  # a damaged key: repaired, cleared once more
@@ -408,15 +397,16 @@ class Scheduler(BaseScheduler):
     def ack(self, request: Request) -> None:
         """The engine is done with ``request``: finish its lease at the next flush."""
         stats = self.job_stats.release(request)  # its page's stats: written with its ack
-        if self._ending and job_of(request) in self._ending:
-            job = job_of(request)
-            self.job_stats.add_all(stats)  # in the job's counts before its end
-            stats = {}
-            self._end_job(job, self._ending.pop(job))  # before this ack could end it done
+        job = job_of(request)
         member = self.prefetch.finish(request)
         if member is not None:
             self.buffer.ack(member, stats)
-            self.jobs.request_done(job_of(request))
+            self.jobs.request_done(job)
+        reason = self._ending.pop(job, None) if self._ending else None
+        if reason is not None:  # in this ack's call: after its stats count, before it acks
+            self.buffer.end_job(job, reason)
+            logger.info("job %s ends, as its spider asked: %s", job, reason)
+            self.flush()
 
     def flush(self) -> None:
         """Write buffered requests, job stats and acks to Redis in one round trip."""

@@ -1,5 +1,6 @@
--- Close a running job now, with a reason: a callback raised CloseSpider, or a
--- limit was reached that only the job's tracker sees (its time limit).
+-- Close a running job now, with a reason: Job.close(). (A callback's CloseSpider
+-- ends its job in queue/lua/enqueue.lua, with its page's ack; the time limit in
+-- job_timeout.lua: both through include/jobs.lua's job_end, as this script.)
 -- Requests of the job in flight finish normally, their children are refused;
 -- its queued requests are discarded when a lease reaches them.
 --

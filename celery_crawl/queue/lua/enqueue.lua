@@ -1,7 +1,7 @@
 -- Enqueue a batch of requests, each checked against the dedup filter first;
 -- add per-job stats; keep the records of requests that could not be queued
--- in the dead-letter list; then finish (ack) the leases of the requests that
--- produced them. One atomic step, so a crash never leaves a finished parent
+-- in the dead-letter list; end the jobs a callback asked to end; then finish
+-- (ack) the leases of the requests that produced them. One atomic step, so a crash never leaves a finished parent
 -- whose children were not enqueued, or whose dropped children went unrecorded.
 --
 -- A call may reach Redis twice: its reply lost (Redis stopped, a connection
@@ -36,6 +36,7 @@
 -- ARGV[9]  the writer's participant id (its scheduler's id, jobs/lua/job_join.lua); '' = none:
 --          its job stats are never judged late
 -- ARGV[10] number of acked stat changes a (a page's stats, written only with its ack)
+-- ARGV[11] number of jobs to end e (a callback raised CloseSpider)
 -- then n groups: priority, fingerprint ('' = dont_filter), job id ('' = none),
 --          payload, lane (0 = this spider's queue), site ('' = none: no site limits)
 -- then s groups: job id, field, delta; a job that has ended (or is gone) takes them as
@@ -52,6 +53,10 @@
 --          page is counted once.
 -- then m lease members to ack
 -- then d dead-letter records (JSON text), pushed in order
+-- then e groups: job id, reason: each running job ends closed with its reason
+--          (include/jobs.lua's job_end), after this call's stats count in it and
+--          before its acks, so that the ack of the page whose callback asked never
+--          ends it done, and that page's stats meet the lapsed-lease rule above
 -- then the dupefilter's parameters, if it takes any (DEDUP_ARGV: see its fragment)
 -- Returns  a list of n flags: 1 = enqueued, 0 = duplicate or job no longer running
 --          (for a call already applied: the flags it returned then), followed by the
@@ -68,10 +73,10 @@
 
 local DEDUP_KEY, COUNT_KEY, JOB_PREFIX = KEYS[3], KEYS[4], KEYS[6]
 local n, s, m, d = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local a = tonumber(ARGV[10])
-local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 11
+local a, e = tonumber(ARGV[10]), tonumber(ARGV[11])
+local SCOPE, CALL, PARTICIPANT, FIRST = ARGV[6], ARGV[7], ARGV[9], 12
 --!include entry_args
-local DEDUP_ARGV = FIRST + ENTRY_WIDTH * n + 3 * s + 4 * a + m + d
+local DEDUP_ARGV = FIRST + ENTRY_WIDTH * n + 3 * s + 4 * a + m + d + 2 * e
 --!slot dupefilter
 --!include jobs
 --!include push
@@ -95,11 +100,13 @@ end
 local base = FIRST + ENTRY_WIDTH * n  -- the job stat changes
 local acked = base + 3 * s  -- the acked stat changes
 local members = acked + 4 * a  -- the lease members
+local ends = members + m + d  -- the jobs to end
 -- every key it writes checked first (include/keytypes.lua): refused whole, or run whole
 local spec = {}
 spec_add(spec, KEYS[7], 'list')
 for i = 0, s - 1 do job_guard(spec, ARGV[base + 3 * i]) end
 for i = 0, a - 1 do job_guard(spec, ARGV[acked + 4 * i + 1]) end
+for i = 0, e - 1 do job_guard(spec, ARGV[ends + 2 * i]) end
 ack_guard(spec, KEYS[5], KEYS[9], ARGV, members, members + m - 1)
 push_guard(spec, lanes, ARGV, FIRST, n)
 local refused = refuse_damaged(spec)
@@ -160,6 +167,7 @@ end
 local letters = members + m
 for i = letters, letters + d - 1 do redis.call('LPUSH', KEYS[7], ARGV[i]) end
 if d > 0 then redis.call('LTRIM', KEYS[7], 0, tonumber(ARGV[5]) - 1) end
+for i = 0, e - 1 do job_end(ARGV[ends + 2 * i], ARGV[ends + 2 * i + 1]) end
 ack_leases(KEYS[1], KEYS[5], KEYS[9], ARGV, members, members + m - 1)
 if CALL ~= '' then
     redis.call('SET', KEYS[8], CALL .. ':' .. table.concat(accepted), 'PX', ARGV[8])

@@ -75,12 +75,7 @@ def test_a_handed_out_requests_changes_wait_for_its_ack() -> None:
     released = stats.release(held)
     assert released == {("j1", "pages"): 1, ("j1", "status/200"): 1, ("j1", "items"): 3}
     assert stats.release(held) == {}  # released once
-    stats.add_all(released)
-    assert sorted(stats.drain()) == [
-        ("j1", "items", 3),
-        ("j1", "pages", 1),
-        ("j1", "status/200", 1),
-    ]
+    assert stats.drain() == []  # released: written with its ack only, never drained
     stats.hold(held)
     stats.add("j1", "pages", request=held)
     stats.forget_held()  # its lease went back: the page is fetched, and counted, again

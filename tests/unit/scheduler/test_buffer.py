@@ -206,6 +206,66 @@ def test_a_page_whose_lease_lapsed_and_was_fetched_again_counts_once(queue: Base
     assert (job["late/pages"], job["late/items"]) == ("1", "2")
 
 
+def test_a_job_ended_with_its_last_pages_ack_is_closed_with_that_pages_stats(
+    queue: Base,
+) -> None:
+    """A callback's CloseSpider ends its job with its page's ack, in one call: the page's
+    stats count in the job before it ends, and the ack, the last the job waited for,
+    does not end it done."""
+    queue.start_job("j", [Entry(b"a", job="j")], {"spider": "buffered"})
+    [lease] = queue.lease(1)
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    buffer.ack(lease.member, Counter({("j", "pages"): 1, ("j", "items"): 3}))
+    buffer.end_job("j", "enough")
+    with RoundTrips(queue.client) as trips:
+        clock.advance(0.01)
+    assert trips.count == 1
+    job = {k.decode(): v.decode() for k, v in queue.client.hgetall(queue.keys.job("j")).items()}
+    assert (job["state"], job["reason"]) == ("closed", "enough")
+    assert (job["pages"], job["items"], job["done"]) == ("1", "3", "1")
+    assert queue.in_flight() == 0
+
+
+def test_a_job_ended_at_the_ack_of_a_lapsed_lease_counts_that_page_once(queue: Base) -> None:
+    """The page whose callback ended the job was fetched again by another process after
+    its lease lapsed: the late ack's stats go to ``late/*`` (the lapsed-lease rule), not
+    to the job's counts a second time, and the job still ends with its reason."""
+    queue.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {"spider": "buffered"})
+    queue.leases = LeaseTimes(0.05)
+    [lapsed] = queue.lease(1)
+    time.sleep(0.1)
+    assert queue.requeue_expired() == 1
+    queue.leases = LeaseTimes(60)
+    fetched_again = next(lease for lease in queue.lease(2) if lease.payload == lapsed.payload)
+    clock, written = FakeClock(), Written()
+    late, holder = make_buffer(queue, clock, written), make_buffer(queue, clock, written)
+    holder.ack(fetched_again.member, Counter({("j", "pages"): 1, ("j", "items"): 2}))
+    clock.advance(0.01)
+    late.ack(lapsed.member, Counter({("j", "pages"): 1, ("j", "items"): 2}))
+    late.end_job("j", "enough")
+    clock.advance(0.01)
+    job = {k.decode(): v.decode() for k, v in queue.client.hgetall(queue.keys.job("j")).items()}
+    assert (job["state"], job["reason"]) == ("closed", "enough")
+    assert (job["pages"], job["items"]) == ("1", "2")  # the page, counted once
+    assert (job["late/pages"], job["late/items"]) == ("1", "2")
+
+
+def test_an_end_asked_while_redis_is_away_is_sent_with_the_retry(queue: Base) -> None:
+    queue.start_job("j", [Entry(b"a", job="j")], {"spider": "buffered"})
+    clock, written = FakeClock(), Written()
+    buffer = make_buffer(queue, clock, written)
+    live = queue.client
+    queue.client = redis.Redis(port=free_port(), socket_connect_timeout=1)  # nobody listens
+    buffer.end_job("j", "enough")
+    clock.advance(0.01)
+    assert buffer.unconfirmed is not None and buffer.unconfirmed.ends == [("j", "enough")]
+    queue.client = live
+    clock.advance(RETRY_DELAY)
+    assert buffer.unconfirmed is None
+    assert queue.client.hget(queue.keys.job("j"), "state") == b"closed"
+
+
 def test_redis_away_keeps_everything_and_retries_a_second_later(queue: Base) -> None:
     clock, written = FakeClock(), Written()
     buffer = make_buffer(queue, clock, written)

@@ -32,7 +32,8 @@
 -- A job ends closed (field reason) when it reaches one of its limits (fields
 -- limit/<name> of the limits Redis checks, celery_crawl.jobs.limits.COUNTED: checked
 -- by job_check_limits as its stats grow), or
--- when a callback raised CloseSpider (jobs/lua/job_end.lua): at once, with its
+-- when a callback raised CloseSpider (queue/lua/enqueue.lua, with the ack of its page;
+-- jobs/lua/job_end.lua for Job.close()): at once, with its
 -- queued requests left behind to be discarded when a lease reaches them.
 --
 -- With the job dedup scope, the fingerprints of a job's requests are in the set
