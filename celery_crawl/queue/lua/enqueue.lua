@@ -1,8 +1,9 @@
 -- Enqueue a batch of requests, each checked against the dedup filter first;
 -- add per-job stats; keep the records of requests that could not be queued
 -- in the dead-letter list; end the jobs a callback asked to end; then finish
--- (ack) the leases of the requests that produced them. One atomic step, so a crash never leaves a finished parent
--- whose children were not enqueued, or whose dropped children went unrecorded.
+-- (ack) the leases of the requests that produced them. One atomic step, so a
+-- crash never leaves a finished parent whose children were not enqueued, or
+-- whose dropped children went unrecorded.
 --
 -- A call may reach Redis twice: its reply lost (Redis stopped, a connection
 -- cut) after it ran, the client sends it again. A writer (a scheduler's
