@@ -12,7 +12,7 @@ import redis
 from scrapy import Request
 
 from celery_crawl.core.connection import get_redis
-from celery_crawl.core.entries import Entry
+from celery_crawl.core.entries import Entry, Lease
 from celery_crawl.core.keys import SpiderKeys
 from celery_crawl.queue.leases import LeaseTimes
 from celery_crawl.queue.queues import Base, PriorityQueue
@@ -182,10 +182,9 @@ def test_a_pages_stats_go_with_its_ack_only(queue: Base) -> None:
     assert (job[b"pages"], job[b"items"], job[b"retries"], job[b"done"]) == (b"1", b"2", b"1", b"1")
 
 
-def test_a_page_whose_lease_lapsed_and_was_fetched_again_counts_once(queue: Base) -> None:
-    """A process that could not renew a lease (Redis away, the process paused) acks it
-    after the lease was requeued and leased again: the page counts once, the late
-    ack's stats kept apart in ``late/*``. One call acks a lapsed lease and a held one."""
+def lapsed_then_fetched_again(queue: Base) -> tuple[Lease, Lease, Lease]:
+    """Job ``j`` of two pages, ``a`` and ``b``: ``a``'s first lease lapsed and went back to
+    the queue; both leased again. Returns the lapsed lease, ``a``'s new one and ``b``'s."""
     queue.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {"spider": "buffered"})
     queue.leases = LeaseTimes(0.05)
     [lapsed] = queue.lease(1)
@@ -194,6 +193,14 @@ def test_a_page_whose_lease_lapsed_and_was_fetched_again_counts_once(queue: Base
     queue.leases = LeaseTimes(60)
     fetched_again, other = sorted(queue.lease(2), key=lambda lease: lease.payload)
     assert (fetched_again.payload, other.payload) == (lapsed.payload, b"b")
+    return lapsed, fetched_again, other
+
+
+def test_a_page_whose_lease_lapsed_and_was_fetched_again_counts_once(queue: Base) -> None:
+    """A process that could not renew a lease (Redis away, the process paused) acks it
+    after the lease was requeued and leased again: the page counts once, the late
+    ack's stats kept apart in ``late/*``. One call acks a lapsed lease and a held one."""
+    lapsed, fetched_again, other = lapsed_then_fetched_again(queue)
     clock, written = FakeClock(), Written()
     late, holder = make_buffer(queue, clock, written), make_buffer(queue, clock, written)
     late.ack(lapsed.member, Counter({("j", "pages"): 1, ("j", "items"): 2}))
@@ -231,13 +238,7 @@ def test_a_job_ended_at_the_ack_of_a_lapsed_lease_counts_that_page_once(queue: B
     """The page whose callback ended the job was fetched again by another process after
     its lease lapsed: the late ack's stats go to ``late/*`` (the lapsed-lease rule), not
     to the job's counts a second time, and the job still ends with its reason."""
-    queue.start_job("j", [Entry(b"a", job="j"), Entry(b"b", job="j")], {"spider": "buffered"})
-    queue.leases = LeaseTimes(0.05)
-    [lapsed] = queue.lease(1)
-    time.sleep(0.1)
-    assert queue.requeue_expired() == 1
-    queue.leases = LeaseTimes(60)
-    fetched_again = next(lease for lease in queue.lease(2) if lease.payload == lapsed.payload)
+    lapsed, fetched_again, _ = lapsed_then_fetched_again(queue)
     clock, written = FakeClock(), Written()
     late, holder = make_buffer(queue, clock, written), make_buffer(queue, clock, written)
     holder.ack(fetched_again.member, Counter({("j", "pages"): 1, ("j", "items"): 2}))
