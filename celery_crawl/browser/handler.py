@@ -20,8 +20,9 @@ several spiders:
   rendering could wait forever: in a hosted worker, whose leases are renewed while it
   lives, that request was never finished, and its job never ended. Past the deadline the
   render fails with Scrapy's ``DownloadTimeoutError``, and its page is closed, which
-  gives its place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` back (a page still being
-  made then is made, then closed: :func:`made_whole`).
+  gives its place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` back. A render still
+  waiting for a place stops waiting; a page still being made is made, then closed
+  (:mod:`celery_crawl.browser.places`).
 - **A failed render is a failed download.** Playwright's errors (a browser that closed,
   a navigation that failed or timed out) become Scrapy's ``DownloadFailedError``, which
   the retry middleware retries (``RETRY_TIMES``), as it does a connection lost by plain
@@ -49,12 +50,13 @@ from playwright.async_api import Error as PlaywrightError
 from scrapy.exceptions import DownloadFailedError, DownloadTimeoutError
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
+from celery_crawl.browser.places import STOP_SECONDS, PageMakings, within
 from celery_crawl.browser.shared import SharedProvider, shared_browser
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Coroutine
+    from collections.abc import Awaitable
 
     from scrapy import Request, Spider
     from scrapy.crawler import Crawler
@@ -84,36 +86,6 @@ def descendants_rss_mb(root: int) -> float:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return sum(pages.get(pid, 0) for pid in found) * PAGE_SIZE / 2**20
-
-
-async def made_whole(creating: Coroutine[Any, Any, Any], closing: set[asyncio.Task[None]]) -> Any:
-    """The page ``creating`` makes; if the caller is cancelled meanwhile (a render past
-    its deadline), the page is still made, then closed, in a task kept in ``closing``.
-
-    scrapy-playwright takes a place among ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` before it
-    asks the browser for a page, and gives it back when the page closes, or when the ask
-    raises an ``Exception``. A cancel is not one: cancelled during the ask, the place
-    would be kept for good, and once every place of the context was kept so, each later
-    render would wait for one until its deadline."""
-    task = asyncio.ensure_future(creating)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        closer = asyncio.ensure_future(_close_when_made(task))
-        closing.add(closer)
-        closer.add_done_callback(closing.discard)
-        raise
-
-
-async def _close_when_made(task: asyncio.Future[Any]) -> None:
-    try:
-        page = await task
-    except Exception:  # scrapy-playwright gave its place back itself
-        return
-    try:
-        await page.close()  # which gives its place back
-    except PlaywrightError:  # its browser is gone: so is the page
-        return
 
 
 class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[misc]
@@ -146,7 +118,7 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         # scrapy-playwright makes its provider from this at engine start: the shared one
         self.browser_provider_cls = lambda _config: SharedProvider(self.shared)
         self._pages: dict[int, Any] = {}  # id of a request being rendered -> its page
-        self._closing: set[asyncio.Task[None]] = set()  # pages made past their deadline
+        self._makings = PageMakings()  # pages being made, for renders a deadline may cancel
 
     async def _download_request(self, request: Request, spider: Spider | None = None) -> Response:
         await self._admit()
@@ -215,18 +187,29 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         if getattr(self, "browser_provider", None):
             await self.browser_provider.close()
 
+    async def _create_browser_context(self, *args: Any, **kwargs: Any) -> Any:
+        """scrapy-playwright's new context, whose places among
+        ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` a render cancelled at its deadline does not
+        wait for (:class:`~celery_crawl.browser.places.PagePlaces`)."""
+        wrapper = await super()._create_browser_context(*args, **kwargs)
+        wrapper.semaphore = self._makings.places(self.config.max_pages_per_context)
+        return wrapper
+
     async def _create_page(self, request: Request, spider: Spider) -> Any:
-        """scrapy-playwright's new page for ``request``, remembered for its deadline; made
-        to the end even when the deadline passes meanwhile (:func:`made_whole`)."""
+        """scrapy-playwright's new page for ``request``, remembered for its deadline; if
+        the deadline passes meanwhile, the page is made and closed, or not made at all
+        (:class:`~celery_crawl.browser.places.PageMakings`)."""
         creating = super()._create_page(request=request, spider=spider)
-        page = await made_whole(creating, self._closing)
+        page = await self._makings.made(creating)
         self._pages[id(request)] = page
         return page
 
     async def _render(self, request: Request, spider: Spider | None) -> Response:
         render = super()._download_request(request, spider)
         try:
-            response: Response = await asyncio.wait_for(render, timeout=self.render_timeout)
+            response: Response = await within(
+                render, self.render_timeout, f"the render of {request.url}"
+            )
         except TimeoutError:
             self.stats.inc_value("browser/render_timeout")
             await self._close_page(request)  # a cancelled render leaves its page, and its slot
@@ -253,8 +236,12 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         if page is None or page.is_closed():
             return
         try:
-            await page.close()
+            await asyncio.wait_for(page.close(), timeout=STOP_SECONDS)
         except PlaywrightError:  # its browser is gone: so is the page
+            return
+        except TimeoutError:
+            url, seconds = request.url, STOP_SECONDS
+            logger.warning("browser: the page of %s did not close in %g s", url, seconds)
             return
         self.stats.inc_value("playwright/page_count/closed")
 
