@@ -51,7 +51,7 @@ from scrapy.exceptions import DownloadFailedError, DownloadTimeoutError
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
 from celery_crawl.browser.places import STOP_SECONDS, PageMakings, within
-from celery_crawl.browser.shared import SharedProvider, shared_browser
+from celery_crawl.browser.shared import SharedProvider, closed_in_time, shared_browser
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
 
@@ -182,8 +182,7 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         """As the crawler closes: this handler's contexts; the process's browser and
         driver close with the last handler that uses them."""
         self.shared.forget.pop(id(self), None)
-        closing = self._forget_browser(getattr(self, "browser", None))
-        await asyncio.gather(*closing, return_exceptions=True)
+        await closed_in_time(self._forget_browser(getattr(self, "browser", None)))
         if getattr(self, "browser_provider", None):
             await self.browser_provider.close()
 

@@ -95,9 +95,18 @@ class SharedBrowser:
             for forget in list(self.forget.values()):
                 closing += forget(browser)
             try:
-                await asyncio.gather(*closing, return_exceptions=True)
+                await closed_in_time(closing)
             finally:  # cancelled or not: the old browser does not stay behind
                 await asyncio.shield(_close_browser(browser))
+
+
+async def closed_in_time(closing: list[Awaitable[Any]]) -> None:
+    """Await the closes of contexts, within :data:`CLOSE_TIMEOUT`: one that fails or does
+    not end in time is logged (its browser's close ends it), and holds up nothing."""
+    try:
+        await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), CLOSE_TIMEOUT)
+    except TimeoutError:
+        logger.warning("browser: its contexts did not close in %g s", CLOSE_TIMEOUT)
 
 
 async def _close_browser(browser: Browser | None) -> None:

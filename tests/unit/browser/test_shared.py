@@ -5,11 +5,14 @@ tests/integration/test_browser.py; here a recording provider stands in for it.""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
+import pytest
 from scrapy.settings import Settings
 from scrapy_playwright.handler import Config
 
+from celery_crawl.browser import shared as shared_module
 from celery_crawl.browser.shared import SharedProvider, launch_key, shared_browser
 
 
@@ -128,3 +131,25 @@ def test_other_launch_settings_or_bounds_or_another_provider_get_a_browser_of_th
     )
     keys = {launch_key(*other) for other in others}
     assert len(keys) == len(others) and same not in keys
+
+
+def test_a_recycle_whose_contexts_do_not_close_still_closes_the_browser_in_time(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Renders wait while the browser is recycled: a context's close that never ends
+    must not hold them for good."""
+    monkeypatch.setattr(shared_module, "CLOSE_TIMEOUT", 0.1)
+
+    async def scenario() -> Browser:
+        shared = shared_browser(config(PLAYWRIGHT_LAUNCH_OPTIONS={"slow_mo": 2}), RecordingProvider)
+        user = SharedProvider(shared)
+        await user.start()
+        browser = await user.launch_browser()
+        shared.forget[1] = lambda _browser: [asyncio.sleep(3600)]  # a close that never ends
+        await asyncio.wait_for(shared.recycle(), timeout=5)
+        return browser
+
+    with caplog.at_level(logging.WARNING, logger=shared_module.__name__):
+        browser = asyncio.run(scenario())
+    assert not browser.connected
+    assert "did not close in 0.1 s" in caplog.text
