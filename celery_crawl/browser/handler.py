@@ -50,7 +50,7 @@ from playwright.async_api import Error as PlaywrightError
 from scrapy.exceptions import DownloadFailedError, DownloadTimeoutError
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
-from celery_crawl.browser.places import STOP_SECONDS, PageMakings, within
+from celery_crawl.browser.places import CLOSE_SECONDS, PageMakings, within
 from celery_crawl.browser.shared import SharedProvider, closed_in_time, shared_browser
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
@@ -189,7 +189,10 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
     async def _create_browser_context(self, *args: Any, **kwargs: Any) -> Any:
         """scrapy-playwright's new context, whose places among
         ``PLAYWRIGHT_MAX_PAGES_PER_CONTEXT`` a render cancelled at its deadline does not
-        wait for (:class:`~celery_crawl.browser.places.PagePlaces`)."""
+        wait for (:class:`~celery_crawl.browser.places.PagePlaces`). It relies on
+        scrapy-playwright's private ``_create_page`` taking a place by awaiting
+        ``wrapper.semaphore.acquire()``, in the task that ``PageMakings.made`` runs it
+        in (the version is pinned for this, pyproject.toml)."""
         wrapper = await super()._create_browser_context(*args, **kwargs)
         wrapper.semaphore = self._makings.places(self.config.max_pages_per_context)
         return wrapper
@@ -235,11 +238,11 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         if page is None or page.is_closed():
             return
         try:
-            await asyncio.wait_for(page.close(), timeout=STOP_SECONDS)
+            await asyncio.wait_for(page.close(), timeout=CLOSE_SECONDS)
         except PlaywrightError:  # its browser is gone: so is the page
             return
         except TimeoutError:
-            url, seconds = request.url, STOP_SECONDS
+            url, seconds = request.url, CLOSE_SECONDS
             logger.warning("browser: the page of %s did not close in %g s", url, seconds)
             return
         self.stats.inc_value("playwright/page_count/closed")

@@ -11,9 +11,10 @@ neither, so :class:`PageMakings` decides what becomes of its page's making:
   every render would then pass its deadline behind such makings, and none would render.
 - **Once it holds a place**, the browser is making the page: the page is made, then
   closed, which gives the place back.
-- **Before it waits** (the context, or the browser, is still being started), it goes on,
-  since a context or a browser cut off half-made would be lost; it stops when it comes to
-  wait for a place.
+- **Before it waits** (its context, or the browser, is being started, or waits its turn
+  to be), it goes on, since a context or a browser cut off half-made would be lost; it
+  stops when it comes to wait for a place. (A context it waited to start, among
+  ``PLAYWRIGHT_MAX_CONTEXTS`` when that is set, is started all the same.)
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 STOP_SECONDS = 10.0  # a cancelled render may take this long to stop before it is left behind
+CLOSE_SECONDS = 10.0  # a page may take this long to close before it is left to its browser
 
 
 class PageMakings:
-    """The pages one download handler is making, for renders that may be cancelled."""
+    """The pages one download handler is making, for renders that may be cancelled, in
+    every context of the handler (one set of each for all of them)."""
 
     def __init__(self) -> None:
         self.waiting: set[asyncio.Task[Any]] = set()  # makings waiting for a place
@@ -86,22 +89,26 @@ class PagePlaces(asyncio.Semaphore):
 
 
 async def _close_when_made(task: asyncio.Task[Any]) -> None:
-    try:
-        page = await task
+    try:  # shielded: a cancel of this closer must not cut the making short
+        page = await asyncio.shield(task)
     except (Exception, asyncio.CancelledError):  # no page, and its place given back
         return
     try:
-        await asyncio.wait_for(page.close(), timeout=STOP_SECONDS)  # which gives it back
+        await asyncio.wait_for(page.close(), timeout=CLOSE_SECONDS)  # which gives it back
     except (TimeoutError, PlaywrightError) as exc:  # its browser is gone, or stuck
-        logger.warning("browser: closing a page made too late failed: %s", exc or "timeout")
+        reason = str(exc) or type(exc).__name__
+        logger.warning("browser: closing a page made too late failed: %s", reason)
 
 
 async def within(render: Coroutine[Any, Any, Any], seconds: float, what: str) -> Any:
     """``render``'s result, if it comes within ``seconds``; else ``TimeoutError``, once
     the render, cancelled, has stopped. A render that does not stop within
     :data:`STOP_SECONDS` is left behind, and where it is stuck is logged: the deadline
-    holds even then."""
+    holds even then. Cancelled itself, it cancels the render and returns at once."""
     task = asyncio.ensure_future(render)
+    # a render left behind may fail later, with nobody to await it (the shield below
+    # forgets it once cancelled): its error is taken here, not logged as never retrieved
+    task.add_done_callback(lambda ended: ended.cancelled() or ended.exception())
     try:
         return await asyncio.wait_for(asyncio.shield(task), timeout=seconds)
     except TimeoutError:
@@ -110,7 +117,6 @@ async def within(render: Coroutine[Any, Any, Any], seconds: float, what: str) ->
         if task.done() and not task.cancelled():
             return task.result()  # it ended as it was cancelled: its own end
         if not task.done():
-            task.add_done_callback(lambda left: left.cancelled() or left.exception())
             logger.warning(
                 "browser: %s was cancelled at its deadline but has not stopped after"
                 " %g s; left behind, waiting in %s",
@@ -119,9 +125,8 @@ async def within(render: Coroutine[Any, Any, Any], seconds: float, what: str) ->
                 waiting_in(task),
             )
         raise
-    except asyncio.CancelledError:
-        task.cancel()
-        raise
+    finally:
+        task.cancel()  # cancelled itself, or left behind: a no-op once the render ended
 
 
 def waiting_in(task: asyncio.Task[Any]) -> str:

@@ -101,8 +101,9 @@ class SharedBrowser:
 
 
 async def closed_in_time(closing: list[Awaitable[Any]]) -> None:
-    """Await the closes of contexts, within :data:`CLOSE_TIMEOUT`: one that fails or does
-    not end in time is logged (its browser's close ends it), and holds up nothing."""
+    """Await the closes of contexts, within :data:`CLOSE_TIMEOUT`: one that fails is let
+    go (the browser's close follows), and if they do not all end in time, that is logged
+    and they are left to the browser's close."""
     try:
         await asyncio.wait_for(asyncio.gather(*closing, return_exceptions=True), CLOSE_TIMEOUT)
     except TimeoutError:
@@ -118,7 +119,7 @@ async def _close_browser(browser: Browser | None) -> None:
     try:
         await asyncio.wait_for(browser.close(), timeout=CLOSE_TIMEOUT)
     except (TimeoutError, PlaywrightError) as exc:
-        logger.warning("browser: closing it failed: %s", exc or type(exc).__name__)
+        logger.warning("browser: closing it failed: %s", str(exc) or type(exc).__name__)
 
 
 # this process's shared browsers, by launch settings; a forked child starts afresh. An

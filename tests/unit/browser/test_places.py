@@ -136,10 +136,33 @@ def test_within_gives_the_result_in_time_and_stops_a_render_past_it() -> None:
     async def run() -> str:
         with pytest.raises(TimeoutError):
             await within(slow(), 0.05, "the slow render")
+        assert stopped == [True]  # stopped before the deadline's error was raised
         return str(await within(asyncio.sleep(0, "rendered"), 1.0, "the quick render"))
 
     assert asyncio.run(run()) == "rendered"
-    assert stopped == [True]
+
+
+def test_within_cancelled_itself_cancels_the_render_at_once() -> None:
+    """Scrapy cancels a download (its engine closing): the render stops with it."""
+    stopped: list[bool] = []
+
+    async def slow() -> None:
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            stopped.append(True)
+            raise
+
+    async def run() -> None:
+        waiting = asyncio.ensure_future(within(slow(), 5.0, "the slow render"))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        await asyncio.sleep(0)  # the render's own step, with its cancel
+        assert stopped == [True]  # now, not when the loop closes and cancels what is left
+
+    asyncio.run(run())
 
 
 def test_a_render_that_does_not_stop_is_left_behind_and_where_it_waits_is_logged(
