@@ -195,6 +195,10 @@ def flower_lists_workers(output: str, count: int, seconds: float = 30.0) -> bool
 
 
 @pytest.mark.alone  # stops within 3 s
+# a time measured on a shared machine: a failed measurement is taken again, twice at most,
+# as the politeness rates are (reruns are listed). It failed once in CI at 3.6 s, of which
+# the demo's own count, from the Ctrl-C to the last service stopped, was 2.7 s
+@pytest.mark.flaky(reruns=2)
 def test_ctrl_c_stops_the_demo_in_order_within_3_s_leaving_nothing(tmp_path: Path) -> None:
     """The terminal's SIGINT goes to the demo's whole process group, as a Ctrl-C does."""
     import os
