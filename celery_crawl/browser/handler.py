@@ -50,7 +50,7 @@ from playwright.async_api import Error as PlaywrightError
 from scrapy.exceptions import DownloadFailedError, DownloadTimeoutError
 from scrapy_playwright.handler import ScrapyPlaywrightDownloadHandler
 
-from celery_crawl.browser.places import CLOSE_SECONDS, PageMakings, within
+from celery_crawl.browser.places import PageMakings, closed, within
 from celery_crawl.browser.shared import SharedProvider, closed_in_time, shared_browser
 from celery_crawl.core.defaults import setting
 from celery_crawl.core.errors import ConfigError
@@ -237,15 +237,8 @@ class BrowserDownloadHandler(ScrapyPlaywrightDownloadHandler):  # type: ignore[m
         page = self._pages.get(id(request))
         if page is None or page.is_closed():
             return
-        try:
-            await asyncio.wait_for(page.close(), timeout=CLOSE_SECONDS)
-        except PlaywrightError:  # its browser is gone: so is the page
-            return
-        except TimeoutError:
-            url, seconds = request.url, CLOSE_SECONDS
-            logger.warning("browser: the page of %s did not close in %g s", url, seconds)
-            return
-        self.stats.inc_value("playwright/page_count/closed")
+        if await closed(page, f"the page of {request.url}"):
+            self.stats.inc_value("playwright/page_count/closed")
 
     @classmethod
     def from_crawler(cls, crawler: Crawler) -> Any:

@@ -93,11 +93,20 @@ async def _close_when_made(task: asyncio.Task[Any]) -> None:
         page = await asyncio.shield(task)
     except (Exception, asyncio.CancelledError):  # no page, and its place given back
         return
+    await closed(page, "a page made too late")  # which gives its place back
+
+
+async def closed(page: Any, what: str) -> bool:
+    """Whether ``page`` closed, within :data:`CLOSE_SECONDS`; one that does not close in
+    time is logged, and left to its browser. Its browser gone, so is the page."""
     try:
-        await asyncio.wait_for(page.close(), timeout=CLOSE_SECONDS)  # which gives it back
-    except (TimeoutError, PlaywrightError) as exc:  # its browser is gone, or stuck
-        reason = str(exc) or type(exc).__name__
-        logger.warning("browser: closing a page made too late failed: %s", reason)
+        await asyncio.wait_for(page.close(), timeout=CLOSE_SECONDS)
+    except PlaywrightError:  # its browser is gone: so is the page
+        return False
+    except TimeoutError:
+        logger.warning("browser: %s did not close in %g s", what, CLOSE_SECONDS)
+        return False
+    return True
 
 
 async def within(render: Coroutine[Any, Any, Any], seconds: float, what: str) -> Any:

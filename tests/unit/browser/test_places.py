@@ -123,20 +123,21 @@ def test_a_page_made_in_time_is_not_closed() -> None:
     assert not page.closed and not makings.closing
 
 
+async def slow(stopped: list[bool]) -> None:
+    """A render of 10 s, which notes in ``stopped`` that it was cancelled."""
+    try:
+        await asyncio.sleep(10)
+    except asyncio.CancelledError:
+        stopped.append(True)
+        raise
+
+
 def test_within_gives_the_result_in_time_and_stops_a_render_past_it() -> None:
     stopped: list[bool] = []
 
-    async def slow() -> str:
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            stopped.append(True)
-            raise
-        return "late"
-
     async def run() -> str:
         with pytest.raises(TimeoutError):
-            await within(slow(), 0.05, "the slow render")
+            await within(slow(stopped), 0.05, "the slow render")
         assert stopped == [True]  # stopped before the deadline's error was raised
         return str(await within(asyncio.sleep(0, "rendered"), 5.0, "the quick render"))
 
@@ -147,15 +148,8 @@ def test_within_cancelled_itself_cancels_the_render_at_once() -> None:
     """Scrapy cancels a download (its engine closing): the render stops with it."""
     stopped: list[bool] = []
 
-    async def slow() -> None:
-        try:
-            await asyncio.sleep(10)
-        except asyncio.CancelledError:
-            stopped.append(True)
-            raise
-
     async def run() -> None:
-        waiting = asyncio.ensure_future(within(slow(), 5.0, "the slow render"))
+        waiting = asyncio.ensure_future(within(slow(stopped), 5.0, "the slow render"))
         await asyncio.sleep(0.05)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
