@@ -30,7 +30,6 @@ from tests.support.debian_tools import debian_tool
 from tests.support.forum import assert_complete_forum_crawl, forum_seeds
 from tests.support.metrics import scrape, total
 from tests.support.ports import free_port
-from tests.support.waiting import wait_for_value
 from tests.support.workers import WORKER_APP, Worker, run_module
 
 SPIDERS = ("forum", "forum_detail")
@@ -236,10 +235,11 @@ def test_real_prometheus_scrapes_the_exporter_and_evaluates_every_rule(
         in_file = yaml.safe_load(rules.read_text())["groups"]
         assert len(rules_seen) == sum(len(group["rules"]) for group in in_file) == 12
         assert all(rule["health"] == "ok" for rule in rules_seen), rules_seen
-        items = query_with_data(port, "celery_crawl_items_total")
+        at = last_scrape(port)  # every query at one scrape's time: no later scrape's gap
+        items = prometheus_api(port, "query", query="celery_crawl_items_total", time=at)["result"]
         assert [(r["metric"]["spider"], r["value"][1]) for r in items] == [("forum", "7")]
         for expr in dashboard_exprs():  # each panel's query is valid PromQL with data
-            assert query_with_data(port, expr), expr
+            assert prometheus_api(port, "query", query=expr, time=at)["result"], expr
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -263,19 +263,18 @@ def wait_for_evaluated_rules(port: int, deadline: float) -> list[dict[str, Any]]
     raise AssertionError("Prometheus did not scrape and evaluate the rules within 60 s")
 
 
-def query_with_data(port: int, expr: str) -> list[dict[str, Any]]:
-    """``expr``'s result, asked again for up to 30 s while it is empty.
+def last_scrape(port: int) -> str:
+    """When the last scrape that succeeded was taken: each sample it wrote has that time.
 
-    The scrape timeout is the 1 s scrape interval. On a loaded machine a scrape can
-    take longer: Prometheus then marks every series stale, and each query is empty
-    until a scrape succeeds again. An invalid expression raises (HTTP 400) at once.
+    The scrape timeout is the 1 s interval, and a scrape that fails marks the exporter's
+    series stale: an instant query at the next moment finds none of them, until a scrape
+    succeeds again. At a successful scrape's time, a series missing is one the exporter
+    left out.
     """
-    return wait_for_value(
-        lambda: prometheus_api(port, "query", query=expr)["result"] or None,
-        lambda result: True,
-        30,
-        f"data for {expr}",
-    )
+    series = prometheus_api(port, "query", query="up[1m]")["result"]
+    times = [at for one in series for at, value in one["values"] if value == "1"]
+    assert times, series
+    return str(max(times))
 
 
 def dashboard() -> dict[str, Any]:
