@@ -38,7 +38,9 @@ from tests.support.workers import Worker, killed_at_end
 
 BROWSER_APP = "tests.support.browser_app"
 SPIDER = ROOT / "celery_crawl" / "demo" / "browser_spiders.py"
-SITE = SiteConfig(forums=4, posts_per_forum=50, posts_per_page=25, seed=11)
+# 4 forums of 2 list pages each, 100 posts: every test crosses list pages and renders at
+# once, and each page is a render (about 0.1 CPU-second of Chromium and Scrapy)
+SITE = SiteConfig(forums=4, posts_per_forum=25, posts_per_page=13, seed=11)
 FORUMS = SITE.forum_ids()
 MARK = "CELERY_CRAWL_TEST_BROWSER_MARK"  # in the workers' environment, so their browsers'
 
@@ -405,7 +407,7 @@ def test_only_the_pages_that_lack_what_their_callback_needs_are_rendered(
 @pytest.mark.browser  # Chromium, no timing: one such test at a time, beside the others
 @pytest.mark.parametrize(
     ("reason", "setting"),
-    [("pages", {"BROWSER_RECYCLE_PAGES": "50"}), ("memory", {"BROWSER_RECYCLE_MEMORY_MB": "1"})],
+    [("pages", {"BROWSER_RECYCLE_PAGES": "25"}), ("memory", {"BROWSER_RECYCLE_MEMORY_MB": "1"})],
 )
 def test_the_browser_is_recycled_and_no_page_is_lost(
     browser_app: Celery,
@@ -414,7 +416,7 @@ def test_the_browser_is_recycled_and_no_page_is_lost(
     reason: str,
     setting: dict[str, str],
 ) -> None:
-    """After 50 renders, or above a memory ceiling (1 MiB: every check), the browser is
+    """After 25 renders, or above a memory ceiling (1 MiB: every check), the browser is
     closed between renders and a new one started: every item is there, no render failed,
     and the old browsers are gone."""
     mark = uuid.uuid4().hex
