@@ -1,6 +1,6 @@
 """A generated static website on loopback, for spiders that follow links (not the forum's JSON API).
 
-``StaticSite(pages=1500)`` serves, deterministically:
+``StaticSite(pages=750)`` serves, deterministically:
 
 - ``/`` and ``/page/{n}.html`` (n in 1..pages): HTML pages, each with a title,
   a paragraph and links to a few other pages (``n+1``, ``2n``, ``n*7 mod pages``,
@@ -43,7 +43,7 @@ GATE_SECONDS = 60.0  # the longest an answer waits for its gate
 
 @dataclass
 class StaticSite:
-    pages: int = 1500
+    pages: int = 750
     feed_items: int = 50
     url: str = ""
     hits: Counter[str] = field(default_factory=Counter)
