@@ -19,6 +19,7 @@ CELERY_CRAWL_ENV = [
     "BROWSER_RECYCLE_PAGES",
     "BROWSER_RECYCLE_MEMORY_MB",
     "BROWSER_MAX_PAGES",
+    "PLAYWRIGHT_LAUNCH_OPTIONS",  # one renderer process per browser (test_browser.py)
     # the test of renders past their deadline
     "BROWSER_RENDER_TIMEOUT",
     "PLAYWRIGHT_MAX_PAGES_PER_CONTEXT",
