@@ -13,7 +13,8 @@ CELERY_CRAWL_SPIDER_GROUPS: dict[str, str] = {}
 CELERY_CRAWL_QUEUES: dict[str, str] = {}
 PRODUCER_SPIDERS: list[str] = []
 BROWSER_RENDER_TIMEOUT = 20.0  # a render that a crashed browser left waiting: retried soon
-# the recycling and deadline tests set these per worker
+# the browser tests set these per worker: the recycling and deadline tests, and Chromium's
+# launch options
 CELERY_CRAWL_ENV = [
     *CELERY_CRAWL_ENV,  # noqa: F405
     "BROWSER_RECYCLE_PAGES",

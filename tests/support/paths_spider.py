@@ -94,7 +94,7 @@ class PathsSpider(Spider):
         single = self.single_request(seed)
         if single is not None:
             return [single]
-        if "fan" in seed:  # one page with `width` children, each a 0.25 s download
+        if "fan" in seed:  # one page with `width` children, each a FAN_SECONDS download
             url = f"{self.base}/fan/{seed['fan']}/{seed.get('width', 40)}"
             return [Request(url, callback=self.parse, dont_filter=True)]
         if "tree" in seed:  # a binary tree of pages, 5 levels deep: 31 pages
@@ -251,12 +251,18 @@ class PathsSite:
         return 200, {"Content-Type": "application/json"}, body
 
 
+# how long each child of a fan page takes to answer: the cancel test (test_job_end.py)
+# expects most of them still queued when it cancels, also when the cancel comes a second
+# late on a loaded machine: the slower each download, the fewer go by in a second's delay
+FAN_SECONDS = 1.0
+
+
 def children_of(path: str) -> list[str]:
     """The links of a page of the site (a chain page takes 0.5 s)."""
     _, kind, *rest = path.split("/")
     if kind == "fan":
         name, width = rest
-        return [f"/sleep/fan-{name}-{i}/0.25" for i in range(int(width))]
+        return [f"/sleep/fan-{name}-{i}/{FAN_SECONDS}" for i in range(int(width))]
     if kind == "tree":
         name, node = rest
         return [f"/tree/{name}/{node}{c}" for c in "ab"] if len(node) < TREE_LEVELS else []
