@@ -8,8 +8,8 @@ Chromium process outlives the workers.
 
 Chromium runs here with one renderer process per browser (``--renderer-process-limit=1``,
 :data:`LAUNCH`): its pages share it instead of starting one each. A ``scrapy runspider``
-of 208 renders took 30 CPU-seconds so, instead of 40, on 2 cores. No test here asserts
-anything of Chromium's renderers; each still starts its own browsers.
+of 208 renders took 30 CPU-seconds with it and 40 without, on 2 cores. No test here
+asserts anything of Chromium's renderers; each still starts its own browsers.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ from tests.support.workers import Worker, killed_at_end
 BROWSER_APP = "tests.support.browser_app"
 SPIDER = ROOT / "celery_crawl" / "demo" / "browser_spiders.py"
 # 4 forums of 2 list pages each, 100 posts: every test crosses list pages and renders at
-# once, and each page is a render (about 0.1 CPU-second of Chromium and Scrapy)
+# once, and each page is a render (about 0.13 CPU-second of Chromium and Scrapy)
 SITE = SiteConfig(forums=4, posts_per_forum=25, posts_per_page=13, seed=11)
 FORUMS = SITE.forum_ids()
 # the spider's launch options, and one renderer process per browser: given to the workers
