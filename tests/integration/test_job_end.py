@@ -18,7 +18,7 @@ import pytest
 from celery import Celery
 
 from celery_crawl import crawl
-from tests.support.paths_spider import FAN_SECONDS, TREE_LEVELS, PathsSite
+from tests.support.paths_spider import TREE_LEVELS, PathsSite, children_of
 from tests.support.workers import Worker, started_workers
 
 TREE_PAGES = 2**TREE_LEVELS - 1
@@ -115,10 +115,10 @@ def test_under_the_spider_scope_a_cancelled_jobs_purged_pages_are_crawled_by_the
     while first.status().pages < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
     purged = first.cancel()
-    assert purged > WIDTH // 2, purged  # FAN_SECONDS downloads: most are still queued
+    assert purged > WIDTH // 2, purged  # 1 s downloads (FAN_SECONDS): most still queued
     ended = first.wait(timeout=60)
     assert ended["state"] == "cancelled"
-    children = [f"/sleep/fan-c-{i}/{FAN_SECONDS}" for i in range(WIDTH)]
+    children = children_of(f"/fan/c/{WIDTH}")
     fetched_first = sum(paths_site.hits[path] for path in children)
     again = crawl("paths_jobs", [{"fan": "c", "width": WIDTH}], app=app).wait(timeout=60)
     assert again["state"] == "done"

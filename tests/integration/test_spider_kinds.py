@@ -51,7 +51,7 @@ def crawl_in_two_processes(
 def test_two_processes_crawl_the_whole_site_once(
     spider: str, redis_url: str, prefix: str, client: redis.Redis, tmp_path: Path
 ) -> None:
-    with serve(StaticSite(pages=750, feed_items=750)) as site:  # the feeds list every page
+    with serve(StaticSite(feed_items=StaticSite.pages)) as site:  # the feeds list every page
         feeds = crawl_in_two_processes(spider, site, redis_url, prefix, tmp_path)
         hits = dict(site.hits)
     assert hits == {ENTRY[spider]: 1, **{path: 1 for path in site.page_paths()}}
@@ -74,7 +74,7 @@ def test_a_hosted_crawl_spider_runs_a_job_to_done(
     app: Celery, start_worker: Callable[..., Worker]
 ) -> None:
     start_worker()
-    with serve(StaticSite(pages=750)) as site:
+    with serve(StaticSite()) as site:
         result = crawl("kind_crawl", [{"url": site.url + "/"}], app=app).wait(timeout=180)
         hits = dict(site.hits)
     assert result["state"] == "done"
