@@ -10,6 +10,7 @@ import pytest
 from celery import Celery
 
 from celery_crawl import crawl, create_app
+from celery_crawl.hosting.host import REAP_SECONDS
 from tests.support.many_spiders import SPIDER_COUNT, spider_name
 from tests.support.static_site import StaticSite, serve
 from tests.support.workers import Worker
@@ -41,6 +42,7 @@ def test_forty_hosted_spiders_hold_no_thread_each_and_crawl_at_once(
     assert threads.count("notices") == 1 and threads.count("heartbeats") == 1, threads
     assert len(threads) <= 8, threads  # Celery's, crochet's, ours: none per spider
     assert idle["pool_working"] == 0  # Twisted's pool is free for name lookups
+    assert idle["reap_intervals"] == [REAP_SECONDS]  # not crochet's 0.1 s: an idle reactor
     # CrawlerProcess's reactor set-up: the thread pool's size and Scrapy's caching resolver
     assert idle["pool_max"] == 7
     assert idle["resolver"] == "CachingThreadedResolver"
