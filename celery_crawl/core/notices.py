@@ -33,7 +33,7 @@ logger = logging.getLogger(__name__)
 
 # the longest a new subscription waits to be sent, or a stop to be seen. Nothing is missed
 # meanwhile (a handler runs when its subscription is confirmed), and an idle process's
-# thread wakes twice a second: at 0.1 s, its polls cost about 1% of a CPU a process
+# thread wakes twice a second: at 0.1 s, it used about 1% of a CPU (docs/benchmarks.md)
 POLL_SECONDS = 0.5
 RETRY_SECONDS = 1.0  # between tries while Redis is unreachable
 REFUSED_RETRY_SECONDS = 30.0  # between tries when Redis refuses (an ACL user with no channel)

@@ -89,7 +89,7 @@ def _reap_less_often() -> None:
     every 0.1 s, since the reactor runs without signal handlers (Celery owns them). A
     hosting process starts none that way (Scrapy does not, and scrapy-playwright's browsers
     are asyncio's children), so every :data:`REAP_SECONDS` is enough, and an idle
-    process's reactor wakes about ten times a second less."""
+    process's reactor wakes up to nine times a second less."""
     from twisted.internet import reactor, task
     from twisted.internet.process import reapAllProcesses
 

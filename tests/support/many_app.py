@@ -14,8 +14,8 @@ app = create_app("many_app", "tests.support.many_settings")
 def reactor_facts() -> dict[str, Any]:
     """The reactor set-up and threads of the worker process that runs this task."""
     from scrapy.resolver import dnscache
-    from twisted.internet import reactor, task
-    from twisted.internet.process import reapAllProcesses
+    from twisted.internet import reactor
+    from twisted.internet.threads import blockingCallFromThread
 
     pool = reactor.getThreadPool()
     return {
@@ -27,9 +27,18 @@ def reactor_facts() -> dict[str, Any]:
         "resolver": type(reactor.resolver).__name__,
         "name_resolver": type(reactor.nameResolver).__name__,
         "threads": sorted(t.name for t in threading.enumerate()),
-        "reap_intervals": [  # Twisted's reaping of spawnProcess's children: every so often
-            call.func.interval
-            for call in reactor.getDelayedCalls()
-            if isinstance(call.func, task.LoopingCall) and call.func.f is reapAllProcesses
-        ],
+        "reap_intervals": blockingCallFromThread(reactor, reap_intervals),
     }
+
+
+def reap_intervals() -> list[float]:
+    """In the reactor (a looping call that runs is briefly in no list): how often Twisted's
+    children of ``spawnProcess`` are reaped."""
+    from twisted.internet import reactor, task
+    from twisted.internet.process import reapAllProcesses
+
+    return [
+        call.func.interval
+        for call in reactor.getDelayedCalls()
+        if isinstance(call.func, task.LoopingCall) and call.func.f is reapAllProcesses
+    ]
